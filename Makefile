@@ -1,0 +1,66 @@
+# Airlock build. Every target that touches the host prepares it first (packages, dockerd,
+# bpffs) through deploy/host/prepare.sh, which says what it does and skips what is done.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+VERSION ?= 0.1.0
+LDFLAGS := -s -w -X github.com/airlockdev/airlock/internal/buildinfo.Version=$(VERSION)
+export PATH := /usr/local/go/bin:$(PATH)
+
+.PHONY: all build prepare image up test unit integration sdk-test bench generate check-generate fmt vet clean help
+
+all: build
+
+help: ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+build: ## build bin/airlock and bin/execd (static)
+	@echo "==> building bin/airlock bin/execd ($(VERSION))"
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/execd ./cmd/execd
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/airlock ./cmd/airlock
+
+prepare: ## install missing packages, start dockerd, mount bpffs
+	@deploy/host/prepare.sh
+
+image: prepare build ## build the default sandbox image (cached by recipe)
+	$(BIN)/airlock image build
+
+up: prepare build image ## build everything and start the whole stack on this host
+	$(BIN)/airlock up $(UP_FLAGS)
+
+vet:
+	@echo "==> go vet"
+	$(GO) vet ./...
+
+test: prepare build image vet check-generate ## everything: vet, unit, integration, SDK tests
+	@echo "==> go test (unit and integration against real sandboxes)"
+	$(GO) test -count=1 -timeout 40m ./...
+	@$(MAKE) --no-print-directory sdk-test
+
+sdk-test: ## the OpenSandbox JavaScript SDK against a real airlock server
+	@if [ -d tests/sdk ]; then \
+	  echo "==> OpenSandbox SDK tests (tests/sdk)"; \
+	  cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN=$(BIN)/airlock npm test; \
+	fi
+
+bench: prepare build image ## side-by-side benchmarks, printed as ratios
+	@echo "==> benchmarks (each figure measured side by side in this run)"
+	AIRLOCK_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^TestBench' -v ./... 2>&1 \
+	  | tee $(BIN)/bench.log | grep -E '^(BENCH|RATIO|--- FAIL|FAIL|ok )' || true
+	@! grep -qE '^(--- FAIL|FAIL)' $(BIN)/bench.log
+
+generate: ## regenerate eBPF objects and bindings (needs clang)
+	$(GO) generate ./ebpf/...
+
+check-generate: ## fail when committed generated files are stale
+	@if [ -d ebpf ]; then \
+	  echo "==> checking generated eBPF files are current"; \
+	  $(GO) generate ./ebpf/... && git diff --exit-code -- ebpf/ || { echo "generated eBPF files are stale: run make generate and commit" >&2; exit 1; }; \
+	fi
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

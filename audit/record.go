@@ -1,0 +1,54 @@
+// Package audit is Airlock's tamper-evident decision log: one canonical JSON record per
+// decision (DNS query, new connection, dropped packet, L7 request, gateway request,
+// policy change), appended to hash-chained JSON Lines files.
+package audit
+
+import "time"
+
+// Source names the component that made a decision.
+type Source string
+
+// Sources.
+const (
+	SourceDNS     Source = "dns"
+	SourceBPF     Source = "bpf"
+	SourceL7      Source = "l7"
+	SourceGateway Source = "gateway"
+	SourcePolicy  Source = "policy"
+)
+
+// Record is one decision. Field names are fixed: audit consumers rely on them. Empty
+// fields are omitted from the JSON form except the chain fields.
+type Record struct {
+	// Time is when the decision was made, written as RFC 3339 with microseconds (UTC).
+	Time time.Time `json:"time"`
+	// Seq is the record's position in the log, assigned by the writer (1-based).
+	Seq       uint64 `json:"seq"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	Source    Source `json:"source"`
+	// Proto is "udp", "tcp", "icmp", "http", "https", ...
+	Proto string `json:"proto,omitempty"`
+	// Src is the client address (ip or ip:port).
+	Src     string `json:"src,omitempty"`
+	DstHost string `json:"dst_host,omitempty"`
+	DstIP   string `json:"dst_ip,omitempty"`
+	DstPort int    `json:"dst_port,omitempty"`
+	// QType is the DNS query type (A, AAAA, TXT, ...).
+	QType string `json:"qtype,omitempty"`
+	// Action is the verdict: allow or deny (loss records: loss).
+	Action string `json:"action"`
+	// Mode is the policy mode in force: enforce or report.
+	Mode string `json:"mode,omitempty"`
+	// WouldDeny is set in report mode when enforce would have denied.
+	WouldDeny     bool   `json:"would_deny,omitempty"`
+	Rule          string `json:"rule,omitempty"`
+	Reason        string `json:"reason,omitempty"`
+	PolicyVersion uint64 `json:"policy_version,omitempty"`
+	// Extra carries source-specific facts with bounded, documented keys (for the
+	// gateway: route, status, bytes, duration_ms; for loss records: lost).
+	Extra map[string]any `json:"extra,omitempty"`
+	// Prev is the hash of the previous record (hex SHA-256), Hash this record's:
+	// SHA-256 over Prev and the record's canonical bytes. Set by the writer.
+	Prev string `json:"prev"`
+	Hash string `json:"hash"`
+}

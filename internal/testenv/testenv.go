@@ -1,0 +1,124 @@
+// Package testenv holds the preconditions that Airlock's integration tests share:
+// root, a Docker engine, eBPF, the default sandbox image, and the benchmark switch.
+//
+// A test that cannot run for lack of a privilege skips with a clear reason, except when
+// AIRLOCK_REQUIRE_PRIVILEGED=1 (set by .ci/run): then the same condition fails the test,
+// so CI can never pass by skipping.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// RequirePrivileged reports whether AIRLOCK_REQUIRE_PRIVILEGED=1 is set.
+func RequirePrivileged() bool { return os.Getenv("AIRLOCK_REQUIRE_PRIVILEGED") == "1" }
+
+// SkipOrFail skips t with reason, or fails it when AIRLOCK_REQUIRE_PRIVILEGED=1.
+func SkipOrFail(t testing.TB, reason string) {
+	t.Helper()
+	if RequirePrivileged() {
+		t.Fatalf("required precondition missing (AIRLOCK_REQUIRE_PRIVILEGED=1): %s", reason)
+	}
+	t.Skip(reason)
+}
+
+// NeedRoot skips (or fails, see SkipOrFail) unless the test runs as root.
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		SkipOrFail(t, "needs root")
+	}
+}
+
+// NeedDocker skips (or fails) unless a Docker engine answers on the default socket
+// (DOCKER_HOST honoured). It checks with the docker CLI-free _ping endpoint.
+func NeedDocker(t testing.TB) {
+	t.Helper()
+	if err := dockerPing(); err != nil {
+		SkipOrFail(t, "needs a running Docker engine: "+err.Error())
+	}
+}
+
+// dockerPing calls GET /_ping on the engine's unix socket.
+func dockerPing() error {
+	sock := "/var/run/docker.sock"
+	if h := os.Getenv("DOCKER_HOST"); strings.HasPrefix(h, "unix://") {
+		sock = strings.TrimPrefix(h, "unix://")
+	}
+	if _, err := os.Stat(sock); err != nil {
+		return fmt.Errorf("no socket at %s", sock)
+	}
+	client := &http.Client{
+		Timeout:   3 * time.Second,
+		Transport: &http.Transport{DialContext: unixDialer(sock)},
+	}
+	resp, err := client.Get("http://docker/_ping")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("engine answered %s", resp.Status)
+	}
+	return nil
+}
+
+// SandboxImage is the default sandbox image the integration tests run. Override with
+// AIRLOCK_TEST_IMAGE.
+func SandboxImage() string {
+	if img := os.Getenv("AIRLOCK_TEST_IMAGE"); img != "" {
+		return img
+	}
+	return "airlock/sandbox:latest"
+}
+
+// NeedSandboxImage skips (or fails) unless Docker runs and the default sandbox image
+// exists locally (`make image` builds it). It returns the image reference.
+func NeedSandboxImage(t testing.TB) string {
+	t.Helper()
+	NeedDocker(t)
+	img := SandboxImage()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := exec.CommandContext(ctx, "docker", "image", "inspect", img).Run(); err != nil {
+		SkipOrFail(t, fmt.Sprintf("sandbox image %s is missing (run `make image`)", img))
+	}
+	return img
+}
+
+// NeedBPF skips (or fails) unless the test runs as root with the BPF filesystem mounted.
+func NeedBPF(t testing.TB) {
+	t.Helper()
+	NeedRoot(t)
+	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
+		SkipOrFail(t, "needs /sys/fs/bpf")
+	}
+}
+
+// Bench reports whether benchmarks were asked for (AIRLOCK_BENCH=1, set by `make bench`).
+// Side-by-side benchmarks are tests named TestBench* that call NeedBench first.
+func Bench() bool { return os.Getenv("AIRLOCK_BENCH") == "1" }
+
+// NeedBench skips the test unless `make bench` runs it. This is not a privilege skip: a
+// plain `make test` never runs the benchmarks.
+func NeedBench(t testing.TB) {
+	t.Helper()
+	if !Bench() {
+		t.Skip("benchmark: run with `make bench` (AIRLOCK_BENCH=1)")
+	}
+}
+
+func unixDialer(sock string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
+}

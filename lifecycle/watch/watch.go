@@ -1,0 +1,131 @@
+// Package watch is the data plane's feed from the lifecycle server (DESIGN.md §2): a
+// long-lived HTTP stream of every sandbox's routing and enforcement facts, a full snapshot
+// first and then deltas, each stamped with a resource version so that a client that
+// reconnects resumes where it stopped without missing a change.
+//
+// Wire format (GET <watch URL>?resourceVersion=<rv>&epoch=<epoch>, response
+// application/x-ndjson, one Event per line):
+//
+//	{"type":"RESET","resourceVersion":41,"epoch":"k3f9"}       full snapshot follows
+//	{"type":"ADDED","resourceVersion":41,"sandbox":{...}}       one per sandbox
+//	{"type":"SYNCED","resourceVersion":41,"epoch":"k3f9"}      snapshot (or replay) done
+//	{"type":"MODIFIED","resourceVersion":42,"sandbox":{...}}   then deltas
+//	{"type":"DELETED","resourceVersion":43,"sandbox":{"id":"..."}}
+//	{"type":"BOOKMARK","resourceVersion":43,"time":"..."}      heartbeat, every 10 s
+//
+// A client that sends the epoch and resource version of its last event gets only the
+// events after it (then SYNCED) when the server still holds them; otherwise (first
+// connection, server restarted with a new epoch, history compacted) it gets a RESET and a
+// full snapshot. The Hub serves this; the Client consumes it.
+package watch
+
+import (
+	"encoding/json"
+	"net/netip"
+	"time"
+)
+
+// EventType names what an Event carries.
+type EventType string
+
+// Event types, see the package documentation for their order.
+const (
+	Reset    EventType = "RESET"
+	Added    EventType = "ADDED"
+	Modified EventType = "MODIFIED"
+	Deleted  EventType = "DELETED"
+	Synced   EventType = "SYNCED"
+	Bookmark EventType = "BOOKMARK"
+)
+
+// Event is one line of the watch stream.
+type Event struct {
+	Type            EventType `json:"type"`
+	ResourceVersion uint64    `json:"resourceVersion"`
+	// Epoch identifies the server's history; set on RESET and SYNCED.
+	Epoch string `json:"epoch,omitempty"`
+	// Time is when the server recorded the change (or sent the bookmark); consumers use it
+	// for their watch-lag metric.
+	Time time.Time `json:"time,omitzero"`
+	// Sandbox is set on ADDED and MODIFIED (whole object) and DELETED (at least the id).
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+}
+
+// Sandbox is what the data plane knows of one sandbox. It is a value: the Hub and the
+// Client hand out copies, never shared pointers.
+type Sandbox struct {
+	ID string `json:"id"`
+	// State is the OpenSandbox lifecycle state: Pending, Running, Pausing, Paused,
+	// Resuming, Stopping, Terminated or Failed.
+	State string `json:"state"`
+	// Address is the sandbox's IPv4 address on the Airlock network; invalid (zero) until
+	// the runtime has started it. Address6 is its IPv6 address when the network has one.
+	Address  netip.Addr `json:"address,omitzero"`
+	Address6 netip.Addr `json:"address6,omitzero"`
+	// Node names the host that runs the sandbox; empty on a single host.
+	Node string `json:"node,omitempty"`
+	// Runtime locates the sandbox on its node, for egressd to find its veth.
+	Runtime Runtime `json:"runtime,omitzero"`
+	// Access says who may reach the sandbox's ports through the gateway.
+	Access Access `json:"access,omitzero"`
+	// Policy is the sandbox's egress policy document as lifecycle stores it (Airlock
+	// policy or OpenSandbox networkPolicy JSON, see package policies); empty means the
+	// operator's default policy applies. PolicyVersion increases with every change.
+	Policy        json.RawMessage `json:"policy,omitempty"`
+	PolicyVersion uint64          `json:"policyVersion,omitempty"`
+	// ExpiresAt is when the reaper deletes the sandbox; nil for manual cleanup.
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	// RenewOnAccess, when positive, asks the gateway to send a renew intent extending the
+	// expiry by this many seconds when the sandbox is accessed (extension key
+	// "access.renew.extend.seconds").
+	RenewOnAccess int `json:"renewOnAccess,omitempty"`
+}
+
+// Runtime locates a sandbox on its node.
+type Runtime struct {
+	// Kind is "docker" or "kubernetes".
+	Kind string `json:"kind,omitempty"`
+	// ContainerID is the Docker container id or the pod's UID.
+	ContainerID string `json:"containerID,omitempty"`
+	// Pid is the sandbox's init process as seen from the node (0 when stopped); its
+	// network namespace is /proc/<Pid>/ns/net.
+	Pid int `json:"pid,omitempty"`
+	// HostInterface is the host-side veth name when the runtime knows it.
+	HostInterface string `json:"hostInterface,omitempty"`
+}
+
+// AccessMode is how the gateway admits requests to a sandbox port.
+type AccessMode string
+
+// Access modes.
+const (
+	// Public admits every request.
+	Public AccessMode = "public"
+	// Token admits requests that carry the sandbox's access token (header
+	// X-Airlock-Access-Token or OpenSandbox-Secure-Access) or a valid signed URL.
+	Token AccessMode = "token"
+	// Signed admits only requests through a valid, unexpired signed URL.
+	Signed AccessMode = "signed"
+)
+
+// Access is the per-sandbox, per-port admission rule.
+type Access struct {
+	// Mode applies to every port not listed in Ports; empty means Public.
+	Mode AccessMode `json:"mode,omitempty"`
+	// Ports overrides Mode for single ports.
+	Ports map[int]AccessMode `json:"ports,omitempty"`
+	// TokenSHA256 is the hex SHA-256 of the sandbox's access token; the token itself
+	// never leaves lifecycle.
+	TokenSHA256 string `json:"tokenSHA256,omitempty"`
+}
+
+// ModeFor returns the admission mode of port.
+func (a Access) ModeFor(port int) AccessMode {
+	if m, ok := a.Ports[port]; ok {
+		return m
+	}
+	if a.Mode == "" {
+		return Public
+	}
+	return a.Mode
+}

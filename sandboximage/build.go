@@ -1,0 +1,282 @@
+package sandboximage
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/moby/moby/client"
+)
+
+// Builder builds images from recipes on a Docker engine. It shells out to debootstrap,
+// chroot (apt inside the new root) and tar, so it needs root and the debootstrap package.
+type Builder struct {
+	Docker *client.Client
+	// Progress receives one line per step and the tools' progress lines; nil discards.
+	Progress io.Writer
+	// WorkDir holds the temporary root; default os.TempDir(). It needs ~600 MB.
+	WorkDir string
+}
+
+// Result says what Build did.
+type Result struct {
+	// Refs are the tags the image carries, for example airlock/sandbox:0.1.0.
+	Refs []string
+	// Cached is true when an image with the same recipe existed and nothing was built.
+	Cached bool
+	// ImageID is the engine's id for the image.
+	ImageID string
+}
+
+// ErrNotRoot is returned when the build needs root and the process is not.
+var ErrNotRoot = errors.New("sandboximage: building an image needs root (debootstrap, chroot)")
+
+// Build makes Repository:<version> and Repository:latest from r unless an image with r's
+// hash already carries both tags (or force). It removes its temporary root on every exit.
+func (b *Builder) Build(ctx context.Context, r Recipe, version string, force bool) (Result, error) {
+	if err := r.Validate(); err != nil {
+		return Result{}, err
+	}
+	refs := []string{Repository + ":" + version, Repository + ":latest"}
+	hash := r.Hash()
+	if !force {
+		if id, ok := b.cached(ctx, refs, hash); ok {
+			return Result{Refs: refs, Cached: true, ImageID: id}, nil
+		}
+	}
+	if os.Geteuid() != 0 {
+		return Result{}, ErrNotRoot
+	}
+	for _, tool := range []string{"debootstrap", "chroot", "tar"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return Result{}, fmt.Errorf("sandboximage: %s not found (apt-get install debootstrap)", tool)
+		}
+	}
+
+	dir, err := os.MkdirTemp(b.WorkDir, "airlock-image-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(dir, "root")
+	start := time.Now()
+
+	b.step(1, "debootstrap %s (minbase) from %s", r.Suite, r.Mirror)
+	if err := b.run(ctx, "debootstrap", "--variant=minbase", r.Suite, root, r.Mirror); err != nil {
+		return Result{}, fmt.Errorf("debootstrap: %w", err)
+	}
+
+	b.step(2, "apt-get install %s", strings.Join(r.Packages, " "))
+	if err := copyFile("/etc/resolv.conf", filepath.Join(root, "etc/resolv.conf")); err != nil {
+		return Result{}, err
+	}
+	aptEnv := []string{"DEBIAN_FRONTEND=noninteractive", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	install := append([]string{root, "apt-get", "install", "-y", "--no-install-recommends"}, r.Packages...)
+	if err := b.runEnv(ctx, aptEnv, "chroot", install...); err != nil {
+		return Result{}, fmt.Errorf("apt-get install: %w", err)
+	}
+
+	b.step(3, "adding Airlock files, trimming caches")
+	if err := finishRoot(root); err != nil {
+		return Result{}, err
+	}
+
+	b.step(4, "docker import as %s", strings.Join(refs, ", "))
+	id, err := b.importRoot(ctx, root, r, hash, refs)
+	if err != nil {
+		return Result{}, err
+	}
+	b.say("built %s in %s", refs[0], time.Since(start).Round(time.Second))
+	return Result{Refs: refs, ImageID: id}, nil
+}
+
+// cached reports whether every ref exists with the recipe hash label.
+func (b *Builder) cached(ctx context.Context, refs []string, hash string) (string, bool) {
+	var id string
+	for _, ref := range refs {
+		img, err := b.Docker.ImageInspect(ctx, ref)
+		if err != nil || img.Config == nil || img.Config.Labels[RecipeLabel] != hash {
+			return "", false
+		}
+		if id != "" && img.ID != id {
+			return "", false
+		}
+		id = img.ID
+	}
+	return id, true
+}
+
+// finishRoot writes Airlock's files into the root and removes what an image need not carry.
+func finishRoot(root string) error {
+	ci := filepath.Join(root, "opt/code-interpreter/code-interpreter.sh")
+	if err := os.MkdirAll(filepath.Dir(ci), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(ci, codeInterpreterScript, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(root, "workspace"), 0o777); err != nil {
+		return err
+	}
+	if err := os.Chmod(filepath.Join(root, "workspace"), 0o1777); err != nil {
+		return err
+	}
+	// nobody/nogroup come with Debian's base-passwd; check rather than trust.
+	for file, entry := range map[string]string{"etc/passwd": "nobody:", "etc/group": "nogroup:"} {
+		b, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), "\n"+entry) && !strings.HasPrefix(string(b), entry) {
+			return fmt.Errorf("sandboximage: %s has no %s entry", file, strings.TrimSuffix(entry, ":"))
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), nil, 0o644); err != nil {
+		return err
+	}
+	for _, junk := range []string{"var/lib/apt/lists", "var/cache/apt/archives", "usr/share/doc", "usr/share/man", "usr/share/info", "var/log"} {
+		p := filepath.Join(root, junk)
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+	}
+	return os.MkdirAll(filepath.Join(root, "var/cache/apt/archives/partial"), 0o755)
+}
+
+// importRoot streams the root as a tar into the engine and tags it.
+func (b *Builder) importRoot(ctx context.Context, root string, r Recipe, hash string, refs []string) (string, error) {
+	tarCmd := exec.CommandContext(ctx, "tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", "-", ".")
+	out, err := tarCmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	var tarErr strings.Builder
+	tarCmd.Stderr = &tarErr
+	if err := tarCmd.Start(); err != nil {
+		return "", err
+	}
+	changes := []string{
+		"WORKDIR " + r.Workdir,
+		`CMD ["/bin/bash"]`,
+		fmt.Sprintf("LABEL %s=%s", RecipeLabel, hash),
+	}
+	for _, e := range r.Env {
+		changes = append(changes, "ENV "+e)
+	}
+	resp, err := b.Docker.ImageImport(ctx, client.ImageImportSource{Source: out, SourceName: "-"}, refs[0],
+		client.ImageImportOptions{Changes: changes, Message: "airlock image build, recipe " + hash})
+	if err != nil {
+		_ = tarCmd.Process.Kill()
+		_ = tarCmd.Wait()
+		return "", fmt.Errorf("docker import: %w", err)
+	}
+	id, importErr := readImportResult(resp)
+	resp.Close()
+	if err := tarCmd.Wait(); err != nil {
+		return "", fmt.Errorf("tar: %w: %s", err, tarErr.String())
+	}
+	if importErr != nil {
+		return "", fmt.Errorf("docker import: %w", importErr)
+	}
+	for _, ref := range refs[1:] {
+		if _, err := b.Docker.ImageTag(ctx, client.ImageTagOptions{Source: refs[0], Target: ref}); err != nil {
+			return "", fmt.Errorf("docker tag %s: %w", ref, err)
+		}
+	}
+	return id, nil
+}
+
+// readImportResult reads the engine's JSON message stream and returns the image id.
+func readImportResult(rd io.Reader) (string, error) {
+	dec := json.NewDecoder(rd)
+	var id string
+	for {
+		var m struct {
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		if err := dec.Decode(&m); err == io.EOF {
+			return id, nil
+		} else if err != nil {
+			return "", err
+		}
+		if m.Error != "" {
+			return "", errors.New(m.Error)
+		}
+		if strings.HasPrefix(m.Status, "sha256:") {
+			id = m.Status
+		}
+	}
+}
+
+func (b *Builder) step(n int, format string, args ...any) {
+	b.say("[%d/4] %s", append([]any{n}, fmt.Sprintf(format, args...))...)
+}
+
+func (b *Builder) say(format string, args ...any) {
+	if b.Progress != nil {
+		fmt.Fprintf(b.Progress, "==> "+format+"\n", args...)
+	}
+}
+
+func (b *Builder) run(ctx context.Context, name string, args ...string) error {
+	return b.runEnv(ctx, nil, name, args...)
+}
+
+// runEnv runs a tool, forwarding its progress lines (debootstrap's "I:" lines, apt's
+// "Setting up" lines) and keeping the last lines for the error.
+func (b *Builder) runEnv(ctx context.Context, env []string, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if env != nil {
+		cmd.Env = env
+	}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	tail := make([]string, 0, 20)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			if len(tail) == cap(tail) {
+				tail = tail[1:]
+			}
+			tail = append(tail, line)
+			if b.Progress != nil && (strings.HasPrefix(line, "I: Retrieving") || strings.HasPrefix(line, "I: Base system") ||
+				strings.HasPrefix(line, "Setting up") || strings.HasPrefix(line, "E:")) {
+				fmt.Fprintln(b.Progress, "    "+line)
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	err := cmd.Wait()
+	pw.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, strings.Join(tail, "\n"))
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o644)
+}
