@@ -3,7 +3,7 @@
 // echo, a paced SSE stream, and endpoints that hold a request open.
 //
 //	GET  /anything        {"method","host","path","rawPath","query","proto","headers"}
-//	GET  /ws              WebSocket (RFC 6455) echo
+//	GET  /ws              WebSocket (RFC 6455) echo, message by message
 //	GET  /sse?n=N&key=K   text/event-stream; event i+1 is sent only after GET /ack?key=K
 //	GET  /ack?key=K       releases the next SSE event of stream K
 //	GET  /hold?key=K      sends headers and one line, then waits for GET /release?key=K
@@ -14,7 +14,6 @@ package testupstream
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -46,13 +45,26 @@ type server struct {
 func Handler() http.Handler {
 	s := &server{chans: make(map[string]chan struct{})}
 	mux := http.NewServeMux()
-	mux.Handle("/ws", websocket.Server{Handler: func(c *websocket.Conn) { _, _ = io.Copy(c, c) }})
+	mux.Handle("/ws", websocket.Server{Handler: wsEcho})
 	mux.HandleFunc("/sse", s.sse)
 	mux.HandleFunc("/ack", s.ack)
 	mux.HandleFunc("/hold", s.hold)
 	mux.HandleFunc("/release", s.release)
 	mux.HandleFunc("/", echo)
 	return mux
+}
+
+// wsEcho sends every message back whole.
+func wsEcho(c *websocket.Conn) {
+	for {
+		var msg []byte
+		if err := websocket.Message.Receive(c, &msg); err != nil {
+			return
+		}
+		if err := websocket.Message.Send(c, string(msg)); err != nil {
+			return
+		}
+	}
 }
 
 func echo(w http.ResponseWriter, r *http.Request) {
