@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/airlockdev/airlock/gateway/route"
@@ -112,11 +110,8 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 	if err, reason := d.admit(&dec, r.Header, now); err != nil {
 		return dec.deny(err, reason)
 	}
-	addr := sb.Address
-	if !addr.IsValid() {
-		addr = sb.Address6
-	}
-	if sb.State != "Running" || !addr.IsValid() {
+	dec.dial = dec.entry.Dial(dec.cand.Port)
+	if sb.State != "Running" || dec.dial == "" {
 		dec.retryAfter = 2
 		state := sb.State
 		if state == "" {
@@ -124,7 +119,6 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		}
 		return dec.deny(ErrNotRunning, fmt.Sprintf("sandbox %s is %s", sb.ID, state))
 	}
-	dec.dial = net.JoinHostPort(addr.String(), strconv.Itoa(dec.cand.Port))
 	return dec
 }
 

@@ -2,11 +2,12 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"time"
@@ -23,10 +24,10 @@ func init() {
 // Request variables the handler sets; also readable as placeholders, for example
 // {http.vars.airlock.sandbox_id} in access logs.
 const (
-	VarDial      = "airlock.dial"
+	// VarDial is the upstream "host:port" the request goes to.
+	VarDial = "airlock.dial"
+	// VarSandboxID is the sandbox's id.
 	VarSandboxID = "airlock.sandbox_id"
-	VarPort      = "airlock.port"
-	VarForm      = "airlock.route"
 )
 
 // Handler routes a request to a sandbox port, admits it, and proxies it. Module ID
@@ -147,8 +148,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	r = r.WithContext(ctx)
 	caddyhttp.SetVar(ctx, VarDial, dec.dial)
 	caddyhttp.SetVar(ctx, VarSandboxID, dec.sb.ID)
-	caddyhttp.SetVar(ctx, VarPort, dec.cand.Port)
-	caddyhttp.SetVar(ctx, VarForm, dec.cand.Form.String())
 
 	rec := newRecorder(w)
 	rec.hold499 = true
@@ -219,8 +218,10 @@ func requestID(r *http.Request) string {
 			return id
 		}
 	}
+	// Unique, not secret: a fast non-cryptographic source is enough.
 	var b [12]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint32(b[8:], rand.Uint32())
 	return hex.EncodeToString(b[:])
 }
 

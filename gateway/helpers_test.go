@@ -115,6 +115,12 @@ var testKey = signedurl.Key{ID: "k", Secret: []byte("gateway-test-signing-secret
 // newEnv starts a hub and a gateway on a free loopback port; mod may change the config.
 func newEnv(t *testing.T, mod func(*Config)) *env {
 	t.Helper()
+	return newEnvEdit(t, mod, nil)
+}
+
+// newEnvEdit is newEnv with edit applied to the Caddy JSON before it is loaded.
+func newEnvEdit(t *testing.T, mod func(*Config), edit func([]byte) []byte) *env {
+	t.Helper()
 	e := &env{t: t, hub: watch.NewHub(0, nil), audit: &memAudit{}, reg: prometheus.NewRegistry()}
 	e.sw = &switchableHub{hub: e.hub, live: map[chan struct{}]struct{}{}}
 	hubSrv := httptest.NewServer(e.sw)
@@ -140,6 +146,9 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 	e.gw, err = NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if edit != nil {
+		e.gw.json = edit(e.gw.json)
 	}
 	if err := e.gw.Start(); err != nil {
 		t.Fatal(err)

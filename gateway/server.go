@@ -208,7 +208,7 @@ func (s *Server) caddyConfig() ([]byte, error) {
 	c := s.cfg
 	server := map[string]any{
 		"listen":          []string{c.Listen},
-		"protocols":       []string{"h1", "h2", "h2c"},
+		"protocols":       []string{"h1", "h2c"},
 		"idle_timeout":    c.IdleTimeout.String(),
 		"automatic_https": map[string]any{"disable": true},
 		"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "airlock"}}}},
@@ -227,6 +227,7 @@ func (s *Server) caddyConfig() ([]byte, error) {
 			subjects = append(subjects, "*."+d, d)
 		}
 		server["tls_connection_policies"] = []any{map[string]any{}}
+		server["protocols"] = []string{"h1", "h2"}
 		apps["tls"] = map[string]any{
 			"certificates": map[string]any{"automate": subjects},
 			"automation": map[string]any{"policies": []any{map[string]any{

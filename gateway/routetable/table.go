@@ -12,6 +12,7 @@ package routetable
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,15 +34,42 @@ type Config struct {
 // Entry is one sandbox in the table. Its facts change when lifecycle sends a new version;
 // its counters survive such changes.
 type Entry struct {
-	sb        atomic.Pointer[watch.Sandbox]
+	f         atomic.Pointer[facts]
 	conns     atomic.Int64
 	lastRenew atomic.Int64 // unix nanoseconds of the last renew intent
 	ctx       context.Context
 	cancel    context.CancelFunc
 }
 
+// facts is one version of a sandbox as the table serves it.
+type facts struct {
+	sb   watch.Sandbox
+	host string // Address (or Address6) as a dial host, "" when the sandbox has none
+}
+
+func newFacts(s watch.Sandbox) *facts {
+	f := &facts{sb: s}
+	switch {
+	case s.Address.IsValid():
+		f.host = s.Address.String()
+	case s.Address6.IsValid():
+		f.host = "[" + s.Address6.String() + "]"
+	}
+	return f
+}
+
 // Sandbox returns the entry's current facts. The value is shared: do not modify it.
-func (e *Entry) Sandbox() *watch.Sandbox { return e.sb.Load() }
+func (e *Entry) Sandbox() *watch.Sandbox { return &e.f.Load().sb }
+
+// Dial returns "host:port" for port of the sandbox's address (IPv4 preferred), or ""
+// when the sandbox has no address. It allocates only the result.
+func (e *Entry) Dial(port int) string {
+	f := e.f.Load()
+	if f.host == "" {
+		return ""
+	}
+	return f.host + ":" + strconv.Itoa(port)
+}
 
 // Context is cancelled when the sandbox is deleted from the table.
 func (e *Entry) Context() context.Context { return e.ctx }
@@ -174,15 +202,15 @@ func (t *Table) Replace(all []watch.Sandbox, rv uint64) {
 }
 
 func (t *Table) upsertLocked(s watch.Sandbox) {
-	sb := s // the table owns its copy
+	f := newFacts(s) // the table owns its copy
 	delete(t.tombs, s.ID)
 	if v, ok := t.entries.Load(s.ID); ok {
-		v.(*Entry).sb.Store(&sb)
+		v.(*Entry).f.Store(f)
 		return
 	}
 	e := &Entry{}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.sb.Store(&sb)
+	e.f.Store(f)
 	t.entries.Store(s.ID, e)
 	t.size.Add(1)
 }

@@ -3,6 +3,7 @@
 // echo, a paced SSE stream, and endpoints that hold a request open.
 //
 //	GET  /anything        {"method","host","path","rawPath","query","proto","headers"}
+//	GET  /plain           "ok\n" (benchmarks)
 //	GET  /ws              WebSocket (RFC 6455) echo, message by message
 //	GET  /sse?n=N&key=K   text/event-stream; event i+1 is sent only after GET /ack?key=K
 //	GET  /ack?key=K       releases the next SSE event of stream K
@@ -50,6 +51,10 @@ func Handler() http.Handler {
 	mux.HandleFunc("/ack", s.ack)
 	mux.HandleFunc("/hold", s.hold)
 	mux.HandleFunc("/release", s.release)
+	mux.HandleFunc("/plain", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	mux.HandleFunc("/", echo)
 	return mux
 }
