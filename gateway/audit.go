@@ -91,7 +91,7 @@ func clientAddr(r *http.Request) string {
 // recorder tracks the status and body size of a response without buffering it. It unwraps
 // for http.ResponseController, so flushing and hijacking (WebSocket) reach the real writer.
 type recorder struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	status int
 	bytes  int64
 	// hold499 keeps back reverse_proxy's 499 (request context ended before a response)
@@ -101,7 +101,7 @@ type recorder struct {
 }
 
 func newRecorder(w http.ResponseWriter) *recorder {
-	return &recorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	return &recorder{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 }
 
 func (rr *recorder) WriteHeader(code int) {

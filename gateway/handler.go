@@ -112,8 +112,9 @@ func (h *Handler) Cleanup() error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	start := time.Now()
 	reqID := requestID(r)
-	w.Header().Set(HeaderRequestID, reqID)
-	r.Header.Set(HeaderRequestID, reqID)
+	rid := []string{reqID} // read-only, shared by both header maps
+	w.Header()[HeaderRequestID] = rid
+	r.Header[HeaderRequestID] = rid
 	client := clientAddr(r)
 
 	dec := h.dec.decide(r, start)
@@ -180,7 +181,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// (499 stands) or the sandbox was deleted (410).
 		if dec.entry.Context().Err() != nil {
 			res = resGone
-			writeError(rec.ResponseWriterWrapper, statusOf(ErrGone), fmt.Sprintf("sandbox %s was deleted while the request was in flight", dec.sb.ID), reqID, 0)
+			writeError(rec.ResponseWriterWrapper.ResponseWriter, statusOf(ErrGone), fmt.Sprintf("sandbox %s was deleted while the request was in flight", dec.sb.ID), reqID, 0)
 			rec.status = http.StatusGone
 		} else {
 			rec.release()
