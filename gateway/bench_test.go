@@ -192,5 +192,5 @@ func newEnvWith(t *testing.T, mod func(*Config), edit func(map[string]any)) *env
 		edit(cfg)
 		out, _ := json.Marshal(cfg)
 		return out
-	})
+	}, nil)
 }

@@ -125,6 +125,7 @@ func TestCaddyfileStockCaddy(t *testing.T) {
 	caddyfile := `{
 	admin off
 	persist_config off
+	storage file_system ` + t.TempDir() + `
 	log default {
 		level ERROR
 	}

@@ -48,6 +48,9 @@ type decider struct {
 	table   *routetable.Table
 	keys    *signedurl.Keyring // nil: no signed routes verify
 	domains []string
+	// synced reports whether the table holds a complete snapshot; before that an unknown
+	// sandbox is "not loaded yet" (503), not "not found". nil means always synced.
+	synced func() bool
 }
 
 func (d *decider) decide(r *http.Request, now time.Time) decision {
@@ -95,6 +98,10 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 				dec.cand = c
 				return dec.deny(ErrGone, fmt.Sprintf("sandbox %s was deleted", c.ID))
 			}
+		}
+		if d.synced != nil && !d.synced() {
+			dec.retryAfter = 1
+			return dec.deny(ErrNotReady, "the gateway has not loaded its route table from lifecycle yet")
 		}
 		return dec.deny(ErrNotFound, fmt.Sprintf("sandbox %s not found", dec.cand.ID))
 	}

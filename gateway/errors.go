@@ -15,6 +15,7 @@ var (
 	ErrNotFound         = errors.New("sandbox not found")
 	ErrGone             = errors.New("sandbox gone")
 	ErrNotRunning       = errors.New("sandbox not running")
+	ErrNotReady         = errors.New("route table not loaded")
 	ErrUnauthorized     = errors.New("unauthorized")
 	ErrForbidden        = errors.New("forbidden")
 	ErrOverCapacity     = errors.New("too many connections")
@@ -36,11 +37,12 @@ const (
 	resForbidden
 	resOverCapacity
 	resUpstreamError
+	resNotReady
 	numResults
 )
 
 var resultNames = [numResults]string{"proxied", "bad_route", "not_found", "gone", "not_running",
-	"unauthorized", "forbidden", "over_capacity", "upstream_error"}
+	"unauthorized", "forbidden", "over_capacity", "upstream_error", "not_ready"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -60,6 +62,8 @@ func statusOf(err error) errorStatus {
 		return errorStatus{http.StatusNotFound, "SANDBOX_NOT_FOUND", resNotFound}
 	case errors.Is(err, ErrGone):
 		return errorStatus{http.StatusGone, "SANDBOX_GONE", resGone}
+	case errors.Is(err, ErrNotReady):
+		return errorStatus{http.StatusServiceUnavailable, "GATEWAY_NOT_READY", resNotReady}
 	case errors.Is(err, ErrNotRunning):
 		return errorStatus{http.StatusServiceUnavailable, "SANDBOX_NOT_RUNNING", resNotRunning}
 	case errors.Is(err, ErrUnauthorized):

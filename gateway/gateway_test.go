@@ -313,6 +313,27 @@ func TestWatchDown(t *testing.T) {
 	})
 }
 
+// TestNotReadyBeforeFirstSnapshot: until the watch delivered a snapshot, an unknown
+// sandbox is "not loaded yet" (503), not "not found".
+func TestNotReadyBeforeFirstSnapshot(t *testing.T) {
+	e := newEnvEdit(t, nil, nil, func(sw *switchableHub) { sw.setDown(true) })
+	resp := e.do("GET", e.hostOf("80-nobody"), "/", nil)
+	wantError(t, resp, 503, "GATEWAY_NOT_READY")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	e.sw.setDown(false)
+	e.sync()
+	deadline := time.Now().Add(15 * time.Second)
+	for !e.gw.App().WatchStatus().Synced {
+		if time.Now().After(deadline) {
+			t.Fatal("watch never synced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wantError(t, e.do("GET", e.hostOf("80-nobody"), "/", nil), 404, "SANDBOX_NOT_FOUND")
+}
+
 // TestRenewOnAccessLoopback checks the renew intent: sent once per interval, with the
 // credential, an expiry later than the current one, and never blocking requests.
 func TestRenewOnAccessLoopback(t *testing.T) {

@@ -82,6 +82,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.dec = decider{table: h.app.table, keys: h.app.keys, domains: domains}
+	if h.app.watcher != nil {
+		h.dec.synced = func() bool { return h.app.watcher.Status().Synced }
+	}
 	if h.RouteOnly {
 		return nil
 	}

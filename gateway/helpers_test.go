@@ -115,16 +115,20 @@ var testKey = signedurl.Key{ID: "k", Secret: []byte("gateway-test-signing-secret
 // newEnv starts a hub and a gateway on a free loopback port; mod may change the config.
 func newEnv(t *testing.T, mod func(*Config)) *env {
 	t.Helper()
-	return newEnvEdit(t, mod, nil)
+	return newEnvEdit(t, mod, nil, nil)
 }
 
-// newEnvEdit is newEnv with edit applied to the Caddy JSON before it is loaded.
-func newEnvEdit(t *testing.T, mod func(*Config), edit func([]byte) []byte) *env {
+// newEnvEdit is newEnv with edit applied to the Caddy JSON before it is loaded and
+// before called on the hub before the gateway starts.
+func newEnvEdit(t *testing.T, mod func(*Config), edit func([]byte) []byte, before func(*switchableHub)) *env {
 	t.Helper()
 	e := &env{t: t, hub: watch.NewHub(0, nil), audit: &memAudit{}, reg: prometheus.NewRegistry()}
 	e.sw = &switchableHub{hub: e.hub, live: map[chan struct{}]struct{}{}}
 	hubSrv := httptest.NewServer(e.sw)
 	t.Cleanup(hubSrv.Close)
+	if before != nil {
+		before(e.sw)
+	}
 	var err error
 	e.keys, err = signedurl.NewKeyring("k", testKey)
 	if err != nil {
@@ -139,6 +143,7 @@ func newEnvEdit(t *testing.T, mod func(*Config), edit func([]byte) []byte) *env 
 		Audit:         e.audit,
 		Metrics:       e.reg,
 		ShutdownGrace: time.Second,
+		DataDir:       t.TempDir(),
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -154,6 +159,15 @@ func newEnvEdit(t *testing.T, mod func(*Config), edit func([]byte) []byte) *env 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.gw.Close() })
+	if before == nil { // the hub is up: wait for the first snapshot
+		deadline := time.Now().Add(15 * time.Second)
+		for !e.gw.App().WatchStatus().Synced {
+			if time.Now().After(deadline) {
+				t.Fatal("gateway never received the first watch snapshot")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
 	addr := e.gw.Addr()
 	e.client = &http.Client{
 		Transport: &http.Transport{
