@@ -432,8 +432,8 @@ func (s *Server) handleInterruptCommand(w http.ResponseWriter, r *http.Request) 
 	writeEmpty(w)
 }
 
-func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request) {
-	c, err := s.cmds.get(r.PathValue("id"))
+func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request, id string) {
+	c, err := s.cmds.get(id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -444,8 +444,8 @@ func (s *Server) handleCommandStatus(w http.ResponseWriter, r *http.Request) {
 // handleCommandLogs answers the combined output of a background command from byte
 // offset cursor (default 0) to its current end, with the end offset in
 // EXECD-COMMANDS-TAIL-CURSOR (NOTES.md). The body is streamed from the log file.
-func (s *Server) handleCommandLogs(w http.ResponseWriter, r *http.Request) {
-	c, err := s.cmds.get(r.PathValue("id"))
+func (s *Server) handleCommandLogs(w http.ResponseWriter, r *http.Request, id string) {
+	c, err := s.cmds.get(id)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -174,8 +174,17 @@ func (s *Server) routes() http.Handler {
 
 	mux.HandleFunc("POST /command", s.handleRunCommand)
 	mux.HandleFunc("DELETE /command", s.handleInterruptCommand)
-	mux.HandleFunc("GET /command/status/{id}", s.handleCommandStatus)
-	mux.HandleFunc("GET /command/{id}/logs", s.handleCommandLogs)
+	// GET /command/status/{id} and GET /command/{id}/logs overlap as mux patterns.
+	mux.HandleFunc("GET /command/{a}/{b}", func(w http.ResponseWriter, r *http.Request) {
+		switch a, b := r.PathValue("a"), r.PathValue("b"); {
+		case a == "status":
+			s.handleCommandStatus(w, r, b)
+		case b == "logs":
+			s.handleCommandLogs(w, r, a)
+		default:
+			writeError(w, errorf(ErrNotFound, "no route for %s %s", r.Method, r.URL.Path))
+		}
+	})
 
 	mux.HandleFunc("POST /session", s.handleCreateSession)
 	mux.HandleFunc("POST /session/{id}/run", s.handleRunInSession)
