@@ -52,6 +52,9 @@ func main() {
 		}
 		os.Exit(2)
 	}
+	// Commands, sessions, kernels and the entrypoint inherit the environment: the token
+	// must not reach them.
+	os.Unsetenv("EXECD_ACCESS_TOKEN")
 	if *version {
 		fmt.Println("execd", buildinfo.Version)
 		return
