@@ -6,12 +6,20 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/execd/execdtest"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	execdtest.Cleanup()
+	os.Exit(code)
+}
 
 // httpc talks to execd in tests; streams may run long, so no overall timeout.
 var httpc = &http.Client{}

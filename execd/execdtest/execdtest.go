@@ -71,6 +71,13 @@ func Binary(t testing.TB) string {
 	return buildPath
 }
 
+// Cleanup removes the binary Binary built; call it from TestMain after m.Run.
+func Cleanup() {
+	if buildPath != "" {
+		os.RemoveAll(filepath.Dir(buildPath))
+	}
+}
+
 // BuildGo builds the main package at pkg (a path relative to the module root, like
 // "./execd/testdata/child") statically into dir and returns the binary's path.
 func BuildGo(t testing.TB, pkg, dir string) string {
