@@ -1,4 +1,138 @@
-// Command execd is the execution daemon inside every sandbox (see package execd).
+// Command execd is the execution daemon inside every sandbox (see package execd). It
+// serves the OpenSandbox execd API on port 44772 and, with --exec, runs as the
+// container's PID 1 in front of the real entrypoint.
 package main
 
-func main() {}
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/internal/buildinfo"
+)
+
+const usage = `execd: the Airlock execution daemon (OpenSandbox execd API).
+
+Usage:
+  execd [flags]                          serve the API until SIGTERM/SIGINT
+  execd [flags] --exec -- CMD [ARG...]   serve the API and run CMD as a child, the way
+                                         PID 1 does: signals are forwarded, orphans
+                                         reaped, and execd exits with CMD's status.
+                                         CMD is run directly (no shell needed).
+
+Flags:
+`
+
+func main() {
+	fs := flag.NewFlagSet("execd", flag.ContinueOnError)
+	port := fs.Int("port", envInt("EXECD_PORT", execd.DefaultPort), "TCP port to serve the API on (env EXECD_PORT)")
+	host := fs.String("host", os.Getenv("EXECD_HOST"), "address to listen on; all interfaces when empty (env EXECD_HOST)")
+	token := fs.String("access-token", os.Getenv("EXECD_ACCESS_TOKEN"),
+		"when set, every request but GET /ping must carry it in X-EXECD-ACCESS-TOKEN (env EXECD_ACCESS_TOKEN)")
+	logLevel := fs.String("log-level", envOr("EXECD_LOG_LEVEL", "info"), "debug, info, warn or error (env EXECD_LOG_LEVEL)")
+	workdir := fs.String("workdir", os.Getenv("EXECD_WORKDIR"),
+		"working directory of commands and base of relative paths; /workspace when it exists, else / (env EXECD_WORKDIR)")
+	execMode := fs.Bool("exec", false, "run the command after -- as a supervised child (PID 1 mode)")
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == flag.ErrHelp {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	// Commands, sessions, kernels and the entrypoint inherit the environment: the token
+	// must not reach them.
+	os.Unsetenv("EXECD_ACCESS_TOKEN")
+	if *version {
+		fmt.Println("execd", buildinfo.Version)
+		return
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "execd: bad --log-level %q\n", *logLevel)
+		os.Exit(2)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if *execMode && fs.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "execd: --exec needs a command after --")
+		os.Exit(2)
+	}
+	if !*execMode && fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "execd: unexpected arguments %q (did you mean --exec -- CMD?)\n", fs.Args())
+		os.Exit(2)
+	}
+
+	procs := &execd.Procs{}
+	srv, err := execd.New(execd.Config{
+		Addr:        net.JoinHostPort(*host, strconv.Itoa(*port)),
+		AccessToken: *token,
+		Workdir:     *workdir,
+		Logger:      logger,
+		Procs:       procs,
+	})
+	if err != nil {
+		logger.Error("execd configuration", "err", err)
+		if !*execMode {
+			os.Exit(1)
+		}
+	}
+	if !*execMode {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := srv.Run(ctx); err != nil {
+			logger.Error("execd stopped", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
+
+	// PID 1 mode: the API is a service next to the user's entrypoint; when it cannot
+	// serve, the entrypoint still runs.
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if srv == nil {
+			return
+		}
+		if err := srv.Run(ctx); err != nil {
+			logger.Error("execd API stopped", "err", err)
+		}
+	}()
+	code, err := execd.Supervise(context.Background(), execd.SuperviseConfig{Argv: fs.Args(), Procs: procs, Logger: logger})
+	if err != nil {
+		logger.Error("supervising the entrypoint", "err", err)
+	}
+	cancel()
+	select {
+	case <-served:
+	case <-time.After(3 * time.Second):
+	}
+	os.Exit(code)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return n
+	}
+	return def
+}
