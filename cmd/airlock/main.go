@@ -23,6 +23,7 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
+		newUpCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
