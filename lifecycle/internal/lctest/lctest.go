@@ -194,3 +194,39 @@ func RemoveAll(t testing.TB, rt *docker.Runtime) {
 		}
 	}
 }
+
+var (
+	airlockOnce sync.Once
+	airlockPath string
+	airlockErr  error
+)
+
+// Airlock returns the airlock binary built from ./cmd/airlock (once per test process),
+// with execd beside it (the default execd path of `airlock up`).
+func Airlock(t testing.TB) string {
+	t.Helper()
+	execd := Execd(t)
+	airlockOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "airlock-bin-")
+		if err != nil {
+			airlockErr = err
+			return
+		}
+		airlockPath = filepath.Join(dir, "airlock")
+		cmd := exec.Command("go", "build", "-o", airlockPath, "./cmd/airlock")
+		cmd.Dir = ModuleRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			airlockErr = fmt.Errorf("building airlock: %v\n%s", err, out)
+			return
+		}
+		b, err := os.ReadFile(execd)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "execd"), b, 0o755)
+		}
+		airlockErr = err
+	})
+	if airlockErr != nil {
+		t.Fatal(airlockErr)
+	}
+	return airlockPath
+}
