@@ -230,3 +230,16 @@ func Airlock(t testing.TB) string {
 	}
 	return airlockPath
 }
+
+// RemoveNetwork removes the test network name when it exists and is unused; for
+// TestMain after m.Run.
+func RemoveNetwork(name string) {
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = cli.NetworkRemove(ctx, name, client.NetworkRemoveOptions{})
+}
