@@ -23,6 +23,7 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
+		newUpCmd(), newSandboxCmd(),
 		newUpCmd(),
 	)
 	if err := root.Execute(); err != nil {
