@@ -24,7 +24,6 @@ func main() {
 	root.AddCommand(
 		newImageCmd(),
 		newUpCmd(), newSandboxCmd(),
-		newUpCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
