@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 // TestBadInput sends malformed or forbidden create requests: each gets its exact status

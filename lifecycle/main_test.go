@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 func TestMain(m *testing.M) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 // TestExpiry: a sandbox past expiresAt is removed by the reaper (container and record);
@@ -148,7 +148,7 @@ func makeContainer(t *testing.T, cli *dockerclient.Client, img, name string, lab
 	res, err := cli.ContainerCreate(ctx, dockerclient.ContainerCreateOptions{
 		Name:       name,
 		Config:     &container.Config{Image: img, Entrypoint: []string{"sleep", "600"}, Labels: labels},
-		HostConfig: &container.HostConfig{NetworkMode: lctest.Network},
+		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(lctest.Network)},
 		NetworkingConfig: &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
 			lctest.Network: {},
 		}},

@@ -17,7 +17,7 @@ import (
 
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 // upProcess is a running `airlock up`.

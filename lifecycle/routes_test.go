@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle"
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 const testKey = "test-key-0123456789"

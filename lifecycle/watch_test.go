@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle"
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 

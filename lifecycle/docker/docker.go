@@ -144,11 +144,15 @@ func (r *Runtime) Setup(ctx context.Context) error {
 		if r.cfg.Subnet.IsValid() {
 			opts.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.cfg.Subnet.Masked()}}}
 		}
-		if _, err = r.cli.NetworkCreate(ctx, r.cfg.Network, opts); err != nil && !cerrdefs.IsConflict(err) {
-			return fmt.Errorf("docker: creating network %s: %w", r.cfg.Network, err)
-		}
-		r.log.Info("network created", "network", r.cfg.Network, "subnet", r.cfg.Subnet)
+		_, cerr := r.cli.NetworkCreate(ctx, r.cfg.Network, opts)
+		// Another process may have created it meanwhile: what counts is that it exists.
 		res, err = r.cli.NetworkInspect(ctx, r.cfg.Network, client.NetworkInspectOptions{})
+		if err != nil && cerr != nil {
+			return fmt.Errorf("docker: creating network %s: %w", r.cfg.Network, cerr)
+		}
+		if cerr == nil {
+			r.log.Info("network created", "network", r.cfg.Network, "subnet", r.cfg.Subnet)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("docker: inspecting network %s: %w", r.cfg.Network, err)

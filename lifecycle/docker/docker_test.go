@@ -14,7 +14,7 @@ import (
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
-	"github.com/airlockdev/airlock/lifecycle/internal/lctest"
+	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 const network = "altest-dk0"

@@ -22,9 +22,10 @@ import (
 	"github.com/airlockdev/airlock/lifecycle/docker"
 )
 
-// Network is the bridge network the lifecycle tests use (not airlock0, so that tests
-// never touch a real installation's network).
-const Network = "altest-lc0"
+// Network is the bridge network harnesses use (never airlock0, so that tests do not
+// touch a real installation's network). Each test package sets its own in TestMain so
+// packages running in parallel do not share one.
+var Network = "altest-lc0"
 
 // NamePrefix starts the names of every container the tests create.
 const NamePrefix = "altest-lc-"
