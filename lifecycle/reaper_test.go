@@ -11,9 +11,9 @@ import (
 	"github.com/moby/moby/api/types/network"
 	dockerclient "github.com/moby/moby/client"
 
+	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
-	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 // TestExpiry: a sandbox past expiresAt is removed by the reaper (container and record);

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
-	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 // upProcess is a running `airlock up`.

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/lifecycle"
 )
 
 const testKey = "test-key-0123456789"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 

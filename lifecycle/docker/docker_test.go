@@ -11,10 +11,10 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
-	"github.com/airlockdev/airlock/internal/lctest"
 )
 
 const network = "altest-dk0"
