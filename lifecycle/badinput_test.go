@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -96,11 +97,29 @@ func TestBadInput(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(allowed, "probe"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(filepath.Join(allowed, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(allowed, "sub", "inner"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	c.t = t
-	sb := c.create(with(func(r map[string]any) { r["volumes"] = hostVol(allowed) }))
+	sb := c.create(with(func(r map[string]any) {
+		r["volumes"] = []any{
+			map[string]any{"name": "data", "host": map[string]any{"path": allowed}, "mountPath": "/data"},
+			map[string]any{"name": "ro", "host": map[string]any{"path": allowed}, "mountPath": "/ro", "subPath": "sub", "readOnly": true},
+		}
+	}))
 	in, err := h.Runtime.List(t.Context())
 	if err != nil || len(in) != 1 {
 		t.Fatalf("containers %v %v", in, err)
+	}
+	// What the sandbox sees (docker exec: independent of execd).
+	if out, err := exec.Command("docker", "exec", in[0].ContainerID, "cat", "/data/probe", "/ro/inner").CombinedOutput(); err != nil || string(out) != "xy" {
+		t.Errorf("mounted content %q %v", out, err)
+	}
+	if err := exec.Command("docker", "exec", in[0].ContainerID, "touch", "/ro/new").Run(); err == nil {
+		t.Errorf("readOnly mount is writable")
 	}
 	c.want(http.MethodDelete, "/v1/sandboxes/"+sb.ID, nil, http.StatusNoContent, "")
 }
