@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +121,31 @@ func TestContainerSettings(t *testing.T) {
 	}
 	if _, subnet, gw := rt.Network(); !subnet.Contains(inst.Address) || !gw.IsValid() {
 		t.Errorf("address %s not in subnet %s (gateway %s)", inst.Address, subnet, gw)
+	}
+
+	// From inside: PID 1 runs with no-new-privileges and without the dropped capabilities.
+	out, err := exec.Command("docker", "exec", inst.ContainerID, "cat", "/proc/1/status").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var noNewPrivs, capBnd string
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok {
+			noNewPrivs = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "CapBnd:"); ok {
+			capBnd = strings.TrimSpace(v)
+		}
+	}
+	bnd, _ := strconv.ParseUint(capBnd, 16, 64)
+	// CAP_MKNOD 27, CAP_NET_ADMIN 12, CAP_NET_RAW 13, CAP_SYS_ADMIN 21, CAP_SYS_MODULE 16, CAP_SYS_PTRACE 19.
+	for _, bit := range []uint{27, 12, 13, 21, 16, 19} {
+		if bnd&(1<<bit) != 0 {
+			t.Errorf("capability bit %d still in the bounding set %s", bit, capBnd)
+		}
+	}
+	if noNewPrivs != "1" {
+		t.Errorf("NoNewPrivs %q", noNewPrivs)
 	}
 
 	if err := rt.Pause(ctx, inst.ContainerID); err != nil {
