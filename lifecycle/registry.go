@@ -494,3 +494,31 @@ func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
 	}
 	return e.rec.PolicyVersion, nil
 }
+
+// RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with
+// extensions["access.renew.extend.seconds"], it moves the expiry to now + that many
+// seconds when that is later than the current expiry, and returns the expiry. Other
+// sandboxes are left alone (ok false). It performs no I/O besides the store write.
+func (s *Server) RenewOnAccess(id string) (at time.Time, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.sbx[id]
+	if !found {
+		return time.Time{}, false, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	rec := e.rec
+	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == Stopping {
+		return time.Time{}, false, nil
+	}
+	next := time.Now().UTC().Add(time.Duration(rec.RenewOnAccess) * time.Second)
+	if !next.After(*rec.ExpiresAt) {
+		return *rec.ExpiresAt, true, nil
+	}
+	old := rec.ExpiresAt
+	rec.ExpiresAt = &next
+	if err := s.commitLocked(rec); err != nil {
+		rec.ExpiresAt = old
+		return time.Time{}, false, err
+	}
+	return next, true, nil
+}

@@ -152,6 +152,22 @@ func TestWatch(t *testing.T) {
 		e := m[second.ID].ExpiresAt
 		return e != nil && e.Equal(at)
 	})
+	// Renew-on-access (the gateway's intent) only moves the deadline forward.
+	if got, ok, err := h.Server.RenewOnAccess(second.ID); err != nil || !ok || !got.Equal(at) {
+		t.Errorf("RenewOnAccess before the deadline: %s %v %v", got, ok, err)
+	}
+	if _, ok, _ := h.Server.RenewOnAccess(first.ID); ok {
+		t.Errorf("RenewOnAccess renewed a sandbox without the extension")
+	}
+	c.want("POST", "/v1/sandboxes/"+second.ID+"/renew-expiration", map[string]any{"expiresAt": time.Now().Add(2 * time.Minute)}, http.StatusOK, "")
+	got, ok, err := h.Server.RenewOnAccess(second.ID)
+	if err != nil || !ok || got.Before(time.Now().Add(14*time.Minute)) {
+		t.Errorf("RenewOnAccess: %s %v %v", got, ok, err)
+	}
+	rec.await(t, "renewed on access", func(m map[string]watch.Sandbox, _ map[string]bool) bool {
+		e := m[second.ID].ExpiresAt
+		return e != nil && e.Equal(got)
+	})
 	c.want("POST", "/v1/sandboxes/"+second.ID+"/pause", nil, http.StatusAccepted, "")
 	rec.await(t, "Paused", func(m map[string]watch.Sandbox, _ map[string]bool) bool { return m[second.ID].State == "Paused" })
 	c.want("DELETE", "/v1/sandboxes/"+second.ID, nil, http.StatusNoContent, "")
