@@ -23,6 +23,7 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
+		newGatewayCmd(),
 		newUpCmd(), newSandboxCmd(),
 	)
 	if err := root.Execute(); err != nil {

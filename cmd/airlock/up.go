@@ -83,14 +83,6 @@ Flags override the file.`,
 	return cmd
 }
 
-func parseLevel(s string) slog.Level {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return slog.LevelInfo
-	}
-	return l
-}
-
 // printBanner prints the API address, the key and a three-line SDK example.
 func printBanner(w io.Writer, s *up.Stack) {
 	addr := s.Addr.String()

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/airlockdev/airlock/audit"
+)
+
+// AuditSink receives one canonical record per request decision. Append is called on the
+// request's goroutine after the response ends; it must not block for long (the audit
+// writer batches and fsyncs on its own).
+type AuditSink interface {
+	Append(audit.Record)
+}
+
+// Keys of the gateway's audit.Record.Extra (bounded and documented, see audit.Record).
+const (
+	auditRoute      = "route"       // routing form: header, airlock_header, host, path_proxy, path
+	auditStatus     = "status"      // HTTP status sent to the client (101 for upgrades)
+	auditBytes      = "bytes"       // response body bytes written (not counting upgraded streams)
+	auditDurationMS = "duration_ms" // whole request, including streaming
+	auditRequestID  = "request_id"
+	auditMethod     = "method"
+	auditUpgrade    = "upgrade" // "websocket" when the request upgraded
+	auditResult     = "result"  // proxied, not_found, unauthorized, ... (see metrics)
+)
+
+// record builds the audit record of one finished request.
+func record(start time.Time, r *http.Request, dec *decision, res result, status int, bytes int64, reqID, client string) audit.Record {
+	rec := audit.Record{
+		Time:      start.UTC(),
+		SandboxID: dec.cand.ID,
+		Source:    audit.SourceGateway,
+		Proto:     "http",
+		Src:       client,
+		DstHost:   r.Host,
+		DstPort:   dec.cand.Port,
+		Action:    "allow",
+		Reason:    dec.access,
+		Extra: map[string]any{
+			auditRoute:      dec.cand.Form.String(),
+			auditStatus:     status,
+			auditBytes:      bytes,
+			auditDurationMS: float64(time.Since(start).Microseconds()) / 1000,
+			auditRequestID:  reqID,
+			auditMethod:     r.Method,
+			auditResult:     res.String(),
+		},
+	}
+	if r.TLS != nil {
+		rec.Proto = "https"
+	}
+	if dec.sb != nil {
+		if dec.sb.Address.IsValid() {
+			rec.DstIP = dec.sb.Address.String()
+		} else if dec.sb.Address6.IsValid() {
+			rec.DstIP = dec.sb.Address6.String()
+		}
+		rec.Rule = "access:" + string(dec.mode)
+	}
+	if dec.err != nil {
+		rec.Action = "deny"
+		rec.Reason = dec.reason
+	}
+	if up := r.Header.Get("Upgrade"); up != "" || r.Method == http.MethodConnect {
+		if up == "" {
+			up = r.Header.Get(":protocol")
+		}
+		rec.Extra[auditUpgrade] = up
+	}
+	return rec
+}
+
+// clientAddr returns the client's address as Caddy determined it (trusted proxies
+// honoured), falling back to the connection's remote address.
+func clientAddr(r *http.Request) string {
+	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
+		if _, port, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+			return net.JoinHostPort(ip, port)
+		}
+		return ip
+	}
+	return r.RemoteAddr
+}
+
+// recorder tracks the status and body size of a response without buffering it. It unwraps
+// for http.ResponseController, so flushing and hijacking (WebSocket) reach the real writer.
+type recorder struct {
+	caddyhttp.ResponseWriterWrapper
+	status int
+	bytes  int64
+	// hold499 keeps back reverse_proxy's 499 (request context ended before a response)
+	// so the handler can answer 410 when the end was the sandbox's deletion.
+	hold499 bool
+	holding bool
+}
+
+func newRecorder(w http.ResponseWriter) *recorder {
+	return &recorder{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+}
+
+func (rr *recorder) WriteHeader(code int) {
+	if code == 499 && rr.hold499 && rr.status == 0 {
+		rr.holding = true
+		return
+	}
+	if rr.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		rr.status = code
+	}
+	rr.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (rr *recorder) Write(b []byte) (int, error) {
+	if rr.status == 0 {
+		rr.status = http.StatusOK
+	}
+	n, err := rr.ResponseWriterWrapper.Write(b)
+	rr.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the underlying writer's fast path while counting bytes.
+func (rr *recorder) ReadFrom(r io.Reader) (int64, error) {
+	if rr.status == 0 {
+		rr.status = http.StatusOK
+	}
+	n, err := rr.ResponseWriterWrapper.ReadFrom(r)
+	rr.bytes += n
+	return n, err
+}
+
+func (rr *recorder) wroteHeader() bool { return rr.status != 0 || rr.holding }
+
+// held reports whether a 499 is being held back.
+func (rr *recorder) held() bool { return rr.holding }
+
+// release writes the held 499.
+func (rr *recorder) release() {
+	rr.holding, rr.hold499 = false, false
+	rr.WriteHeader(499)
+}
+
+var (
+	_ http.ResponseWriter = (*recorder)(nil)
+	_ io.ReaderFrom       = (*recorder)(nil)
+)

@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+)
+
+// Sentinel errors of a request decision. Each maps to one HTTP status and code in
+// statusOf, the only place that does so; the message a client sees is the decision's
+// reason, written for users, never an internal error.
+var (
+	ErrBadRoute         = errors.New("bad route")
+	ErrNotFound         = errors.New("sandbox not found")
+	ErrGone             = errors.New("sandbox gone")
+	ErrNotRunning       = errors.New("sandbox not running")
+	ErrNotReady         = errors.New("route table not loaded")
+	ErrUnauthorized     = errors.New("unauthorized")
+	ErrForbidden        = errors.New("forbidden")
+	ErrOverCapacity     = errors.New("too many connections")
+	ErrUpstream         = errors.New("upstream unavailable")
+	errNotProvisioned   = errors.New("gateway: airlock app not provisioned")
+	errNoRouteInRequest = errors.New("gateway: no airlock route decision in the request (put the airlock handler before reverse_proxy)")
+)
+
+// result labels, one per outcome, used in metrics and audit records.
+type result uint8
+
+const (
+	resProxied result = iota
+	resBadRoute
+	resNotFound
+	resGone
+	resNotRunning
+	resUnauthorized
+	resForbidden
+	resOverCapacity
+	resUpstreamError
+	resNotReady
+	numResults
+)
+
+var resultNames = [numResults]string{"proxied", "bad_route", "not_found", "gone", "not_running",
+	"unauthorized", "forbidden", "over_capacity", "upstream_error", "not_ready"}
+
+func (r result) String() string { return resultNames[r] }
+
+// errorStatus is how one sentinel error reaches the client.
+type errorStatus struct {
+	status int
+	code   string
+	res    result
+}
+
+// statusOf maps a decision error to its HTTP status, JSON code and result label.
+func statusOf(err error) errorStatus {
+	switch {
+	case errors.Is(err, ErrBadRoute):
+		return errorStatus{http.StatusBadRequest, "BAD_ROUTE", resBadRoute}
+	case errors.Is(err, ErrNotFound):
+		return errorStatus{http.StatusNotFound, "SANDBOX_NOT_FOUND", resNotFound}
+	case errors.Is(err, ErrGone):
+		return errorStatus{http.StatusGone, "SANDBOX_GONE", resGone}
+	case errors.Is(err, ErrNotReady):
+		return errorStatus{http.StatusServiceUnavailable, "GATEWAY_NOT_READY", resNotReady}
+	case errors.Is(err, ErrNotRunning):
+		return errorStatus{http.StatusServiceUnavailable, "SANDBOX_NOT_RUNNING", resNotRunning}
+	case errors.Is(err, ErrUnauthorized):
+		return errorStatus{http.StatusUnauthorized, "UNAUTHORIZED", resUnauthorized}
+	case errors.Is(err, ErrForbidden):
+		return errorStatus{http.StatusForbidden, "FORBIDDEN", resForbidden}
+	case errors.Is(err, ErrOverCapacity):
+		return errorStatus{http.StatusTooManyRequests, "TOO_MANY_CONNECTIONS", resOverCapacity}
+	default:
+		return errorStatus{http.StatusBadGateway, "UPSTREAM_UNAVAILABLE", resUpstreamError}
+	}
+}
+
+// errorBody is the JSON body of every gateway error: the OpenSandbox ErrorResponse shape
+// {code, message} plus the request id.
+type errorBody struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	RequestID string `json:"requestId,omitempty"`
+}
+
+// writeError writes the JSON error for err with message msg. retryAfter > 0 sets
+// Retry-After (seconds).
+func writeError(w http.ResponseWriter, st errorStatus, msg, requestID string, retryAfter int) {
+	body, _ := json.Marshal(errorBody{Code: st.code, Message: msg, RequestID: requestID})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(st.status)
+	_, _ = w.Write(append(body, '\n'))
+}

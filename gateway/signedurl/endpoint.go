@@ -1,0 +1,72 @@
+package signedurl
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Endpoints builds the endpoint strings lifecycle returns from
+// GET /sandboxes/{id}/endpoints/{port} (OpenSandbox lifecycle spec, Endpoint schema):
+// host[:port][/path] with no scheme, pointing through the gateway.
+type Endpoints struct {
+	// Gateway is the host[:port] clients use to reach the gateway, for example
+	// "127.0.0.1:8081". A port of 80 or 443 is left out of host-form endpoints.
+	Gateway string
+	// BaseDomain, when set, selects host-form endpoints "<port>-<id>.<BaseDomain>[:port]";
+	// when empty, endpoints use the path form "<Gateway>/sandboxes/<id>/proxy/<port>".
+	BaseDomain string
+	// Keys mints signed endpoints; nil means Signed fails with ErrInvalidKey.
+	Keys *Keyring
+}
+
+// Endpoint returns the unsigned endpoint of port of sandbox id. Host form needs an id
+// that is a valid host label part (HostSafeID); other ids get the path form.
+func (e Endpoints) Endpoint(id string, port int) string {
+	if e.BaseDomain != "" && HostSafeID(id) {
+		if l := strconv.Itoa(port) + "-" + id; len(l) <= MaxLabelLen {
+			return e.hostForm(l)
+		}
+	}
+	return e.ServerProxy(id, port)
+}
+
+// ServerProxy returns the path-form endpoint "<Gateway>/sandboxes/<id>/proxy/<port>", the
+// shape OpenSandbox clients expect with use_server_proxy=true.
+func (e Endpoints) ServerProxy(id string, port int) string {
+	return strings.TrimSuffix(e.Gateway, "/") + "/sandboxes/" + id + "/proxy/" + strconv.Itoa(port)
+}
+
+// Signed returns a signed endpoint of port of sandbox id valid until expires: the host
+// form "<port>-<id>-<exp>-<tag>.<BaseDomain>[:port]" when a base domain is set and the
+// label fits 63 octets, otherwise the path form "<Gateway>/<id>/<port>/<exp>/<tag>".
+func (e Endpoints) Signed(id string, port int, expires time.Time) (string, error) {
+	if e.Keys == nil {
+		return "", fmt.Errorf("%w: no signing keys configured", ErrInvalidKey)
+	}
+	r, err := e.Keys.Mint(id, port, expires)
+	if err != nil {
+		return "", err
+	}
+	if e.BaseDomain != "" {
+		l, err := r.Label()
+		if err == nil {
+			return e.hostForm(l), nil
+		}
+		if !errors.Is(err, ErrTooLong) && !errors.Is(err, ErrInvalidRoute) {
+			return "", err
+		}
+	}
+	return strings.TrimSuffix(e.Gateway, "/") + r.Path(), nil
+}
+
+func (e Endpoints) hostForm(label string) string {
+	host := label + "." + strings.TrimPrefix(e.BaseDomain, ".")
+	if _, port, err := net.SplitHostPort(e.Gateway); err == nil && port != "80" && port != "443" && port != "" {
+		return net.JoinHostPort(host, port)
+	}
+	return host
+}

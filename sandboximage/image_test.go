@@ -1,0 +1,84 @@
+package sandboximage
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockdev/airlock/internal/testenv"
+)
+
+func TestRecipeValidate(t *testing.T) {
+	good := DefaultRecipe()
+	if err := good.Validate(); err != nil {
+		t.Fatalf("default recipe invalid: %v", err)
+	}
+	cases := map[string]func(*Recipe){
+		"bad_suite":   func(r *Recipe) { r.Suite = "bookworm; rm -rf /" },
+		"bad_mirror":  func(r *Recipe) { r.Mirror = "deb.debian.org" },
+		"no_packages": func(r *Recipe) { r.Packages = nil },
+		"bad_package": func(r *Recipe) { r.Packages = []string{"curl", "--allow-unauthenticated"} },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := DefaultRecipe()
+			mutate(&r)
+			if err := r.Validate(); err == nil {
+				t.Errorf("Validate accepted %+v", r)
+			}
+		})
+	}
+}
+
+func TestRecipeHashChangesWithRecipe(t *testing.T) {
+	a, b := DefaultRecipe(), DefaultRecipe()
+	if a.Hash() != b.Hash() {
+		t.Fatal("same recipe, different hashes")
+	}
+	b.Packages = append(b.Packages, "nodejs")
+	if a.Hash() == b.Hash() {
+		t.Error("adding a package did not change the hash")
+	}
+	c := DefaultRecipe()
+	c.Revision++
+	if a.Hash() == c.Hash() {
+		t.Error("bumping the revision did not change the hash")
+	}
+}
+
+// TestDefaultImageContents checks the built image carries what sandboxes and OpenSandbox
+// clients rely on, and the label that makes the build cache work.
+func TestDefaultImageContents(t *testing.T) {
+	img := testenv.NeedSandboxImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	label, err := exec.CommandContext(ctx, "docker", "image", "inspect", "--format",
+		`{{index .Config.Labels "`+RecipeLabel+`"}}`, img).Output()
+	if err != nil {
+		t.Fatalf("inspect %s: %v", img, err)
+	}
+	if got := strings.TrimSpace(string(label)); got != DefaultRecipe().Hash() {
+		t.Errorf("image recipe label = %q, want %q (stale image: run make image)", got, DefaultRecipe().Hash())
+	}
+
+	script := `set -e
+id -u nobody; getent group nogroup >/dev/null && echo nogroup
+test -x /opt/code-interpreter/code-interpreter.sh && echo ci
+test -d /workspace && pwd
+python3 -c 'import ipykernel; print("ipykernel")'
+test -f /usr/share/jupyter/kernels/python3/kernel.json && echo kernelspec
+curl --version >/dev/null && echo curl
+ps -o pid= -p 1 >/dev/null && echo procps`
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network", "none", img, "bash", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run: %v\n%s", err, out)
+	}
+	want := []string{"65534", "nogroup", "ci", "/workspace", "ipykernel", "kernelspec", "curl", "procps"}
+	got := strings.Fields(string(out))
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("image contents:\n got %v\nwant %v", got, want)
+	}
+}
