@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // maxBody caps request bodies of the JSON routes.
@@ -229,11 +230,21 @@ func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if r.URL.Query().Get("expires") != "" {
-		s.fail(w, r, fmt.Errorf("%w: signed endpoints (expires) are served by the Airlock gateway", ErrNotImplemented))
-		return
+	er := EndpointRequest{HTTP: r, ID: r.PathValue("id"), Port: port, ServerProxy: serverProxy}
+	if v := r.URL.Query().Get("expires"); v != "" {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || len(v) > 20 || (len(v) > 1 && v[0] == '0') {
+			s.fail(w, r, fmt.Errorf("%w: expires must be Unix seconds (a decimal number)", ErrInvalidRequest))
+			return
+		}
+		if serverProxy {
+			s.fail(w, r, fmt.Errorf("%w: expires cannot be combined with use_server_proxy=true", ErrInvalidRequest))
+			return
+		}
+		at := time.Unix(int64(min(secs, 1<<62)), 0).UTC()
+		er.Expires = &at
 	}
-	ep, err := s.Endpoint(r, r.PathValue("id"), port, serverProxy)
+	ep, err := s.Endpoint(er)
 	if err != nil {
 		s.fail(w, r, err)
 		return

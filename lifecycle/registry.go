@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -425,12 +424,13 @@ func (s *Server) PatchMetadata(id string, patch map[string]*string) (Sandbox, er
 	return e.rec.view(true), nil
 }
 
-// Endpoint answers where a client reaches port of sandbox id (GET
+// Endpoint answers where a client reaches a port of a sandbox (GET
 // /sandboxes/{id}/endpoints/{port}): the configured EndpointFunc, or this server's
-// proxy; a secure-access sandbox adds its token header.
-func (s *Server) Endpoint(r *http.Request, id string, port int, serverProxy bool) (Endpoint, error) {
+// proxy; a secure-access sandbox adds its token header. Signed endpoints (Expires) need
+// an EndpointFunc that mints them (the gateway's): without one they are 501.
+func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 	s.mu.Lock()
-	e, ok := s.sbx[id]
+	e, ok := s.sbx[er.ID]
 	var token string
 	var state State
 	if ok {
@@ -438,24 +438,27 @@ func (s *Server) Endpoint(r *http.Request, id string, port int, serverProxy bool
 	}
 	s.mu.Unlock()
 	if !ok {
-		return Endpoint{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+		return Endpoint{}, fmt.Errorf("%w: %q", ErrNotFound, er.ID)
 	}
 	if state.Terminal() {
-		return Endpoint{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, id, state)
+		return Endpoint{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, er.ID, state)
 	}
 	var ep Endpoint
-	if s.cfg.Endpoint != nil {
-		addr, err := s.cfg.Endpoint(r, id, port, serverProxy)
+	switch {
+	case s.cfg.Endpoint != nil:
+		addr, err := s.cfg.Endpoint(er)
 		if err != nil {
 			return Endpoint{}, err
 		}
 		ep.Endpoint = addr
-	} else {
+	case er.Expires != nil:
+		return Endpoint{}, fmt.Errorf("%w: signed endpoints (expires) need the Airlock gateway", ErrNotImplemented)
+	default:
 		host := s.cfg.PublicAddr
 		if host == "" {
-			host = r.Host
+			host = er.HTTP.Host
 		}
-		ep.Endpoint = ServerProxyEndpoint(host, id, port)
+		ep.Endpoint = ServerProxyEndpoint(host, er.ID, er.Port)
 	}
 	if token != "" {
 		ep.Headers = map[string]string{AccessTokenHeader: token}

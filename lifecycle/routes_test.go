@@ -315,6 +315,9 @@ func TestRoutes(t *testing.T) {
 				}
 			}
 		}
+		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=4102444800", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
+		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=soon", nil, http.StatusBadRequest, "INVALID_REQUEST")
+		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=4102444800&use_server_proxy=true", nil, http.StatusBadRequest, "INVALID_REQUEST")
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/0", nil, http.StatusBadRequest, "INVALID_REQUEST")
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/70000", nil, http.StatusBadRequest, "INVALID_REQUEST")
 	})

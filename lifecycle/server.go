@@ -65,9 +65,22 @@ type Config struct {
 	Log      *slog.Logger
 }
 
-// EndpointFunc returns the endpoint (host[:port][/path], no scheme) of port in sandbox id
-// for the request r that asked for it. serverProxy is the use_server_proxy parameter.
-type EndpointFunc func(r *http.Request, id string, port int, serverProxy bool) (string, error)
+// EndpointRequest is one GET /sandboxes/{id}/endpoints/{port}.
+type EndpointRequest struct {
+	// HTTP is the request; its Host is the address the client used.
+	HTTP *http.Request
+	ID   string
+	Port int
+	// ServerProxy is use_server_proxy=true.
+	ServerProxy bool
+	// Expires is set for a signed endpoint (?expires=<Unix seconds>, OSEP-0011); never
+	// together with ServerProxy.
+	Expires *time.Time
+}
+
+// EndpointFunc returns the endpoint (host[:port][/path], no scheme) for er. Errors
+// wrapping the package's sentinels reach the client with their status.
+type EndpointFunc func(er EndpointRequest) (string, error)
 
 // ServerProxyEndpoint is the default endpoint: host/sandboxes/{id}/proxy/{port} on this
 // server, served by its proxy.

@@ -93,6 +93,8 @@ type Options struct {
 	StateDir       string
 	ReapInterval   time.Duration
 	ResyncInterval time.Duration
+	// Endpoint replaces the server-proxy endpoints (the gateway's hook).
+	Endpoint lifecycle.EndpointFunc
 	// KeepContainers leaves the containers in place at cleanup (the next harness on the
 	// same StateDir adopts them and cleans up).
 	KeepContainers bool
@@ -152,6 +154,7 @@ func New(t testing.TB, o Options) *Harness {
 		ReapInterval:   o.ReapInterval,
 		ResyncInterval: o.ResyncInterval,
 		ReadyTimeout:   60 * time.Second,
+		Endpoint:       o.Endpoint,
 	})
 	if err != nil {
 		t.Fatal(err)
