@@ -24,6 +24,7 @@ func main() {
 	root.AddCommand(
 		newImageCmd(),
 		newGatewayCmd(),
+		newUpCmd(), newSandboxCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)

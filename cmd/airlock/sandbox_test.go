@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/sdk"
+)
+
+func TestMain(m *testing.M) {
+	lctest.Network = "altest-cli0"
+	code := m.Run()
+	lctest.RemoveNetwork(lctest.Network)
+	os.Exit(code)
+}
+
+const cliKey = "cli-test-key"
+
+// run executes `airlock sandbox args...` in process and returns stdout.
+func run(t *testing.T, h *lctest.Harness, args ...string) string {
+	t.Helper()
+	cmd := newSandboxCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(append([]string{"--server", h.HTTP.URL, "--api-key", cliKey}, args...))
+	if err := cmd.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("airlock sandbox %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String()
+}
+
+func TestSandboxCLI(t *testing.T) {
+	h := lctest.New(t, lctest.Options{APIKey: cliKey})
+	var created []sdk.Sandbox
+	if err := json.Unmarshal([]byte(run(t, h, "create", "--json", "--image", h.Image, "--cpu", "500m", "--memory", "256Mi",
+		"-m", "team=cli", "-e", "GREETING=hello", "--timeout", "5m")), &created); err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 1 || created[0].Status.State != "Running" || created[0].Metadata["team"] != "cli" {
+		t.Fatalf("create: %+v", created)
+	}
+	id := created[0].ID
+	table := run(t, h, "ls", "-m", "team=cli")
+	if !strings.HasPrefix(table, "ID") || !strings.Contains(table, id) || !strings.Contains(table, "Running") || !strings.Contains(table, "team=cli") {
+		t.Errorf("ls table:\n%s", table)
+	}
+	if out := run(t, h, "ls", "--state", "Paused"); strings.Contains(out, id) {
+		t.Errorf("ls --state Paused lists a running sandbox:\n%s", out)
+	}
+	if out := run(t, h, "pause", id); !strings.Contains(out, "Paused") {
+		t.Errorf("pause:\n%s", out)
+	}
+	if out := run(t, h, "resume", id); !strings.Contains(out, "Running") {
+		t.Errorf("resume:\n%s", out)
+	}
+	if out := run(t, h, "renew", id, "--for", "1h"); !strings.Contains(out, id+" expires at") {
+		t.Errorf("renew: %s", out)
+	}
+	var got []sdk.Sandbox
+	if err := json.Unmarshal([]byte(run(t, h, "get", id, "--json")), &got); err != nil || got[0].ID != id {
+		t.Errorf("get --json: %v %+v", err, got)
+	}
+
+	// exec streams output and exits with the command's code: run the real binary.
+	bin := lctest.Airlock(t)
+	ex := exec.Command(bin, "sandbox", "--server", h.HTTP.URL, "--api-key", cliKey, "exec", id, "--", "echo $GREETING; echo err >&2; exit 3")
+	var so, se bytes.Buffer
+	ex.Stdout, ex.Stderr = &so, &se
+	err := ex.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || so.String() != "hello\n" || se.String() != "err\n" {
+		t.Errorf("exec: %v stdout %q stderr %q", err, so.String(), se.String())
+	}
+
+	if out := run(t, h, "rm", id); strings.TrimSpace(out) != id {
+		t.Errorf("rm: %q", out)
+	}
+	cmd := newSandboxCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--server", h.HTTP.URL, "--api-key", cliKey, "get", id})
+	if err := cmd.ExecuteContext(t.Context()); !sdk.IsNotFound(err) {
+		t.Errorf("get after rm: %v", err)
+	}
+}

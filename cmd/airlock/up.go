@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlockdev/airlock/internal/up"
+)
+
+func newUpCmd() *cobra.Command {
+	var (
+		configPath string
+		listen     string
+		stateDir   string
+		noAuth     bool
+		logLevel   string
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run Airlock on this host: lifecycle API, Docker runtime, store",
+		Long: `Runs the whole Airlock stack in one process on this host: the OpenSandbox lifecycle
+API (default 127.0.0.1:8080, also under /v1) with the Docker runtime and the embedded
+store in the state directory. On first start it generates an API key, stores it in the
+state directory and prints it; later starts reuse it (--no-auth: no key at all).
+
+Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
+Flags override the file.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, optional := configPath, false
+			if path == "" {
+				path, optional = up.DefaultConfigPath, true
+			}
+			cfg, err := up.LoadConfig(path, optional)
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			if f.Changed("listen") {
+				cfg.Listen = listen
+			}
+			if f.Changed("state-dir") {
+				cfg.StateDir = stateDir
+			}
+			if f.Changed("no-auth") {
+				cfg.NoAuth = noAuth
+			}
+			if f.Changed("log-level") {
+				cfg.LogLevel = logLevel
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
+			stack, err := up.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if err := stack.Start(ctx); err != nil {
+				return err
+			}
+			printBanner(os.Stdout, stack)
+			<-ctx.Done()
+			log.Info("shutting down")
+			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			return stack.Stop(sctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
+	f.StringVar(&listen, "listen", "127.0.0.1:8080", "lifecycle API address")
+	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "directory of the store and the generated API key")
+	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// printBanner prints the API address, the key and a three-line SDK example.
+func printBanner(w io.Writer, s *up.Stack) {
+	addr := s.Addr.String()
+	fmt.Fprintf(w, "Airlock is up.\n\n  Lifecycle API: http://%s (also under /v1)\n", addr)
+	keyArg := ""
+	if s.APIKey != "" {
+		fmt.Fprintf(w, "  OPEN-SANDBOX-API-KEY: %s\n", s.APIKey)
+		keyArg = fmt.Sprintf(", apiKey: %q", s.APIKey)
+	} else {
+		fmt.Fprintf(w, "  Authentication: OFF (--no-auth)\n")
+	}
+	fmt.Fprintf(w, "\nOpenSandbox SDK (npm install @alibaba-group/opensandbox):\n\n")
+	fmt.Fprintf(w, "  import { Sandbox } from \"@alibaba-group/opensandbox\";\n")
+	fmt.Fprintf(w, "  const sbx = await Sandbox.create({ connectionConfig: { domain: %q%s }, image: \"airlock/sandbox:latest\" });\n", addr, keyArg)
+	fmt.Fprintf(w, "  console.log((await sbx.commands.run(\"echo hello from $(hostname)\")).logs.stdout[0].text);\n\n")
+}

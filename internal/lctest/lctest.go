@@ -1,0 +1,249 @@
+// Package lctest holds what the lifecycle and Docker runtime tests share: building
+// execd, a lifecycle server on a real Docker engine with its own store, network and
+// container names, and cleanup of everything a test created.
+package lctest
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/docker"
+)
+
+// Network is the bridge network harnesses use (never airlock0, so that tests do not
+// touch a real installation's network). Each test package sets its own in TestMain so
+// packages running in parallel do not share one.
+var Network = "altest-lc0"
+
+// NamePrefix starts the names of every container the tests create.
+const NamePrefix = "altest-lc-"
+
+var (
+	buildOnce sync.Once
+	execdPath string
+	buildErr  error
+)
+
+// ModuleRoot returns the directory of go.mod.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// Execd returns a static execd binary: $AIRLOCK_TEST_EXECD when set, else one built
+// from ./cmd/execd with CGO_ENABLED=0 (once per test process).
+func Execd(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("AIRLOCK_TEST_EXECD"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "airlock-execd-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		execdPath = filepath.Join(dir, "execd")
+		cmd := exec.Command("go", "build", "-o", execdPath, "./cmd/execd")
+		cmd.Dir = ModuleRoot(t)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building execd: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return execdPath
+}
+
+// Docker returns an engine client closed at the end of the test.
+func Docker(t testing.TB) *client.Client {
+	t.Helper()
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Options tune a Harness.
+type Options struct {
+	APIKey           string
+	Limits           lifecycle.Limits
+	AllowedHostRoots []string
+	// StateDir reuses a store directory (restart tests); default a new temp dir.
+	StateDir       string
+	ReapInterval   time.Duration
+	ResyncInterval time.Duration
+	// Endpoint replaces the server-proxy endpoints (the gateway's hook).
+	Endpoint lifecycle.EndpointFunc
+	// KeepContainers leaves the containers in place at cleanup (the next harness on the
+	// same StateDir adopts them and cleans up).
+	KeepContainers bool
+}
+
+// Harness is a lifecycle server on the real Docker engine, served by an httptest
+// server.
+type Harness struct {
+	Server   *lifecycle.Server
+	Runtime  *docker.Runtime
+	Store    *lifecycle.Store
+	HTTP     *httptest.Server
+	StateDir string
+	Image    string
+	stopped  bool
+	opts     Options
+	t        testing.TB
+}
+
+// New starts a Harness; it skips (or fails under AIRLOCK_REQUIRE_PRIVILEGED=1) without
+// Docker and the default image. Cleanup removes every container the server made.
+func New(t testing.TB, o Options) *Harness {
+	t.Helper()
+	img := testenv.NeedSandboxImage(t)
+	if o.StateDir == "" {
+		o.StateDir = t.TempDir()
+	}
+	store, err := lifecycle.OpenStore(filepath.Join(o.StateDir, "lifecycle.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := store.InstanceID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := docker.New(docker.Config{
+		Client:           Docker(t),
+		Instance:         inst,
+		Network:          Network,
+		ExecdPath:        Execd(t),
+		AllowedHostRoots: o.AllowedHostRoots,
+		NamePrefix:       NamePrefix,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rt.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := lifecycle.New(lifecycle.Config{
+		Runtime:        rt,
+		Store:          store,
+		APIKey:         o.APIKey,
+		Limits:         o.Limits,
+		ReapInterval:   o.ReapInterval,
+		ResyncInterval: o.ResyncInterval,
+		ReadyTimeout:   60 * time.Second,
+		Endpoint:       o.Endpoint,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h := &Harness{Server: srv, Runtime: rt, Store: store, StateDir: o.StateDir, Image: img, opts: o, t: t}
+	h.HTTP = httptest.NewServer(srv.Handler())
+	t.Cleanup(h.Stop)
+	return h
+}
+
+// Stop shuts the server down (once) and, unless KeepContainers, removes every container
+// it made.
+func (h *Harness) Stop() {
+	if h.stopped {
+		return
+	}
+	h.stopped = true
+	h.HTTP.Close()
+	h.Server.Close()
+	if !h.opts.KeepContainers {
+		RemoveAll(h.t, h.Runtime)
+	}
+	h.Store.Close()
+}
+
+// RemoveAll removes every container of rt's instance.
+func RemoveAll(t testing.TB, rt *docker.Runtime) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	insts, err := rt.List(ctx)
+	if err != nil {
+		t.Errorf("listing containers for cleanup: %v", err)
+		return
+	}
+	for _, in := range insts {
+		if err := rt.Remove(ctx, in); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	}
+}
+
+var (
+	airlockOnce sync.Once
+	airlockPath string
+	airlockErr  error
+)
+
+// Airlock returns the airlock binary built from ./cmd/airlock (once per test process),
+// with execd beside it (the default execd path of `airlock up`).
+func Airlock(t testing.TB) string {
+	t.Helper()
+	execd := Execd(t)
+	airlockOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "airlock-bin-")
+		if err != nil {
+			airlockErr = err
+			return
+		}
+		airlockPath = filepath.Join(dir, "airlock")
+		cmd := exec.Command("go", "build", "-o", airlockPath, "./cmd/airlock")
+		cmd.Dir = ModuleRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			airlockErr = fmt.Errorf("building airlock: %v\n%s", err, out)
+			return
+		}
+		b, err := os.ReadFile(execd)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "execd"), b, 0o755)
+		}
+		airlockErr = err
+	})
+	if airlockErr != nil {
+		t.Fatal(airlockErr)
+	}
+	return airlockPath
+}
+
+// RemoveNetwork removes the test network name when it exists and is unused; for
+// TestMain after m.Run.
+func RemoveNetwork(name string) {
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = cli.NetworkRemove(ctx, name, client.NetworkRemoveOptions{})
+}

@@ -1,0 +1,146 @@
+package up
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultConfigPath is read when no --config is given; a missing file there is fine.
+const DefaultConfigPath = "/etc/airlock/airlock.yaml"
+
+// Duration is a time.Duration written as a string in YAML ("30s", "24h").
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (examples: 30s, 24h)", n.Line, s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Config is the configuration of `airlock up` (/etc/airlock/airlock.yaml). Unknown keys
+// are errors. Example:
+//
+//	listen: 127.0.0.1:8080
+//	stateDir: /var/lib/airlock
+//	lifecycle:
+//	  maxTimeout: 24h
+//	docker:
+//	  network: airlock0
+//	  subnet: 10.213.0.0/16
+//	  ociRuntime: runsc
+//	  allowedHostRoots: [/srv/airlock]
+type Config struct {
+	// Listen is the lifecycle API's address; default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// PublicAddr is the host[:port] clients use to reach the API, used in endpoints;
+	// default: the Host the client used.
+	PublicAddr string `yaml:"publicAddr"`
+	// StateDir holds the store (lifecycle.db) and the generated API key (api-key);
+	// default /var/lib/airlock.
+	StateDir string `yaml:"stateDir"`
+	// APIKey, when set, is the API key; otherwise one is generated on first start and
+	// stored in StateDir/api-key. NoAuth turns authentication off.
+	APIKey string `yaml:"apiKey"`
+	NoAuth bool   `yaml:"noAuth"`
+	// LogLevel is debug, info (default), warn or error.
+	LogLevel  string          `yaml:"logLevel"`
+	Lifecycle LifecycleConfig `yaml:"lifecycle"`
+	Docker    DockerConfig    `yaml:"docker"`
+}
+
+// LifecycleConfig tunes the lifecycle server.
+type LifecycleConfig struct {
+	// MaxTimeout caps a sandbox's timeout and renewals; default 24h.
+	MaxTimeout Duration `yaml:"maxTimeout"`
+	// ReadyTimeout is how long execd may take to answer after start; default 120s.
+	ReadyTimeout Duration `yaml:"readyTimeout"`
+}
+
+// DockerConfig configures the Docker runtime (package lifecycle/docker).
+type DockerConfig struct {
+	// Network is the bridge network; default airlock0. Subnet is its IPv4 subnet when
+	// Airlock creates it; default: Docker's choice.
+	Network string `yaml:"network"`
+	Subnet  string `yaml:"subnet"`
+	// OCIRuntime is an engine runtime name (runsc, kata); default the engine's.
+	OCIRuntime string `yaml:"ociRuntime"`
+	// AllowedHostRoots are the directories host-path volumes may come from; default
+	// none (host-path volumes refused).
+	AllowedHostRoots []string `yaml:"allowedHostRoots"`
+	// ExecdPath is the static execd binary; default execd beside the airlock binary,
+	// then /usr/local/lib/airlock/execd.
+	ExecdPath string `yaml:"execdPath"`
+	// NamePrefix starts container names; default airlock-.
+	NamePrefix string `yaml:"namePrefix"`
+}
+
+// LoadConfig reads the YAML file at path strictly (unknown keys are errors). A missing
+// file is an error unless optional is true (then the defaults apply).
+func LoadConfig(path string, optional bool) (Config, error) {
+	var c Config
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && optional {
+		return c, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// setDefaults fills what the file and flags left empty and checks the result.
+func (c *Config) setDefaults() error {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.StateDir == "" {
+		c.StateDir = "/var/lib/airlock"
+	}
+	if c.Docker.ExecdPath == "" {
+		c.Docker.ExecdPath = DefaultExecdPath()
+	}
+	if c.Docker.Subnet != "" {
+		if _, err := netip.ParsePrefix(c.Docker.Subnet); err != nil {
+			return fmt.Errorf("config: docker.subnet: %w", err)
+		}
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("config: logLevel %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+// DefaultExecdPath is execd beside the running executable when present, else
+// /usr/local/lib/airlock/execd.
+func DefaultExecdPath() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "execd")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "/usr/local/lib/airlock/execd"
+}

@@ -1,0 +1,223 @@
+// Package up assembles Airlock's components into the one process `airlock up` runs:
+// the embedded store, the Docker runtime, the lifecycle server and its HTTP listener
+// (the gateway and egressd join the same list). Components start in order and stop in
+// reverse; a failed start stops what had started.
+package up
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/docker"
+)
+
+// component is one part of the stack.
+type component struct {
+	name  string
+	start func(ctx context.Context) error
+	stop  func(ctx context.Context) error
+}
+
+// Stack is a running (or startable) Airlock.
+type Stack struct {
+	cfg      Config
+	log      *slog.Logger
+	registry *prometheus.Registry
+
+	// Filled as components start.
+	Store     *lifecycle.Store
+	Docker    *docker.Runtime
+	Lifecycle *lifecycle.Server
+	APIKey    string
+	// Addr is the lifecycle API's bound address.
+	Addr net.Addr
+
+	http       *http.Server
+	components []component
+	started    []component
+}
+
+// New checks cfg and lays out the components; it starts nothing.
+func New(cfg Config, log *slog.Logger) (*Stack, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Stack{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
+	s.components = []component{
+		{name: "store", start: s.startStore, stop: func(context.Context) error { return s.Store.Close() }},
+		{name: "docker", start: s.startDocker, stop: func(context.Context) error { return s.Docker.Close() }},
+		{name: "lifecycle", start: s.startLifecycle, stop: func(context.Context) error { return s.Lifecycle.Close() }},
+		// The gateway and egressd start here, after lifecycle (they follow its watch)
+		// and before the listener.
+		{name: "api", start: s.startAPI, stop: s.stopAPI},
+	}
+	return s, nil
+}
+
+// Registry is the Prometheus registry every component registers on.
+func (s *Stack) Registry() *prometheus.Registry { return s.registry }
+
+// Start starts every component in order; on failure it stops those that started, in
+// reverse, and returns the error.
+func (s *Stack) Start(ctx context.Context) error {
+	for _, c := range s.components {
+		t0 := time.Now()
+		if err := c.start(ctx); err != nil {
+			stopErr := s.Stop(context.WithoutCancel(ctx))
+			return errors.Join(fmt.Errorf("starting %s: %w", c.name, err), stopErr)
+		}
+		s.started = append(s.started, c)
+		s.log.Info("component started", "component", c.name, "start_ms", time.Since(t0).Milliseconds())
+	}
+	return nil
+}
+
+// Stop stops the started components in reverse order; safe after a partial start.
+func (s *Stack) Stop(ctx context.Context) error {
+	var errs []error
+	for i := len(s.started) - 1; i >= 0; i-- {
+		c := s.started[i]
+		if err := c.stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping %s: %w", c.name, err))
+		}
+	}
+	s.started = nil
+	return errors.Join(errs...)
+}
+
+func (s *Stack) startStore(context.Context) error {
+	if err := os.MkdirAll(s.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	st, err := lifecycle.OpenStore(filepath.Join(s.cfg.StateDir, "lifecycle.db"))
+	if err != nil {
+		return err
+	}
+	s.Store = st
+	key, err := s.apiKey()
+	if err != nil {
+		return err
+	}
+	s.APIKey = key
+	return nil
+}
+
+// apiKey returns the configured key, the stored one, or a new one it stores.
+func (s *Stack) apiKey() (string, error) {
+	if s.cfg.NoAuth {
+		return "", nil
+	}
+	if s.cfg.APIKey != "" {
+		return s.cfg.APIKey, nil
+	}
+	p := filepath.Join(s.cfg.StateDir, "api-key")
+	if b, err := os.ReadFile(p); err == nil {
+		if k := strings.TrimSpace(string(b)); k != "" {
+			return k, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading the API key: %w", err)
+	}
+	var r [24]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return "", err
+	}
+	k := "ak_" + base64.RawURLEncoding.EncodeToString(r[:])
+	if err := os.WriteFile(p, []byte(k+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("storing the API key: %w", err)
+	}
+	return k, nil
+}
+
+func (s *Stack) startDocker(ctx context.Context) error {
+	inst, err := s.Store.InstanceID()
+	if err != nil {
+		return err
+	}
+	var subnet netip.Prefix
+	if s.cfg.Docker.Subnet != "" {
+		subnet = netip.MustParsePrefix(s.cfg.Docker.Subnet)
+	}
+	rt, err := docker.New(docker.Config{
+		Instance:         inst,
+		Network:          s.cfg.Docker.Network,
+		Subnet:           subnet,
+		ExecdPath:        s.cfg.Docker.ExecdPath,
+		OCIRuntime:       s.cfg.Docker.OCIRuntime,
+		AllowedHostRoots: s.cfg.Docker.AllowedHostRoots,
+		NamePrefix:       s.cfg.Docker.NamePrefix,
+		Log:              s.log.With("component", "docker"),
+	})
+	if err != nil {
+		return err
+	}
+	s.Docker = rt
+	return rt.Setup(ctx)
+}
+
+func (s *Stack) startLifecycle(ctx context.Context) error {
+	srv, err := lifecycle.New(lifecycle.Config{
+		Runtime:    s.Docker,
+		Store:      s.Store,
+		APIKey:     s.APIKey,
+		PublicAddr: s.cfg.PublicAddr,
+		Limits: lifecycle.Limits{
+			MaxTimeout: time.Duration(s.cfg.Lifecycle.MaxTimeout),
+		},
+		ReadyTimeout: time.Duration(s.cfg.Lifecycle.ReadyTimeout),
+		Registry:     s.registry,
+		Log:          s.log.With("component", "lifecycle"),
+	})
+	if err != nil {
+		return err
+	}
+	s.Lifecycle = srv
+	srv.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{}))
+	return srv.Start(ctx)
+}
+
+func (s *Stack) startAPI(context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return err
+	}
+	s.Addr = ln.Addr()
+	s.http = &http.Server{
+		Handler:           s.Lifecycle.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       620 * time.Second,
+	}
+	go func() {
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("api listener failed", "err", err)
+		}
+	}()
+	return nil
+}
+
+func (s *Stack) stopAPI(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil {
+		return s.http.Close()
+	}
+	return nil
+}

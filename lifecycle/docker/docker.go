@@ -1,0 +1,390 @@
+// Package docker is the lifecycle server's Docker runtime (DESIGN.md §3): every sandbox
+// is a container on a dedicated bridge network (airlock0 by default, inter-container
+// traffic disabled) with execd copied in before start and running as PID 1
+// (/opt/airlock/execd --exec -- <user entrypoint>), resource limits, dropped
+// capabilities, no-new-privileges and an optional OCI runtime (runsc, kata). Pause and
+// resume use the cgroup freezer (docker pause). It talks to the engine through
+// github.com/moby/moby/client.
+package docker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+
+	"github.com/airlockdev/airlock/lifecycle"
+)
+
+// Labels every Airlock container carries.
+const (
+	LabelSandboxID = "airlock.dev/sandbox-id"
+	LabelInstance  = "airlock.dev/instance"
+	LabelManagedBy = "airlock.dev/managed-by"
+)
+
+// ExecdPath is where execd lives inside every sandbox.
+const ExecdPath = "/opt/airlock/execd"
+
+// DroppedCapabilities are removed from every sandbox on top of Docker's defaults.
+var DroppedCapabilities = []string{
+	"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE", "MKNOD",
+	"SYS_BOOT", "SYS_TIME", "SYS_RAWIO", "AUDIT_WRITE",
+}
+
+// Config configures the Docker runtime.
+type Config struct {
+	// Client talks to the engine; New makes one from the environment (DOCKER_HOST)
+	// when nil. The Runtime closes only a client it made.
+	Client *client.Client
+	// Instance is the lifecycle instance id (label airlock.dev/instance): List returns
+	// only containers carrying it. Required.
+	Instance string
+	// Network is the bridge network's name, also the Linux bridge name (at most 15
+	// characters); default "airlock0". Subnet, when valid, is its IPv4 subnet for a
+	// network that does not exist yet; otherwise Docker picks one.
+	Network string
+	Subnet  netip.Prefix
+	// ExecdPath is the static execd binary on this host, copied into every sandbox.
+	// Required.
+	ExecdPath string
+	// OCIRuntime names the engine runtime ("runsc", "kata"); empty is the engine's
+	// default (runc).
+	OCIRuntime string
+	// AllowedHostRoots are the host directories under which host-path volumes may be
+	// mounted (after resolving symlinks). Empty disables host-path volumes.
+	AllowedHostRoots []string
+	// NamePrefix starts every container name; default "airlock-".
+	NamePrefix string
+	// DNS, when set, are the sandboxes' resolvers (egressd on the bridge gateway).
+	DNS []netip.Addr
+	Log *slog.Logger
+}
+
+// Runtime implements lifecycle.Runtime on a Docker engine.
+type Runtime struct {
+	cfg     Config
+	cli     *client.Client
+	ownCli  bool
+	log     *slog.Logger
+	execd   []byte // tar archive holding opt/airlock/execd
+	gateway netip.Addr
+	subnet  netip.Prefix
+}
+
+var _ lifecycle.Runtime = (*Runtime)(nil)
+
+// New checks cfg, reads execd and returns a Runtime; call Setup before use.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Instance == "" || cfg.ExecdPath == "" {
+		return nil, errors.New("docker: Instance and ExecdPath are required")
+	}
+	if cfg.Network == "" {
+		cfg.Network = "airlock0"
+	}
+	if len(cfg.Network) > 15 {
+		return nil, fmt.Errorf("docker: network name %q is longer than a Linux interface name (15)", cfg.Network)
+	}
+	if cfg.NamePrefix == "" {
+		cfg.NamePrefix = "airlock-"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	tarball, err := execdArchive(cfg.ExecdPath)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{cfg: cfg, cli: cfg.Client, log: cfg.Log, execd: tarball}
+	if r.cli == nil {
+		if r.cli, err = client.New(client.FromEnv); err != nil {
+			return nil, fmt.Errorf("docker: %w", err)
+		}
+		r.ownCli = true
+	}
+	return r, nil
+}
+
+// Close releases the engine client when the Runtime made it.
+func (r *Runtime) Close() error {
+	if r.ownCli {
+		return r.cli.Close()
+	}
+	return nil
+}
+
+// Kind is "docker".
+func (r *Runtime) Kind() string { return "docker" }
+
+// Setup makes sure the Airlock network exists: a bridge with inter-container traffic
+// disabled. An existing network is used as it is (a warning is logged when it allows
+// inter-container traffic).
+func (r *Runtime) Setup(ctx context.Context) error {
+	res, err := r.cli.NetworkInspect(ctx, r.cfg.Network, client.NetworkInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		opts := client.NetworkCreateOptions{
+			Driver: "bridge",
+			Options: map[string]string{
+				"com.docker.network.bridge.name":       r.cfg.Network,
+				"com.docker.network.bridge.enable_icc": "false",
+			},
+			Labels: map[string]string{LabelManagedBy: "airlock"},
+		}
+		if r.cfg.Subnet.IsValid() {
+			opts.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.cfg.Subnet.Masked()}}}
+		}
+		_, cerr := r.cli.NetworkCreate(ctx, r.cfg.Network, opts)
+		// Another process may have created it meanwhile: what counts is that it exists.
+		res, err = r.cli.NetworkInspect(ctx, r.cfg.Network, client.NetworkInspectOptions{})
+		if err != nil && cerr != nil {
+			return fmt.Errorf("docker: creating network %s: %w", r.cfg.Network, cerr)
+		}
+		if cerr == nil {
+			r.log.Info("network created", "network", r.cfg.Network, "subnet", r.cfg.Subnet)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("docker: inspecting network %s: %w", r.cfg.Network, err)
+	}
+	if res.Network.Driver != "bridge" {
+		return fmt.Errorf("docker: network %s is a %s network, want bridge", r.cfg.Network, res.Network.Driver)
+	}
+	if res.Network.Options["com.docker.network.bridge.enable_icc"] != "false" {
+		r.log.Warn("network allows inter-container traffic; recreate it to isolate sandboxes", "network", r.cfg.Network)
+	}
+	for _, c := range res.Network.IPAM.Config {
+		if c.Subnet.Addr().Is4() {
+			r.subnet, r.gateway = c.Subnet, c.Gateway
+		}
+	}
+	return nil
+}
+
+// Network returns the Airlock network's name, IPv4 subnet and gateway (the host's
+// address on it), known after Setup.
+func (r *Runtime) Network() (name string, subnet netip.Prefix, gateway netip.Addr) {
+	return r.cfg.Network, r.subnet, r.gateway
+}
+
+// Create implements lifecycle.Runtime.
+func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecycle.Instance, err error) {
+	if err := r.ensureImage(ctx, spec.Image, spec.ImageAuth); err != nil {
+		return inst, err
+	}
+	mounts, created, err := r.mounts(ctx, spec)
+	if err != nil {
+		return inst, err
+	}
+	defer func() {
+		if err != nil {
+			r.removeVolumes(context.WithoutCancel(ctx), created)
+		}
+	}()
+	env := make([]string, 0, len(spec.Env))
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		env = append(env, k+"="+spec.Env[k])
+	}
+	pids := spec.Pids
+	hc := &container.HostConfig{
+		NetworkMode: container.NetworkMode(r.cfg.Network),
+		CapDrop:     DroppedCapabilities,
+		SecurityOpt: []string{"no-new-privileges"},
+		Runtime:     r.cfg.OCIRuntime,
+		Mounts:      mounts,
+		Resources: container.Resources{
+			NanoCPUs:  spec.NanoCPUs,
+			Memory:    spec.MemoryBytes,
+			PidsLimit: &pids,
+		},
+	}
+	if spec.MemoryBytes > 0 {
+		hc.Resources.MemorySwap = spec.MemoryBytes // no swap beyond the limit
+	}
+	for _, a := range r.cfg.DNS {
+		hc.DNS = append(hc.DNS, a)
+	}
+	labels := map[string]string{
+		LabelSandboxID: spec.SandboxID,
+		LabelInstance:  r.cfg.Instance,
+		LabelManagedBy: "airlock",
+	}
+	cres, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name: r.cfg.NamePrefix + spec.SandboxID,
+		Config: &container.Config{
+			Image:      spec.Image,
+			Entrypoint: append([]string{ExecdPath, "--exec", "--"}, spec.Entrypoint...),
+			Cmd:        nil,
+			Env:        env,
+			Labels:     labels,
+			Hostname:   spec.SandboxID,
+		},
+		HostConfig: hc,
+		NetworkingConfig: &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+			r.cfg.Network: {},
+		}},
+	})
+	if err != nil {
+		if cerrdefs.IsInvalidArgument(err) {
+			return inst, fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
+		}
+		return inst, fmt.Errorf("docker: creating container: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if _, rmErr := r.cli.ContainerRemove(context.WithoutCancel(ctx), cres.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); rmErr != nil && !cerrdefs.IsNotFound(rmErr) {
+				r.log.Error("removing half-created container failed", "container_id", cres.ID, "err", rmErr)
+			}
+		}
+	}()
+	if _, err = r.cli.CopyToContainer(ctx, cres.ID, client.CopyToContainerOptions{
+		DestinationPath: "/",
+		Content:         bytes.NewReader(r.execd),
+	}); err != nil {
+		return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
+	}
+	if _, err = r.cli.ContainerStart(ctx, cres.ID, client.ContainerStartOptions{}); err != nil {
+		return inst, fmt.Errorf("docker: starting container: %w", err)
+	}
+	inst, err = r.Inspect(ctx, cres.ID)
+	if err != nil {
+		return inst, err
+	}
+	inst.DeleteVolumes = created.deleteOnRemove
+	return inst, nil
+}
+
+// ensureImage pulls ref when the engine does not have it.
+func (r *Runtime) ensureImage(ctx context.Context, ref string, auth *lifecycle.ImageAuth) error {
+	if _, err := r.cli.ImageInspect(ctx, ref); err == nil {
+		return nil
+	} else if !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("docker: inspecting image %s: %w", ref, err)
+	}
+	opts := client.ImagePullOptions{}
+	if auth != nil {
+		enc, err := encodeAuth(auth)
+		if err != nil {
+			return err
+		}
+		opts.RegistryAuth = enc
+	}
+	r.log.Info("pulling image", "image", ref)
+	resp, err := r.cli.ImagePull(ctx, ref, opts)
+	if err == nil {
+		err = resp.Wait(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s is not on this host and pulling it failed: %v", lifecycle.ErrImageUnavailable, ref, err)
+	}
+	if _, err := r.cli.ImageInspect(ctx, ref); err != nil {
+		return fmt.Errorf("%w: %s: pulled but not found: %v", lifecycle.ErrImageUnavailable, ref, err)
+	}
+	return nil
+}
+
+// Remove implements lifecycle.Runtime.
+func (r *Runtime) Remove(ctx context.Context, inst lifecycle.Instance) error {
+	if inst.ContainerID != "" {
+		// A frozen container cannot take the kill signal: thaw it first.
+		_, _ = r.cli.ContainerUnpause(ctx, inst.ContainerID, client.ContainerUnpauseOptions{})
+		_, err := r.cli.ContainerRemove(ctx, inst.ContainerID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
+			return fmt.Errorf("docker: removing container: %w", err)
+		}
+	}
+	r.removeVolumes(ctx, createdVolumes{deleteOnRemove: inst.DeleteVolumes})
+	return nil
+}
+
+func isRemovalInProgress(err error) bool {
+	return strings.Contains(err.Error(), "removal of container") && strings.Contains(err.Error(), "already in progress")
+}
+
+// Pause implements lifecycle.Runtime (cgroup freezer).
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	if _, err := r.cli.ContainerPause(ctx, id, client.ContainerPauseOptions{}); err != nil {
+		return fmt.Errorf("docker: pausing container: %w", err)
+	}
+	return nil
+}
+
+// Resume implements lifecycle.Runtime.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	if _, err := r.cli.ContainerUnpause(ctx, id, client.ContainerUnpauseOptions{}); err != nil {
+		return fmt.Errorf("docker: resuming container: %w", err)
+	}
+	return nil
+}
+
+// Inspect implements lifecycle.Runtime.
+func (r *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Instance, error) {
+	res, err := r.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return lifecycle.Instance{}, lifecycle.ErrInstanceGone
+	}
+	if err != nil {
+		return lifecycle.Instance{}, fmt.Errorf("docker: inspecting container: %w", err)
+	}
+	c := res.Container
+	inst := lifecycle.Instance{ContainerID: c.ID}
+	if c.Config != nil {
+		inst.SandboxID = c.Config.Labels[LabelSandboxID]
+	}
+	if c.State != nil {
+		inst.Phase = phase(string(c.State.Status))
+		inst.Pid = c.State.Pid
+	}
+	if c.NetworkSettings != nil {
+		if ep := c.NetworkSettings.Networks[r.cfg.Network]; ep != nil {
+			inst.Address = ep.IPAddress
+		}
+	}
+	return inst, nil
+}
+
+// List implements lifecycle.Runtime. Pids are not reported (0); Inspect has them.
+func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
+	res, err := r.cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: client.Filters{}.Add("label", LabelInstance+"="+r.cfg.Instance),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("docker: listing containers: %w", err)
+	}
+	out := make([]lifecycle.Instance, 0, len(res.Items))
+	for _, c := range res.Items {
+		inst := lifecycle.Instance{ContainerID: c.ID, SandboxID: c.Labels[LabelSandboxID], Phase: phase(string(c.State))}
+		if c.NetworkSettings != nil {
+			if ep := c.NetworkSettings.Networks[r.cfg.Network]; ep != nil {
+				inst.Address = ep.IPAddress
+			}
+		}
+		out = append(out, inst)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ContainerID < out[j].ContainerID })
+	return out, nil
+}
+
+func phase(s string) lifecycle.Phase {
+	switch s {
+	case "running", "restarting":
+		return lifecycle.PhaseRunning
+	case "paused":
+		return lifecycle.PhasePaused
+	case "created":
+		return lifecycle.PhaseCreated
+	default:
+		return lifecycle.PhaseExited
+	}
+}

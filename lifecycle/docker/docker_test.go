@@ -1,0 +1,244 @@
+package docker_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/docker"
+)
+
+const network = "altest-dk0"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	lctest.RemoveNetwork(network)
+	os.Exit(code)
+}
+
+func newRuntime(t *testing.T, mut func(*docker.Config)) (*docker.Runtime, *client.Client, string) {
+	t.Helper()
+	img := testenv.NeedSandboxImage(t)
+	cli := lctest.Docker(t)
+	cfg := docker.Config{
+		Client:     cli,
+		Instance:   fmt.Sprintf("dktest%d", time.Now().UnixNano()),
+		Network:    network,
+		ExecdPath:  lctest.Execd(t),
+		NamePrefix: "altest-dk-",
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	rt, err := docker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Setup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		insts, _ := rt.List(ctx)
+		for _, in := range insts {
+			_ = rt.Remove(ctx, in)
+		}
+	})
+	return rt, cli, img
+}
+
+func spec(id, img string) lifecycle.Spec {
+	return lifecycle.Spec{
+		SandboxID:   id,
+		Image:       img,
+		Entrypoint:  []string{"tail", "-f", "/dev/null"},
+		Env:         map[string]string{"A": "1"},
+		NanoCPUs:    500_000_000,
+		MemoryBytes: 256 << 20,
+		Pids:        512,
+	}
+}
+
+// TestContainerSettings checks what a sandbox container is made of: execd copied in and
+// wrapping the entrypoint as PID 1, limits, dropped capabilities, no-new-privileges,
+// labels, the isolated network, and pause/resume/remove.
+func TestContainerSettings(t *testing.T) {
+	rt, cli, img := newRuntime(t, nil)
+	ctx := t.Context()
+	inst, err := rt.Create(ctx, spec("dkset1", img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inst.Address.IsValid() || inst.Pid == 0 || inst.Phase != lifecycle.PhaseRunning {
+		t.Fatalf("instance %+v", inst)
+	}
+	res, err := cli.ContainerInspect(ctx, inst.ContainerID, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.Container
+	if want := []string{docker.ExecdPath, "--exec", "--", "tail", "-f", "/dev/null"}; !slices.Equal(c.Config.Entrypoint, want) || len(c.Config.Cmd) != 0 {
+		t.Errorf("entrypoint %q cmd %q", c.Config.Entrypoint, c.Config.Cmd)
+	}
+	if c.Path != docker.ExecdPath {
+		t.Errorf("PID 1 is %s", c.Path)
+	}
+	hc := c.HostConfig
+	for _, capName := range []string{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE", "MKNOD"} {
+		if !slices.ContainsFunc(hc.CapDrop, func(s string) bool { return s == capName || s == "CAP_"+capName }) {
+			t.Errorf("capability %s not dropped: %v", capName, hc.CapDrop)
+		}
+	}
+	if !slices.Contains(hc.SecurityOpt, "no-new-privileges") {
+		t.Errorf("security options %v", hc.SecurityOpt)
+	}
+	if hc.NanoCPUs != 500_000_000 || hc.Memory != 256<<20 || hc.MemorySwap != 256<<20 || hc.PidsLimit == nil || *hc.PidsLimit != 512 {
+		t.Errorf("limits cpu=%d mem=%d swap=%d pids=%v", hc.NanoCPUs, hc.Memory, hc.MemorySwap, hc.PidsLimit)
+	}
+	if c.Config.Labels[docker.LabelSandboxID] != "dkset1" || !slices.Contains(c.Config.Env, "A=1") {
+		t.Errorf("labels %v env %v", c.Config.Labels, c.Config.Env)
+	}
+	st, err := cli.ContainerStatPath(ctx, inst.ContainerID, client.ContainerStatPathOptions{Path: docker.ExecdPath})
+	if err != nil || st.Stat.Mode.Perm() != 0o755 || st.Stat.Size == 0 {
+		t.Errorf("execd in the container: %+v %v", st.Stat, err)
+	}
+	nres, err := cli.NetworkInspect(ctx, network, client.NetworkInspectOptions{})
+	if err != nil || nres.Network.Options["com.docker.network.bridge.enable_icc"] != "false" {
+		t.Errorf("network options %v %v", nres.Network.Options, err)
+	}
+	if _, subnet, gw := rt.Network(); !subnet.Contains(inst.Address) || !gw.IsValid() {
+		t.Errorf("address %s not in subnet %s (gateway %s)", inst.Address, subnet, gw)
+	}
+
+	// From inside: PID 1 runs with no-new-privileges and without the dropped capabilities.
+	out, err := exec.Command("docker", "exec", inst.ContainerID, "cat", "/proc/1/status").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var noNewPrivs, capBnd string
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok {
+			noNewPrivs = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "CapBnd:"); ok {
+			capBnd = strings.TrimSpace(v)
+		}
+	}
+	bnd, _ := strconv.ParseUint(capBnd, 16, 64)
+	// CAP_MKNOD 27, CAP_NET_ADMIN 12, CAP_NET_RAW 13, CAP_SYS_ADMIN 21, CAP_SYS_MODULE 16, CAP_SYS_PTRACE 19.
+	for _, bit := range []uint{27, 12, 13, 21, 16, 19} {
+		if bnd&(1<<bit) != 0 {
+			t.Errorf("capability bit %d still in the bounding set %s", bit, capBnd)
+		}
+	}
+	if noNewPrivs != "1" {
+		t.Errorf("NoNewPrivs %q", noNewPrivs)
+	}
+
+	if err := rt.Pause(ctx, inst.ContainerID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rt.Inspect(ctx, inst.ContainerID); got.Phase != lifecycle.PhasePaused {
+		t.Errorf("after pause: %s", got.Phase)
+	}
+	// Remove works on a paused container.
+	if err := rt.Remove(ctx, inst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Inspect(ctx, inst.ContainerID); err != lifecycle.ErrInstanceGone {
+		t.Errorf("after remove: %v", err)
+	}
+	if err := rt.Remove(ctx, inst); err != nil {
+		t.Errorf("second remove: %v", err)
+	}
+}
+
+// TestNamedVolumeSubPath mounts a directory inside a named volume the runtime creates,
+// and removes the volume with the sandbox when asked.
+func TestNamedVolumeSubPath(t *testing.T) {
+	rt, cli, img := newRuntime(t, nil)
+	ctx := t.Context()
+	vol := fmt.Sprintf("altest-dk-vol-%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = cli.VolumeRemove(context.Background(), vol, client.VolumeRemoveOptions{Force: true}) })
+	s := spec("dkvol1", img)
+	s.Volumes = []lifecycle.Volume{{
+		Name: "data", MountPath: "/data", SubPath: "sub/dir",
+		PVC: &lifecycle.PVCVolume{ClaimName: vol, DeleteOnSandboxTermination: true},
+	}}
+	inst, err := rt.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(inst.DeleteVolumes, []string{vol}) {
+		t.Errorf("delete volumes %v", inst.DeleteVolumes)
+	}
+	vres, err := cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cli.ContainerInspect(ctx, inst.ContainerID, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src string
+	for _, m := range res.Container.Mounts {
+		if m.Destination == "/data" {
+			src = m.Source
+		}
+	}
+	if want := filepath.Join(vres.Volume.Mountpoint, "sub/dir"); src != want {
+		t.Errorf("mounted %q, want %q", src, want)
+	}
+	if err := rt.Remove(ctx, inst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.VolumeInspect(ctx, vol, client.VolumeInspectOptions{}); err == nil {
+		t.Errorf("volume %s survived its sandbox", vol)
+	}
+
+	// createIfNotExists=false on a missing volume is refused, with nothing left behind.
+	no := false
+	s2 := spec("dkvol2", img)
+	s2.Volumes = []lifecycle.Volume{{Name: "d", MountPath: "/d", PVC: &lifecycle.PVCVolume{ClaimName: vol + "-missing", CreateIfNotExists: &no}}}
+	if _, err := rt.Create(ctx, s2); err == nil {
+		t.Fatal("create with a missing volume succeeded")
+	}
+	if insts, _ := rt.List(ctx); len(insts) != 0 {
+		t.Errorf("%d containers left", len(insts))
+	}
+}
+
+// TestOCIRuntimeByName passes the configured runtime to the engine; an unknown runtime
+// fails the create and leaves nothing behind.
+func TestOCIRuntimeByName(t *testing.T) {
+	rt, cli, img := newRuntime(t, func(c *docker.Config) { c.OCIRuntime = "runc" })
+	ctx := t.Context()
+	inst, err := rt.Create(ctx, spec("dkrt1", img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cli.ContainerInspect(ctx, inst.ContainerID, client.ContainerInspectOptions{})
+	if err != nil || res.Container.HostConfig.Runtime != "runc" {
+		t.Errorf("runtime %q %v", res.Container.HostConfig.Runtime, err)
+	}
+	bad, _, _ := newRuntime(t, func(c *docker.Config) { c.OCIRuntime = "airlock-no-such-runtime" })
+	if _, err := bad.Create(ctx, spec("dkrt2", img)); err == nil {
+		t.Fatal("create with an unknown OCI runtime succeeded")
+	}
+	if insts, _ := bad.List(ctx); len(insts) != 0 {
+		t.Errorf("%d containers left", len(insts))
+	}
+}

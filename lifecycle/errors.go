@@ -1,0 +1,69 @@
+package lifecycle
+
+import (
+	"errors"
+	"net/http"
+)
+
+// Error is a failure the API reports to its client: an HTTP status, a stable
+// machine-readable code and a message written for users. The package's sentinel errors
+// are *Error values; wrap them with fmt.Errorf("%w: detail", ErrX) to add the detail.
+type Error struct {
+	Status int
+	Code   string
+	Text   string
+}
+
+func (e *Error) Error() string { return e.Text }
+
+// Sentinel errors, mapped to HTTP status and code in exactly one place (httpError).
+var (
+	// ErrInvalidJSON: the body is not the JSON the route expects (400 INVALID_JSON).
+	ErrInvalidJSON = &Error{http.StatusBadRequest, "INVALID_JSON", "malformed JSON body"}
+	// ErrInvalidRequest: a field fails validation (400 INVALID_REQUEST).
+	ErrInvalidRequest = &Error{http.StatusBadRequest, "INVALID_REQUEST", "invalid request"}
+	// ErrInvalidResources: a resource limit is not a valid quantity or out of bounds
+	// (400 INVALID_RESOURCE_LIMITS).
+	ErrInvalidResources = &Error{http.StatusBadRequest, "INVALID_RESOURCE_LIMITS", "invalid resourceLimits"}
+	// ErrInvalidVolume: a volume is malformed or its host path is not allowed
+	// (400 INVALID_VOLUME).
+	ErrInvalidVolume = &Error{http.StatusBadRequest, "INVALID_VOLUME", "invalid volume"}
+	// ErrImageUnavailable: the image is not present and cannot be pulled
+	// (400 IMAGE_UNAVAILABLE).
+	ErrImageUnavailable = &Error{http.StatusBadRequest, "IMAGE_UNAVAILABLE", "image unavailable"}
+	// ErrUnauthorized: missing or wrong API key (401 UNAUTHORIZED).
+	ErrUnauthorized = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "missing or invalid OPEN-SANDBOX-API-KEY"}
+	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
+	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
+	// ErrNoRoute: no such route (404 NOT_FOUND).
+	ErrNoRoute = &Error{http.StatusNotFound, "NOT_FOUND", "no such route"}
+	// ErrInvalidState: the operation does not apply in the sandbox's state
+	// (409 INVALID_STATE).
+	ErrInvalidState = &Error{http.StatusConflict, "INVALID_STATE", "operation not allowed in the sandbox's state"}
+	// ErrNotImplemented: a route of the specification Airlock does not serve yet
+	// (501 NOT_IMPLEMENTED).
+	ErrNotImplemented = &Error{http.StatusNotImplemented, "NOT_IMPLEMENTED", "not implemented"}
+	// ErrUnavailable: the sandbox cannot take traffic now, for example while paused
+	// (503 SANDBOX_UNAVAILABLE).
+	ErrUnavailable = &Error{http.StatusServiceUnavailable, "SANDBOX_UNAVAILABLE", "sandbox unavailable"}
+	// ErrUpstream: the sandbox did not answer the proxied request (502 BAD_GATEWAY).
+	ErrUpstream = &Error{http.StatusBadGateway, "BAD_GATEWAY", "sandbox did not answer"}
+)
+
+var sentinels = []*Error{
+	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
+	ErrImageUnavailable, ErrUnauthorized, ErrNotFound, ErrNoRoute, ErrInvalidState,
+	ErrNotImplemented, ErrUnavailable, ErrUpstream,
+}
+
+// httpError maps err to its status and envelope. Errors that wrap no sentinel are
+// internal: their text never reaches the client (internal reports true so the caller
+// logs it).
+func httpError(err error) (status int, body ErrorBody, internal bool) {
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return s.Status, ErrorBody{Code: s.Code, Message: err.Error()}, false
+		}
+	}
+	return http.StatusInternalServerError, ErrorBody{Code: "INTERNAL_ERROR", Message: "internal error; see the server log for this request id"}, true
+}

@@ -1,0 +1,253 @@
+package lifecycle
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxBody caps request bodies of the JSON routes.
+const maxBody = 1 << 20
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	m.HandleFunc("POST /metrics/events", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("POST /sandboxes", s.handleCreate)
+	m.HandleFunc("GET /sandboxes", s.handleList)
+	m.HandleFunc("GET /sandboxes/{id}", s.handleGet)
+	m.HandleFunc("DELETE /sandboxes/{id}", s.handleDelete)
+	m.HandleFunc("PATCH /sandboxes/{id}/metadata", s.handlePatchMetadata)
+	m.HandleFunc("POST /sandboxes/{id}/pause", s.handlePause)
+	m.HandleFunc("POST /sandboxes/{id}/resume", s.handleResume)
+	m.HandleFunc("POST /sandboxes/{id}/renew-expiration", s.handleRenew)
+	m.HandleFunc("GET /sandboxes/{id}/endpoints/{port}", s.handleEndpoint)
+	notImpl := func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
+	}
+	m.HandleFunc("GET /snapshots", notImpl)
+	m.HandleFunc("GET /snapshots/{sid}", notImpl)
+	m.HandleFunc("DELETE /snapshots/{sid}", notImpl)
+	m.HandleFunc("POST /sandboxes/{id}/snapshots", notImpl)
+	m.HandleFunc("/sandboxes/{id}/proxy/{port}", s.handleProxy)
+	m.HandleFunc("/sandboxes/{id}/proxy/{port}/{rest...}", s.handleProxy)
+	m.Handle("GET /internal/v1/watch", s.hub)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, fmt.Errorf("%w: %s %s", ErrNoRoute, r.Method, r.URL.Path))
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b = []byte(`{"code":"INTERNAL_ERROR","message":"encoding the response failed"}`)
+		status = http.StatusInternalServerError
+	}
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// fail answers err as a JSON envelope; internal errors are logged here, once.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, body, internal := httpError(err)
+	if internal {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path,
+			"request_id", r.Header.Get("X-Request-ID"), "err", err)
+	}
+	writeJSON(w, status, body)
+}
+
+// decode reads one JSON value of at most maxBody bytes into v.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("%w: the body is empty", ErrInvalidJSON)
+		}
+		return fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: unexpected data after the JSON value", ErrInvalidJSON)
+	}
+	return nil
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.Create(r.Context(), &req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
+	writeJSON(w, http.StatusAccepted, sb)
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.Get(r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := ListFilter{Page: 1, PageSize: 20}
+	for _, st := range q["state"] {
+		for _, one := range strings.Split(st, ",") {
+			if one = strings.TrimSpace(one); one != "" {
+				f.States = append(f.States, one)
+			}
+		}
+	}
+	if md := q.Get("metadata"); md != "" {
+		pairs, err := url.ParseQuery(md)
+		if err != nil {
+			s.fail(w, r, fmt.Errorf("%w: metadata filter %q: want url-encoded k=v&k2=v2", ErrInvalidRequest, md))
+			return
+		}
+		f.Metadata = map[string]string{}
+		for k, vs := range pairs {
+			f.Metadata[k] = vs[len(vs)-1]
+		}
+	}
+	var err error
+	if f.Page, err = intParam(q, "page", 1, 1, 1<<31-1); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if f.PageSize, err = intParam(q, "pageSize", 20, 1, 1000); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.List(f))
+}
+
+func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%w: %s must be a whole number from %d to %d", ErrInvalidRequest, name, lo, hi)
+	}
+	return n, nil
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if err := s.Delete(r.Context(), r.PathValue("id"), "user_delete"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handlePatchMetadata(w http.ResponseWriter, r *http.Request) {
+	var patch map[string]*string
+	if err := decode(r, &patch); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.PatchMetadata(r.PathValue("id"), patch)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+// accepted answers 202 with an explicit empty body (the SDK parses any other body).
+func accepted(w http.ResponseWriter) {
+	w.Header().Set("Content-Length", "0")
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
+	if err := s.Pause(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	accepted(w)
+}
+
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	if err := s.Resume(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	accepted(w)
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
+	var req RenewRequest
+	if err := decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.ExpiresAt == nil {
+		s.fail(w, r, fmt.Errorf("%w: expiresAt (RFC 3339) is required", ErrInvalidRequest))
+		return
+	}
+	at, err := s.Renew(r.PathValue("id"), *req.ExpiresAt)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, RenewResponse{ExpiresAt: at})
+}
+
+func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		s.fail(w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
+		return
+	}
+	serverProxy := false
+	if v := r.URL.Query().Get("use_server_proxy"); v != "" {
+		if serverProxy, err = strconv.ParseBool(v); err != nil {
+			s.fail(w, r, fmt.Errorf("%w: use_server_proxy must be true or false", ErrInvalidRequest))
+			return
+		}
+	}
+	er := EndpointRequest{HTTP: r, ID: r.PathValue("id"), Port: port, ServerProxy: serverProxy}
+	if v := r.URL.Query().Get("expires"); v != "" {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || len(v) > 20 || (len(v) > 1 && v[0] == '0') {
+			s.fail(w, r, fmt.Errorf("%w: expires must be Unix seconds (a decimal number)", ErrInvalidRequest))
+			return
+		}
+		if serverProxy {
+			s.fail(w, r, fmt.Errorf("%w: expires cannot be combined with use_server_proxy=true", ErrInvalidRequest))
+			return
+		}
+		at := time.Unix(int64(min(secs, 1<<62)), 0).UTC()
+		er.Expires = &at
+	}
+	ep, err := s.Endpoint(er)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ep)
+}

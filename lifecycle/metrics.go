@@ -1,0 +1,70 @@
+package lifecycle
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the lifecycle server's Prometheus metrics (namespace airlock, subsystem
+// lifecycle).
+type metrics struct {
+	creates       *prometheus.CounterVec
+	createSeconds prometheus.Histogram
+	transitions   *prometheus.CounterVec
+	reaped        prometheus.Counter
+	orphans       prometheus.Counter
+}
+
+// sandboxesCollector reports airlock_lifecycle_sandboxes{state} at scrape time.
+type sandboxesCollector struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func (c sandboxesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c sandboxesCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[State]int{}
+	c.s.mu.Lock()
+	for _, e := range c.s.sbx {
+		counts[e.rec.Status.State]++
+	}
+	c.s.mu.Unlock()
+	for _, st := range States {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[st]), string(st))
+	}
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	const ns, sub = "airlock", "lifecycle"
+	m := &metrics{
+		creates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "creates_total",
+			Help: "Sandbox create requests that reached the runtime, by result (ok, error).",
+		}, []string{"result"}),
+		createSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "create_duration_seconds",
+			Help:    "Time from a create request to a started container.",
+			Buckets: []float64{.1, .25, .5, 1, 2, 5, 10, 30, 120},
+		}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "state_transitions_total",
+			Help: "Sandbox state transitions, by the state entered.",
+		}, []string{"state"}),
+		reaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "expired_total",
+			Help: "Sandboxes removed by the reaper because they expired.",
+		}),
+		orphans: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "orphans_removed_total",
+			Help: "Containers of this instance without a sandbox record, removed on start.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.creates, m.createSeconds, m.transitions, m.reaped, m.orphans,
+			sandboxesCollector{s: s, desc: prometheus.NewDesc(ns+"_"+sub+"_sandboxes",
+				"Sandboxes known to the lifecycle server, by state.", []string{"state"}, nil)})
+	}
+	return m
+}
+
+func (m *metrics) transition(st State) { m.transitions.WithLabelValues(string(st)).Inc() }

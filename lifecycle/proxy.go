@@ -1,0 +1,108 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// strippedHeaders never reach a sandbox through the proxy: they are the platform's
+// credentials, not the sandbox's.
+var strippedHeaders = []string{"OPEN-SANDBOX-API-KEY", AccessTokenHeader, "X-Airlock-Access-Token"}
+
+type proxyTargetKey struct{}
+
+type proxyTarget struct {
+	host    string // ip:port
+	rawPath string // escaped path below the proxy prefix, starting with /
+}
+
+// newProxy returns the one reverse proxy every proxied request goes through: a pooled
+// transport, responses flushed as they arrive (SSE event by event), WebSocket and other
+// upgrades passed through, hop-by-hop headers dropped (httputil does that) and the
+// platform's credentials stripped.
+func (s *Server) newProxy() *httputil.ReverseProxy {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &httputil.ReverseProxy{
+		Transport:     tr,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(proxyTargetKey{}).(proxyTarget)
+			path, err := url.PathUnescape(t.rawPath)
+			if err != nil {
+				path = t.rawPath
+			}
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = t.host
+			pr.Out.URL.Path = path
+			pr.Out.URL.RawPath = t.rawPath
+			pr.Out.Host = t.host
+			pr.SetXForwarded()
+			for _, h := range strippedHeaders {
+				pr.Out.Header.Del(h)
+			}
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			s.fail(w, r, fmt.Errorf("%w: %v", ErrUpstream, err))
+		},
+	}
+}
+
+// handleProxy serves /sandboxes/{id}/proxy/{port}/… (OpenSandbox server proxy): any
+// method, any port, to the sandbox's address on the Airlock network.
+func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		s.fail(w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
+		return
+	}
+	s.mu.Lock()
+	e, ok := s.sbx[id]
+	var st State
+	var addr netip.Addr
+	if ok {
+		st, addr = e.rec.Status.State, e.rec.Address
+	}
+	s.mu.Unlock()
+	if !ok {
+		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
+		return
+	}
+	switch st {
+	case Pending, Running, Resuming:
+	default:
+		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s", ErrUnavailable, id, st))
+		return
+	}
+	if !addr.IsValid() {
+		s.fail(w, r, fmt.Errorf("%w: sandbox %s has no address yet", ErrUnavailable, id))
+		return
+	}
+	prefix := "/sandboxes/" + id + "/proxy/" + r.PathValue("port")
+	rest := r.URL.EscapedPath()
+	if i := strings.Index(rest, prefix); i >= 0 {
+		rest = rest[i+len(prefix):]
+	}
+	if rest == "" || rest[0] != '/' {
+		rest = "/" + rest
+	}
+	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest}
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
+}

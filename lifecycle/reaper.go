@@ -1,0 +1,298 @@
+package lifecycle
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// pingInterval is how often a new sandbox's execd is asked /ping until it answers.
+const pingInterval = 20 * time.Millisecond
+
+// awaitReadyAsync polls execd /ping at addr (the container's address on the Airlock
+// network, never a published port) and moves the sandbox from Pending to Running when
+// it answers 200, or to Failed after ReadyTimeout.
+func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
+	s.wg.Go(func() {
+		url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + "/ping"
+		deadline := time.Now().Add(s.cfg.ReadyTimeout)
+		for {
+			if s.pingOnce(url) {
+				s.markReady(id, Running, "ready", "execd answers")
+				return
+			}
+			if time.Now().After(deadline) {
+				s.markReady(id, Failed, "ready_timeout", "execd did not answer /ping within "+s.cfg.ReadyTimeout.String())
+				return
+			}
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(pingInterval):
+			}
+			s.mu.Lock()
+			e, ok := s.sbx[id]
+			pending := ok && e.rec.Status.State == Pending
+			s.mu.Unlock()
+			if !ok || !pending {
+				return
+			}
+		}
+	})
+}
+
+func (s *Server) pingOnce(url string) bool {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := s.ping.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// markReady moves a Pending sandbox to state; other states are left alone.
+func (s *Server) markReady(id string, state State, reason, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok || e.rec.Status.State != Pending {
+		return
+	}
+	if err := s.setStatusLocked(e.rec, state, reason, msg); err != nil {
+		s.log.Error("persisting sandbox status failed", "sandbox_id", id, "err", err)
+	}
+	if state == Running {
+		s.log.Info("sandbox ready", "sandbox_id", id, "ready_ms", time.Since(e.rec.CreatedAt).Milliseconds())
+	} else {
+		s.log.Warn("sandbox failed to become ready", "sandbox_id", id, "reason", reason)
+	}
+}
+
+// reconcile rebuilds the registry from the store and the runtime's containers: adopts
+// containers of known sandboxes (their state from the container's), marks sandboxes
+// whose container vanished Terminated, removes containers this instance created that
+// the store does not know (a create interrupted by a crash), and finishes deletions
+// interrupted by a crash. Expiry needs no re-arming: the reaper reads it from records.
+func (s *Server) reconcile(ctx context.Context) error {
+	recs, err := s.store.all()
+	if err != nil {
+		return err
+	}
+	insts, err := s.rt.List(ctx)
+	if err != nil {
+		return err
+	}
+	// Containers are matched by id: a label naming a sandbox is not enough (a second
+	// container for the same sandbox can only come from an interrupted create).
+	byCID := make(map[string]Instance, len(insts))
+	for _, in := range insts {
+		if in.Phase == PhaseRunning || in.Phase == PhasePaused {
+			if full, err := s.rt.Inspect(ctx, in.ContainerID); err == nil {
+				in = full // List has no pid
+			}
+		}
+		byCID[in.ContainerID] = in
+	}
+	var stopping []string
+	s.mu.Lock()
+	for _, rec := range recs {
+		e := &entry{rec: rec}
+		s.sbx[rec.ID] = e
+		in, ok := byCID[rec.ContainerID]
+		if ok {
+			delete(byCID, rec.ContainerID)
+		}
+		st := rec.Status.State
+		switch {
+		case !ok:
+			if !st.Terminal() {
+				_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
+			} else {
+				s.hub.Put(s.watchView(rec))
+			}
+			continue
+		case st == Stopping:
+			stopping = append(stopping, rec.ID)
+		}
+		rec.Address, rec.Pid = in.Address, in.Pid
+		switch in.Phase {
+		case PhaseRunning:
+			switch st {
+			case Pending:
+				s.awaitReadyAsync(rec.ID, in.Address)
+			case Pausing, Resuming, Paused:
+				_ = s.setStatusLocked(rec, Running, "reconciled", "the container is running")
+				continue
+			}
+		case PhasePaused:
+			if st != Paused && st != Stopping && !st.Terminal() {
+				_ = s.setStatusLocked(rec, Paused, "reconciled", "the container is paused")
+				continue
+			}
+		default:
+			if !st.Terminal() && st != Stopping {
+				_ = s.setStatusLocked(rec, Failed, "container_exited", "the container is not running")
+				continue
+			}
+		}
+		if err := s.commitLocked(rec); err != nil {
+			s.log.Error("persisting reconciled sandbox failed", "sandbox_id", rec.ID, "err", err)
+		}
+	}
+	s.mu.Unlock()
+	for _, in := range byCID {
+		s.removeOrphan(ctx, in)
+	}
+	for _, id := range stopping {
+		s.wg.Go(func() {
+			if err := s.Delete(s.ctx, id, "user_delete"); err != nil {
+				s.log.Error("finishing an interrupted delete failed", "sandbox_id", id, "err", err)
+			}
+		})
+	}
+	s.log.Info("registry reconciled", "sandboxes", len(recs), "containers", len(insts))
+	return nil
+}
+
+func (s *Server) removeOrphan(ctx context.Context, in Instance) {
+	if err := s.rt.Remove(ctx, in); err != nil {
+		s.log.Error("removing orphan container failed", "container_id", short(in.ContainerID), "err", err)
+		return
+	}
+	s.metrics.orphans.Inc()
+	s.log.Info("orphan container removed", "container_id", short(in.ContainerID), "sandbox_id", in.SandboxID)
+}
+
+// reapLoop deletes expired sandboxes every ReapInterval, compares the registry with
+// the runtime every ResyncInterval, and forgets vanished sandboxes after
+// TerminatedRetention.
+func (s *Server) reapLoop() {
+	reap := time.NewTicker(s.cfg.ReapInterval)
+	defer reap.Stop()
+	resync := time.NewTicker(s.cfg.ResyncInterval)
+	defer resync.Stop()
+	var (
+		mu      sync.Mutex
+		reaping = map[string]bool{}
+		sem     = make(chan struct{}, 8)
+	)
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-resync.C:
+			s.resync()
+			s.purge()
+		case now := <-reap.C:
+			var due []string
+			s.mu.Lock()
+			for id, e := range s.sbx {
+				r := e.rec
+				if r.ExpiresAt != nil && !r.ExpiresAt.After(now) && r.Status.State != Stopping {
+					due = append(due, id)
+				}
+			}
+			s.mu.Unlock()
+			for _, id := range due {
+				mu.Lock()
+				busy := reaping[id]
+				reaping[id] = true
+				mu.Unlock()
+				if busy {
+					continue
+				}
+				s.wg.Go(func() {
+					sem <- struct{}{}
+					defer func() {
+						<-sem
+						mu.Lock()
+						delete(reaping, id)
+						mu.Unlock()
+					}()
+					if err := s.Delete(s.ctx, id, "ttl_expiry"); err != nil {
+						s.log.Error("reaping expired sandbox failed", "sandbox_id", id, "err", err)
+						return
+					}
+					s.metrics.reaped.Inc()
+				})
+			}
+		}
+	}
+}
+
+// resync marks sandboxes whose container vanished Terminated and those whose container
+// exited Failed, and follows pauses done outside Airlock. Sandboxes busy with an
+// operation are skipped this round.
+func (s *Server) resync() {
+	s.mu.Lock()
+	before := make(map[string]*entry, len(s.sbx))
+	for id, e := range s.sbx {
+		before[id] = e
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	insts, err := s.rt.List(ctx)
+	if err != nil {
+		s.log.Warn("listing containers failed", "err", err)
+		return
+	}
+	byID := make(map[string]Instance, len(insts))
+	for _, in := range insts {
+		byID[in.SandboxID] = in
+	}
+	for id, e := range before {
+		if !e.op.TryLock() {
+			continue
+		}
+		s.mu.Lock()
+		rec := e.rec
+		st := rec.Status.State
+		in, ok := byID[id]
+		if ok && in.ContainerID != rec.ContainerID {
+			ok = false
+		}
+		switch {
+		case st.Terminal() || st == Stopping:
+		case s.sbx[id] != e:
+		case !ok:
+			_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
+			s.log.Warn("sandbox container vanished", "sandbox_id", id)
+		case in.Phase == PhaseExited || in.Phase == PhaseCreated:
+			_ = s.setStatusLocked(rec, Failed, "container_exited", "the container stopped")
+			s.log.Warn("sandbox container exited", "sandbox_id", id)
+		case in.Phase == PhasePaused && st == Running:
+			_ = s.setStatusLocked(rec, Paused, "paused_externally", "the container was paused outside Airlock")
+		case in.Phase == PhaseRunning && st == Paused:
+			_ = s.setStatusLocked(rec, Running, "resumed_externally", "the container was resumed outside Airlock")
+		}
+		s.mu.Unlock()
+		e.op.Unlock()
+	}
+}
+
+// purge forgets sandboxes that have been Terminated or Failed for longer than
+// TerminatedRetention, removing what is left of their containers.
+func (s *Server) purge() {
+	cutoff := time.Now().Add(-s.cfg.TerminatedRetention)
+	var old []string
+	s.mu.Lock()
+	for id, e := range s.sbx {
+		if e.rec.Status.State.Terminal() && e.rec.Status.LastTransitionAt.Before(cutoff) {
+			old = append(old, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range old {
+		if err := s.Delete(s.ctx, id, "retention"); err != nil {
+			s.log.Warn("purging terminated sandbox failed", "sandbox_id", id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,527 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockdev/airlock/lifecycle/watch"
+)
+
+// AccessTokenHeader carries a secure-access sandbox's token; endpoints of such a
+// sandbox list it in their headers.
+const AccessTokenHeader = "OpenSandbox-Secure-Access"
+
+// createTimeout bounds a create's runtime work (an image pull included), independent of
+// the client's connection: a client that hangs up never leaves a half-made sandbox.
+const createTimeout = 10 * time.Minute
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// newSandboxID returns 16 characters [a-z0-9] starting with a letter: no '-', so the
+// gateway's <id>-<port> host labels are unambiguous.
+func newSandboxID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if i == 0 {
+			out[i] = idAlphabet[int(c)%26]
+			continue
+		}
+		out[i] = idAlphabet[int(c)%len(idAlphabet)]
+	}
+	return string(out)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// view is the wire form of rec; full adds what the create response leaves out.
+func (rec *record) view(full bool) Sandbox {
+	sb := Sandbox{
+		ID:         rec.ID,
+		Platform:   rec.Platform,
+		Status:     rec.Status,
+		Metadata:   cloneMap(rec.Metadata),
+		Entrypoint: append([]string(nil), rec.Entrypoint...),
+		CreatedAt:  rec.CreatedAt,
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if full {
+		sb.Image = &ImageSpec{URI: rec.Image}
+	}
+	if rec.ExpiresAt != nil {
+		t := *rec.ExpiresAt
+		sb.ExpiresAt = &t
+	}
+	return sb
+}
+
+// watchView is what the data plane learns of rec.
+func (s *Server) watchView(rec *record) watch.Sandbox {
+	w := watch.Sandbox{
+		ID:      rec.ID,
+		State:   string(rec.Status.State),
+		Address: rec.Address,
+		Runtime: watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
+		Policy:  append(json.RawMessage(nil), rec.Policy...),
+		// PolicyVersion only means something with a policy.
+		PolicyVersion: rec.PolicyVersion,
+		RenewOnAccess: rec.RenewOnAccess,
+	}
+	if rec.AccessToken != "" {
+		sum := sha256.Sum256([]byte(rec.AccessToken))
+		w.Access = watch.Access{Mode: watch.Token, TokenSHA256: hex.EncodeToString(sum[:])}
+	}
+	if rec.ExpiresAt != nil {
+		t := *rec.ExpiresAt
+		w.ExpiresAt = &t
+	}
+	return w
+}
+
+// commitLocked persists rec and publishes it to the watch; s.mu is held.
+func (s *Server) commitLocked(rec *record) error {
+	if err := s.store.put(rec); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	s.hub.Put(s.watchView(rec))
+	return nil
+}
+
+// setStatusLocked moves rec to state, keeps the previous status in its history,
+// persists and publishes. s.mu is held.
+func (s *Server) setStatusLocked(rec *record, state State, reason, msg string) error {
+	if rec.Status.State != "" {
+		rec.History = append(rec.History, rec.Status)
+		if n := len(rec.History); n > historyLen {
+			rec.History = rec.History[n-historyLen:]
+		}
+	}
+	rec.Status = Status{State: state, Reason: reason, Message: msg, LastTransitionAt: time.Now().UTC()}
+	s.metrics.transition(state)
+	return s.commitLocked(rec)
+}
+
+// setStatus is setStatusLocked taking s.mu; failures to persist are logged (the state is
+// still changed in memory and published).
+func (s *Server) setStatus(rec *record, state State, reason, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.setStatusLocked(rec, state, reason, msg); err != nil {
+		s.log.Error("persisting sandbox status failed", "sandbox_id", rec.ID, "state", state, "err", err)
+	}
+}
+
+// lookup returns the entry of id or ErrNotFound.
+func (s *Server) lookup(id string) (*entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e, nil
+}
+
+// lockOp takes the entry's operation lock and checks it still exists.
+func (s *Server) lockOp(id string) (*entry, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.op.Lock()
+	s.mu.Lock()
+	cur, ok := s.sbx[id]
+	s.mu.Unlock()
+	if !ok || cur != e {
+		e.op.Unlock()
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e, nil
+}
+
+// Create validates req, creates and starts the sandbox's container and answers with
+// the new sandbox in state Pending; it becomes Running once execd answers /ping. On
+// error nothing is left behind.
+func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error) {
+	start := time.Now()
+	v, err := validateCreate(req, s.cfg.Limits)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	id := newSandboxID()
+	v.spec.SandboxID = id
+	now := time.Now().UTC()
+	rec := &record{
+		ID:             id,
+		Image:          v.spec.Image,
+		Platform:       req.Platform,
+		Entrypoint:     v.spec.Entrypoint,
+		Metadata:       cloneMap(req.Metadata),
+		ResourceLimits: cloneMap(v.limits),
+		Extensions:     cloneMap(req.Extensions),
+		CreatedAt:      now,
+		Policy:         v.policy,
+		RenewOnAccess:  v.renewOnAccess,
+	}
+	if rec.Metadata == nil {
+		rec.Metadata = map[string]string{}
+	}
+	if len(v.policy) > 0 {
+		rec.PolicyVersion = 1
+	}
+	if v.timeout > 0 {
+		exp := now.Add(v.timeout)
+		rec.ExpiresAt = &exp
+	}
+	if req.SecureAccess {
+		rec.AccessToken = randomHex(32)
+	}
+
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer cancel()
+	inst, err := s.rt.Create(rctx, v.spec)
+	if err != nil {
+		s.metrics.creates.WithLabelValues("error").Inc()
+		return Sandbox{}, err
+	}
+	rec.ContainerID, rec.Address, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Pid, inst.DeleteVolumes
+
+	s.mu.Lock()
+	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")
+	if err == nil {
+		s.sbx[id] = &entry{rec: rec}
+	}
+	out := rec.view(false)
+	s.mu.Unlock()
+	if err != nil {
+		s.hub.Delete(id)
+		if rmErr := s.rt.Remove(rctx, inst); rmErr != nil {
+			s.log.Error("removing container after a failed create", "sandbox_id", id, "err", rmErr)
+		}
+		s.metrics.creates.WithLabelValues("error").Inc()
+		return Sandbox{}, err
+	}
+	s.metrics.creates.WithLabelValues("ok").Inc()
+	s.metrics.createSeconds.Observe(time.Since(start).Seconds())
+	s.log.Info("sandbox created", "sandbox_id", id, "image", rec.Image, "container_id", short(inst.ContainerID),
+		"address", inst.Address, "create_ms", time.Since(start).Milliseconds())
+	s.awaitReadyAsync(id, rec.Address)
+	return out, nil
+}
+
+func short(cid string) string {
+	if len(cid) > 12 {
+		return cid[:12]
+	}
+	return cid
+}
+
+// Get returns the sandbox id.
+func (s *Server) Get(id string) (Sandbox, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return Sandbox{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e.rec.view(true), nil
+}
+
+// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata.
+type ListFilter struct {
+	States         []string
+	Metadata       map[string]string
+	Page, PageSize int
+}
+
+// List returns one page of the sandboxes matching f, newest first.
+func (s *Server) List(f ListFilter) ListResponse {
+	s.mu.Lock()
+	var match []*record
+	for _, e := range s.sbx {
+		rec := e.rec
+		if len(f.States) > 0 && !slices.ContainsFunc(f.States, func(st string) bool {
+			return strings.EqualFold(st, string(rec.Status.State))
+		}) {
+			continue
+		}
+		ok := true
+		for k, v := range f.Metadata {
+			if got, has := rec.Metadata[k]; !has || got != v {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			match = append(match, rec)
+		}
+	}
+	slices.SortFunc(match, func(a, b *record) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	total := len(match)
+	from := min((f.Page-1)*f.PageSize, total)
+	to := min(from+f.PageSize, total)
+	items := make([]Sandbox, 0, to-from)
+	for _, rec := range match[from:to] {
+		items = append(items, rec.view(true))
+	}
+	s.mu.Unlock()
+	pages := (total + f.PageSize - 1) / f.PageSize
+	return ListResponse{Items: items, Pagination: Pagination{
+		Page: f.Page, PageSize: f.PageSize, TotalItems: total, TotalPages: pages, HasNextPage: f.Page < pages,
+	}}
+}
+
+// Delete kills and removes the sandbox (also when paused) and forgets it. reason is
+// recorded in the Stopping status ("user_delete", "ttl_expiry").
+func (s *Server) Delete(ctx context.Context, id, reason string) error {
+	e, err := s.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer e.op.Unlock()
+	s.setStatus(e.rec, Stopping, reason, "removing the container")
+	s.mu.Lock()
+	inst := Instance{SandboxID: id, ContainerID: e.rec.ContainerID, DeleteVolumes: append([]string(nil), e.rec.DeleteVolumes...)}
+	s.mu.Unlock()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := s.rt.Remove(rctx, inst); err != nil {
+		s.setStatus(e.rec, Failed, "remove_failed", err.Error())
+		return fmt.Errorf("removing sandbox %s: %w", id, err)
+	}
+	s.mu.Lock()
+	delete(s.sbx, id)
+	err = s.store.remove(id)
+	s.mu.Unlock()
+	s.hub.Delete(id)
+	s.metrics.transition(Terminated)
+	s.log.Info("sandbox removed", "sandbox_id", id, "reason", reason)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
+}
+
+// Pause freezes a Running sandbox (409 otherwise).
+func (s *Server) Pause(ctx context.Context, id string) error {
+	return s.transition(ctx, id, Running, Pausing, Paused, "paused", s.rt.Pause)
+}
+
+// Resume thaws a Paused sandbox (409 otherwise).
+func (s *Server) Resume(ctx context.Context, id string) error {
+	return s.transition(ctx, id, Paused, Resuming, Running, "resumed", s.rt.Resume)
+}
+
+func (s *Server) transition(ctx context.Context, id string, from, via, to State, reason string, do func(context.Context, string) error) error {
+	e, err := s.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer e.op.Unlock()
+	s.mu.Lock()
+	cur, cid := e.rec.Status.State, e.rec.ContainerID
+	s.mu.Unlock()
+	if cur != from {
+		return fmt.Errorf("%w: sandbox %s is %s; this needs %s", ErrInvalidState, id, cur, from)
+	}
+	s.setStatus(e.rec, via, reason, "")
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := do(rctx, cid); err != nil {
+		s.setStatus(e.rec, from, "runtime_error", err.Error())
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	s.setStatus(e.rec, to, reason, "")
+	return nil
+}
+
+// Renew moves the expiry of a sandbox that has one to at (in the future, at most the
+// maximum timeout from now).
+func (s *Server) Renew(id string, at time.Time) (time.Time, error) {
+	now := time.Now()
+	if !at.After(now) {
+		return time.Time{}, fmt.Errorf("%w: expiresAt %s is not in the future", ErrInvalidRequest, at.Format(time.RFC3339))
+	}
+	if at.Sub(now) > s.cfg.Limits.MaxTimeout {
+		return time.Time{}, fmt.Errorf("%w: expiresAt is more than the maximum timeout (%s) from now", ErrInvalidRequest, s.cfg.Limits.MaxTimeout)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return time.Time{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	rec := e.rec
+	switch {
+	case rec.ExpiresAt == nil:
+		return time.Time{}, fmt.Errorf("%w: sandbox %s was created for manual cleanup and has no expiry", ErrInvalidState, id)
+	case rec.Status.State.Terminal() || rec.Status.State == Stopping:
+		return time.Time{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, id, rec.Status.State)
+	}
+	at = at.UTC()
+	rec.ExpiresAt = &at
+	if err := s.commitLocked(rec); err != nil {
+		return time.Time{}, err
+	}
+	return at, nil
+}
+
+// PatchMetadata applies a JSON merge patch (RFC 7396: null deletes) to the sandbox's
+// metadata and returns the whole sandbox.
+func (s *Server) PatchMetadata(id string, patch map[string]*string) (Sandbox, error) {
+	for k, v := range patch {
+		if err := validateMetadataKey(k); err != nil {
+			return Sandbox{}, err
+		}
+		if v != nil {
+			if err := validateMetadataValue(k, *v); err != nil {
+				return Sandbox{}, err
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return Sandbox{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	next := cloneMap(e.rec.Metadata)
+	if next == nil {
+		next = map[string]string{}
+	}
+	for k, v := range patch {
+		if v == nil {
+			delete(next, k)
+		} else {
+			next[k] = *v
+		}
+	}
+	old := e.rec.Metadata
+	e.rec.Metadata = next
+	if err := s.commitLocked(e.rec); err != nil {
+		e.rec.Metadata = old
+		return Sandbox{}, err
+	}
+	return e.rec.view(true), nil
+}
+
+// Endpoint answers where a client reaches a port of a sandbox (GET
+// /sandboxes/{id}/endpoints/{port}): the configured EndpointFunc, or this server's
+// proxy; a secure-access sandbox adds its token header. Signed endpoints (Expires) need
+// an EndpointFunc that mints them (the gateway's): without one they are 501.
+func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
+	s.mu.Lock()
+	e, ok := s.sbx[er.ID]
+	var token string
+	var state State
+	if ok {
+		token, state = e.rec.AccessToken, e.rec.Status.State
+	}
+	s.mu.Unlock()
+	if !ok {
+		return Endpoint{}, fmt.Errorf("%w: %q", ErrNotFound, er.ID)
+	}
+	if state.Terminal() {
+		return Endpoint{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, er.ID, state)
+	}
+	var ep Endpoint
+	switch {
+	case s.cfg.Endpoint != nil:
+		addr, err := s.cfg.Endpoint(er)
+		if err != nil {
+			return Endpoint{}, err
+		}
+		ep.Endpoint = addr
+	case er.Expires != nil:
+		return Endpoint{}, fmt.Errorf("%w: signed endpoints (expires) need the Airlock gateway", ErrNotImplemented)
+	default:
+		host := s.cfg.PublicAddr
+		if host == "" {
+			host = er.HTTP.Host
+		}
+		ep.Endpoint = ServerProxyEndpoint(host, er.ID, er.Port)
+	}
+	if token != "" {
+		ep.Headers = map[string]string{AccessTokenHeader: token}
+	}
+	return ep, nil
+}
+
+// Policy returns the sandbox's egress policy document as stored (raw JSON, empty when
+// the operator default applies) and its version. The egress policy API uses it.
+func (s *Server) Policy(id string) (json.RawMessage, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return append(json.RawMessage(nil), e.rec.Policy...), e.rec.PolicyVersion, nil
+}
+
+// SetPolicy replaces the sandbox's egress policy document (validated by the caller:
+// package policies owns the format), persists it, bumps the version and publishes it
+// to the watch. It returns the new version.
+func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	old, oldV := e.rec.Policy, e.rec.PolicyVersion
+	e.rec.Policy = append(json.RawMessage(nil), doc...)
+	e.rec.PolicyVersion++
+	if err := s.commitLocked(e.rec); err != nil {
+		e.rec.Policy, e.rec.PolicyVersion = old, oldV
+		return 0, err
+	}
+	return e.rec.PolicyVersion, nil
+}
+
+// RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with
+// extensions["access.renew.extend.seconds"], it moves the expiry to now + that many
+// seconds when that is later than the current expiry, and returns the expiry. Other
+// sandboxes are left alone (ok false). It performs no I/O besides the store write.
+func (s *Server) RenewOnAccess(id string) (at time.Time, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.sbx[id]
+	if !found {
+		return time.Time{}, false, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	rec := e.rec
+	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == Stopping {
+		return time.Time{}, false, nil
+	}
+	next := time.Now().UTC().Add(time.Duration(rec.RenewOnAccess) * time.Second)
+	if !next.After(*rec.ExpiresAt) {
+		return *rec.ExpiresAt, true, nil
+	}
+	old := rec.ExpiresAt
+	rec.ExpiresAt = &next
+	if err := s.commitLocked(rec); err != nil {
+		rec.ExpiresAt = old
+		return time.Time{}, false, err
+	}
+	return next, true, nil
+}

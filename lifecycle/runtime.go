@@ -1,0 +1,80 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+)
+
+// Runtime runs sandboxes as containers (Docker) or pods. Every method performs I/O
+// against the engine and may take seconds (Create can pull an image); callers pass a
+// context with a deadline. The lifecycle server is the only caller and never calls two
+// mutating methods on the same sandbox at once.
+type Runtime interface {
+	// Kind names the runtime for the watch API ("docker").
+	Kind() string
+	// Create makes the sandbox's container with execd as PID 1 wrapping Spec.Entrypoint,
+	// starts it and returns where it runs. On error nothing is left behind. Errors wrap
+	// ErrImageUnavailable, ErrInvalidVolume or ErrInvalidResources for bad input.
+	Create(ctx context.Context, spec Spec) (Instance, error)
+	// Remove kills and removes the container (also when paused) and the volumes it
+	// created for the sandbox that ask to be deleted. A missing container is not an error.
+	Remove(ctx context.Context, inst Instance) error
+	// Pause freezes every process of the sandbox (cgroup freezer); Resume thaws them.
+	Pause(ctx context.Context, containerID string) error
+	Resume(ctx context.Context, containerID string) error
+	// Inspect returns the container's current view; ErrInstanceGone when it is missing.
+	Inspect(ctx context.Context, containerID string) (Instance, error)
+	// List returns every container this lifecycle instance created (by label), in any
+	// state.
+	List(ctx context.Context) ([]Instance, error)
+}
+
+// ErrInstanceGone is returned by Runtime.Inspect for a container that no longer exists.
+var ErrInstanceGone = errors.New("container not found")
+
+// Spec is what the runtime needs to create one sandbox; lifecycle fills it from a
+// validated create request.
+type Spec struct {
+	SandboxID string
+	Image     string
+	ImageAuth *ImageAuth
+	// Entrypoint is the user's entrypoint; the runtime wraps it with execd.
+	Entrypoint []string
+	Env        map[string]string
+	// NanoCPUs (10⁻⁹ CPUs), MemoryBytes and Pids are limits; 0 means the runtime's
+	// default.
+	NanoCPUs    int64
+	MemoryBytes int64
+	Pids        int64
+	Volumes     []Volume
+	// Platform, when set, must match what the runtime can run.
+	Platform *PlatformSpec
+}
+
+// Instance is a sandbox's container as the runtime sees it.
+type Instance struct {
+	SandboxID   string
+	ContainerID string
+	// Address is the container's IPv4 address on the Airlock network; invalid when
+	// stopped.
+	Address netip.Addr
+	// Pid is the container's PID 1 on the host, 0 when not running.
+	Pid int
+	// Phase is the container's runtime state.
+	Phase Phase
+	// DeleteVolumes are named volumes the runtime created for this sandbox and removes
+	// with it.
+	DeleteVolumes []string
+}
+
+// Phase is the container state as a runtime reports it.
+type Phase string
+
+// Container phases.
+const (
+	PhaseCreated Phase = "created"
+	PhaseRunning Phase = "running"
+	PhasePaused  Phase = "paused"
+	PhaseExited  Phase = "exited"
+)

@@ -1,0 +1,250 @@
+// Package lifecycle is Airlock's control plane: the OpenSandbox lifecycle REST server
+// (reference/opensandbox/sandbox-lifecycle.yml and NOTES.md, served at / and /v1), the
+// sandbox registry persisted in an embedded bbolt Store, the expiry reaper, the
+// reconciler that rebuilds the registry from the runtime's containers on start, the
+// server proxy (/sandboxes/{id}/proxy/{port}/…) and the watch API that feeds the data
+// plane (package watch, served at /internal/v1/watch).
+//
+// A Server owns its Runtime calls: it never runs two mutating operations on one sandbox
+// at once. Errors reaching clients are JSON {code, message} (see errors.go for the
+// codes).
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockdev/airlock/lifecycle/watch"
+)
+
+// Config configures a Server. Runtime and Store are required.
+type Config struct {
+	Runtime Runtime
+	Store   *Store
+	// APIKey is the OPEN-SANDBOX-API-KEY every request must carry (except GET /health);
+	// empty means no authentication (New logs a warning).
+	APIKey string
+	// Hub receives every change for the data plane; New makes one when nil.
+	Hub *watch.Hub
+	// PublicAddr is the host[:port] clients use to reach this server, for endpoints;
+	// empty means the Host of the request asking for the endpoint.
+	PublicAddr string
+	// Endpoint, when set, builds endpoints instead of the server proxy default (the
+	// gateway installs its own). It may return ServerProxyEndpoint for serverProxy.
+	Endpoint EndpointFunc
+	// Limits bounds create requests.
+	Limits Limits
+	// ExecdPort is execd's port inside the sandbox; default 44772.
+	ExecdPort int
+	// ReadyTimeout is how long a new sandbox may take to answer execd /ping before it is
+	// marked Failed; default 120 s.
+	ReadyTimeout time.Duration
+	// ReapInterval is how often expiry is checked; default 1 s. ResyncInterval is how
+	// often the registry is compared with the runtime's containers; default 10 s.
+	ReapInterval, ResyncInterval time.Duration
+	// TerminatedRetention is how long a sandbox whose container vanished stays listed
+	// as Terminated; default 1 h.
+	TerminatedRetention time.Duration
+	// Registry receives the metrics (namespace airlock, subsystem lifecycle); nil means
+	// none are registered.
+	Registry prometheus.Registerer
+	Log      *slog.Logger
+}
+
+// EndpointRequest is one GET /sandboxes/{id}/endpoints/{port}.
+type EndpointRequest struct {
+	// HTTP is the request; its Host is the address the client used.
+	HTTP *http.Request
+	ID   string
+	Port int
+	// ServerProxy is use_server_proxy=true.
+	ServerProxy bool
+	// Expires is set for a signed endpoint (?expires=<Unix seconds>, OSEP-0011); never
+	// together with ServerProxy.
+	Expires *time.Time
+}
+
+// EndpointFunc returns the endpoint (host[:port][/path], no scheme) for er. Errors
+// wrapping the package's sentinels reach the client with their status.
+type EndpointFunc func(er EndpointRequest) (string, error)
+
+// ServerProxyEndpoint is the default endpoint: host/sandboxes/{id}/proxy/{port} on this
+// server, served by its proxy.
+func ServerProxyEndpoint(host, id string, port int) string {
+	return fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
+}
+
+// Server is the lifecycle server. New builds it; Start reconciles and starts the
+// background loops; Handler serves the API; Close stops the loops.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	rt       Runtime
+	store    *Store
+	hub      *watch.Hub
+	instance string
+	mux      *http.ServeMux
+	proxy    *httputil.ReverseProxy
+	ping     *http.Client
+	metrics  *metrics
+
+	mu  sync.Mutex
+	sbx map[string]*entry
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// entry is one sandbox in memory: its record (guarded by Server.mu) and the lock held by
+// whichever operation drives the runtime for it.
+type entry struct {
+	op  sync.Mutex
+	rec *record
+}
+
+// New checks cfg and returns a Server; it performs no I/O besides reading the store's
+// instance id.
+func New(cfg Config) (*Server, error) {
+	if cfg.Runtime == nil || cfg.Store == nil {
+		return nil, errors.New("lifecycle: Runtime and Store are required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Hub == nil {
+		cfg.Hub = watch.NewHub(0, cfg.Log)
+	}
+	if cfg.ExecdPort == 0 {
+		cfg.ExecdPort = 44772
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 120 * time.Second
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.ResyncInterval <= 0 {
+		cfg.ResyncInterval = 10 * time.Second
+	}
+	if cfg.TerminatedRetention <= 0 {
+		cfg.TerminatedRetention = time.Hour
+	}
+	cfg.Limits.setDefaults()
+	inst, err := cfg.Store.InstanceID()
+	if err != nil {
+		return nil, fmt.Errorf("lifecycle: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Log,
+		rt:       cfg.Runtime,
+		store:    cfg.Store,
+		hub:      cfg.Hub,
+		instance: inst,
+		sbx:      map[string]*entry{},
+		ctx:      ctx,
+		cancel:   cancel,
+		ping: &http.Client{
+			Timeout:   2 * time.Second,
+			Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, DisableKeepAlives: true},
+		},
+	}
+	s.metrics = newMetrics(cfg.Registry, s)
+	s.proxy = s.newProxy()
+	s.mux = http.NewServeMux()
+	s.routes()
+	if cfg.APIKey == "" {
+		s.log.Warn("NO API KEY CONFIGURED: the lifecycle API accepts every request without authentication")
+	}
+	return s, nil
+}
+
+// InstanceID is the id this server's containers carry (label airlock.dev/instance).
+func (s *Server) InstanceID() string { return s.instance }
+
+// Hub returns the watch hub, for consumers in the same process.
+func (s *Server) Hub() *watch.Hub { return s.hub }
+
+// Start reconciles the registry with the runtime (adopting this server's containers,
+// marking vanished ones Terminated, removing orphans) and starts the reaper. It returns
+// once the registry is usable.
+func (s *Server) Start(ctx context.Context) error {
+	if err := s.reconcile(ctx); err != nil {
+		return fmt.Errorf("lifecycle: reconcile: %w", err)
+	}
+	s.wg.Go(s.reapLoop)
+	return nil
+}
+
+// Close stops the background loops and waits for them; it does not touch sandboxes.
+func (s *Server) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// Handle mounts h at pattern (net/http.ServeMux syntax, without /v1: it is served at
+// both) behind the server's authentication and request-id handling. Other components
+// (the egress policy API) add their routes this way before the server is serving.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Handler returns the HTTP handler of the whole API.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rid := r.Header.Get("X-Request-ID")
+		if rid == "" || len(rid) > 128 {
+			rid = newRequestID()
+			r.Header.Set("X-Request-ID", rid)
+		}
+		w.Header().Set("X-Request-ID", rid)
+		if p := r.URL.Path; p == "/v1" || strings.HasPrefix(p, "/v1/") {
+			r.URL.Path = strings.TrimPrefix(p, "/v1")
+			if r.URL.RawPath != "" {
+				r.URL.RawPath = strings.TrimPrefix(r.URL.RawPath, "/v1")
+			}
+			if r.URL.Path == "" {
+				r.URL.Path = "/"
+			}
+		}
+		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.authorized(r) {
+			s.fail(w, r, ErrUnauthorized)
+			return
+		}
+		s.mux.ServeHTTP(w, r)
+	})
+}
+
+// authorized compares the request's key with the configured one in constant time.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.cfg.APIKey == "" {
+		return true
+	}
+	got := sha256.Sum256([]byte(r.Header.Get("OPEN-SANDBOX-API-KEY")))
+	want := sha256.Sum256([]byte(s.cfg.APIKey))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}

@@ -1,0 +1,181 @@
+package lifecycle
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var (
+	bucketSandboxes = []byte("sandboxes")
+	bucketMeta      = []byte("meta")
+	keyInstance     = []byte("instance")
+)
+
+// Store is the lifecycle server's embedded database (bbolt): one JSON record per
+// sandbox for what container labels cannot hold (mutable metadata, expiry, policy,
+// status history), and the instance id that marks this server's containers. Every
+// write is fsync'd before it returns.
+type Store struct {
+	db *bolt.DB
+}
+
+// OpenStore opens (creating when missing) the database file at path; its directory is
+// created with mode 0700. It fails when another process holds the file (bbolt's lock)
+// after 5 s.
+func OpenStore(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: init %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database; safe on nil.
+func (s *Store) Close() error {
+	if s == nil || s.db == nil {
+		return nil
+	}
+	return s.db.Close()
+}
+
+// InstanceID returns this store's instance id, creating it on first use. Containers
+// carry it in a label, so that one server adopts and cleans up only its own.
+func (s *Store) InstanceID() (string, error) {
+	var id string
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketMeta)
+		if v := b.Get(keyInstance); v != nil {
+			id = string(v)
+			return nil
+		}
+		var r [6]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return err
+		}
+		id = hex.EncodeToString(r[:])
+		return b.Put(keyInstance, []byte(id))
+	})
+	return id, err
+}
+
+// record is what the store keeps of one sandbox.
+type record struct {
+	ID             string            `json:"id"`
+	ContainerID    string            `json:"containerID,omitempty"`
+	Image          string            `json:"image"`
+	Platform       *PlatformSpec     `json:"platform,omitempty"`
+	Entrypoint     []string          `json:"entrypoint"`
+	Metadata       map[string]string `json:"metadata"`
+	ResourceLimits map[string]string `json:"resourceLimits,omitempty"`
+	Extensions     map[string]string `json:"extensions,omitempty"`
+	CreatedAt      time.Time         `json:"createdAt"`
+	ExpiresAt      *time.Time        `json:"expiresAt,omitempty"`
+	Status         Status            `json:"status"`
+	// History holds the previous statuses, oldest first, at most historyLen.
+	History       []Status        `json:"history,omitempty"`
+	AccessToken   string          `json:"accessToken,omitempty"`
+	Policy        json.RawMessage `json:"policy,omitempty"`
+	PolicyVersion uint64          `json:"policyVersion,omitempty"`
+	RenewOnAccess int             `json:"renewOnAccess,omitempty"`
+	DeleteVolumes []string        `json:"deleteVolumes,omitempty"`
+	Address       netip.Addr      `json:"address,omitzero"`
+	Pid           int             `json:"pid,omitempty"`
+}
+
+const historyLen = 16
+
+// clone returns a deep copy of r.
+func (r *record) clone() *record {
+	c := *r
+	c.Entrypoint = append([]string(nil), r.Entrypoint...)
+	c.Metadata = cloneMap(r.Metadata)
+	c.ResourceLimits = cloneMap(r.ResourceLimits)
+	c.Extensions = cloneMap(r.Extensions)
+	c.History = append([]Status(nil), r.History...)
+	c.Policy = append(json.RawMessage(nil), r.Policy...)
+	c.DeleteVolumes = append([]string(nil), r.DeleteVolumes...)
+	if r.ExpiresAt != nil {
+		t := *r.ExpiresAt
+		c.ExpiresAt = &t
+	}
+	return &c
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// put writes rec.
+func (s *Store) put(rec *record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Put([]byte(rec.ID), b)
+	})
+}
+
+// remove deletes the record of id; a missing record is not an error.
+func (s *Store) remove(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	})
+}
+
+// all returns every record. A record that does not decode is reported, not skipped.
+func (s *Store) all() ([]*record, error) {
+	var out []*record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			var r record
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("store: record %q: %w", k, err)
+			}
+			out = append(out, &r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Count returns how many sandbox records the store holds.
+func (s *Store) Count() (int, error) {
+	n := 0
+	err := s.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bucketSandboxes).Stats().KeyN
+		return nil
+	})
+	return n, err
+}

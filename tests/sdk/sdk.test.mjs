@@ -1,0 +1,231 @@
+// The published OpenSandbox JavaScript SDK (@alibaba-group/opensandbox, pinned in
+// package-lock.json) driving a real `airlock up` on this host. The test starts the
+// server itself ($AIRLOCK_BIN up) on a free port with a temporary state directory and
+// stops it at the end; when the server cannot start, the suite fails.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import {
+  ConnectionConfig,
+  Sandbox,
+  SandboxException,
+  SandboxManager,
+} from "@alibaba-group/opensandbox";
+
+const BIN = process.env.AIRLOCK_BIN;
+const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
+const RUN = `sdk${process.pid}`;
+
+let server;
+let stateDir;
+let domain;
+let apiKey;
+let serverLog = "";
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+// startServer runs `airlock up` and resolves with its API key once it printed it;
+// it rejects when the process exits first or nothing is printed within 90 s.
+function startServer(configPath) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(BIN, ["up", "--config", configPath], { stdio: ["ignore", "pipe", "pipe"] });
+    server = p;
+    let out = "";
+    const timer = setTimeout(() => reject(new Error(`airlock up printed no API key within 90 s:\n${out}\n${serverLog}`)), 90_000);
+    p.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/OPEN-SANDBOX-API-KEY: (\S+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]);
+      }
+    });
+    p.stderr.on("data", (d) => {
+      serverLog += d;
+    });
+    p.once("error", (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+    p.once("exit", (code, sig) => {
+      clearTimeout(timer);
+      reject(new Error(`airlock up exited (code ${code}, signal ${sig}) before it was ready:\n${serverLog}`));
+    });
+  });
+}
+
+function config(extra = {}) {
+  return new ConnectionConfig({ domain, apiKey, requestTimeoutSeconds: 60, ...extra });
+}
+
+before(async () => {
+  assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
+  stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-sdk-"));
+  const port = await freePort();
+  domain = `127.0.0.1:${port}`;
+  const cfg = path.join(stateDir, "airlock.yaml");
+  const lines = [`listen: ${domain}`, `stateDir: ${path.join(stateDir, "state")}`];
+  if (process.env.AIRLOCK_EXECD) {
+    lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  }
+  writeFileSync(cfg, lines.join("\n") + "\n");
+  apiKey = await startServer(cfg);
+});
+
+after(async () => {
+  if (server && server.exitCode === null) {
+    try {
+      const mgr = SandboxManager.create({ connectionConfig: config() });
+      const left = await mgr.listSandboxInfos({ metadata: { suite: RUN }, pageSize: 100 });
+      for (const sb of left.items) {
+        await mgr.killSandbox(sb.id).catch(() => {});
+      }
+    } catch {
+      // the server is gone; nothing to clean through it
+    }
+    const exited = new Promise((r) => server.once("exit", r));
+    server.kill("SIGTERM");
+    await exited;
+  }
+  if (stateDir) rmSync(stateDir, { recursive: true, force: true });
+});
+
+let sbx;
+
+test("create with metadata and env, then getInfo", async () => {
+  sbx = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    metadata: { suite: RUN, role: "main" },
+    env: { GREETING: "hello-from-env" },
+    timeoutSeconds: 600,
+    readyTimeoutSeconds: 60,
+  });
+  const info = await sbx.getInfo();
+  assert.equal(info.id, sbx.id);
+  assert.equal(info.status.state, "Running");
+  assert.equal(info.metadata.suite, RUN);
+  assert.equal(info.metadata.role, "main");
+  assert.deepEqual(info.entrypoint, ["tail", "-f", "/dev/null"]);
+  assert.ok(info.expiresAt instanceof Date && info.expiresAt > new Date(), "expiresAt is in the future");
+});
+
+test("endpoint points at the server proxy", async () => {
+  const ep = await sbx.getEndpoint(44772);
+  assert.ok(ep.endpoint.endsWith(`/sandboxes/${sbx.id}/proxy/44772`), ep.endpoint);
+  const egress = await sbx.getEndpoint(18080);
+  assert.ok(egress.endpoint.endsWith("/18080"), egress.endpoint);
+});
+
+test("foreground command sees the sandbox env", async () => {
+  const ex = await sbx.commands.run("echo $GREETING; echo line2");
+  assert.equal(ex.error, undefined, JSON.stringify(ex.error));
+  assert.deepEqual(ex.logs.stdout.map((m) => m.text), ["hello-from-env", "line2"]);
+});
+
+test("failing command reports its exit code", async () => {
+  const ex = await sbx.commands.run("echo before; exit 3");
+  assert.ok(ex.error, "a failing command has an error");
+  assert.equal(ex.error.value ?? ex.error.evalue, "3");
+  assert.deepEqual(ex.logs.stdout.map((m) => m.text), ["before"]);
+});
+
+test("background command with status and logs", async () => {
+  const ex = await sbx.commands.run("echo bg-out; sleep 1; echo bg-done", { background: true });
+  assert.ok(ex.id, "background run returns a command id");
+  let status;
+  for (let i = 0; i < 100; i++) {
+    status = await sbx.commands.getCommandStatus(ex.id);
+    if (!status.running) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  assert.equal(status.running, false);
+  assert.equal(status.exitCode, 0);
+  const logs = await sbx.commands.getBackgroundCommandLogs(ex.id);
+  assert.match(logs.content, /bg-out\n[\s\S]*bg-done/);
+});
+
+test("bash session keeps cwd and exported variables", async () => {
+  const sid = await sbx.commands.createSession();
+  await sbx.commands.runInSession(sid, "cd /tmp && export SESSION_VAR=42");
+  const ex = await sbx.commands.runInSession(sid, 'echo "$SESSION_VAR $(pwd)"');
+  assert.deepEqual(ex.logs.stdout.map((m) => m.text), ["42 /tmp"]);
+  await sbx.commands.deleteSession(sid);
+});
+
+test("files: write, read, search", async () => {
+  await sbx.files.writeFiles([
+    { path: "/tmp/sdkfiles/hello.txt", data: "Hello Airlock", mode: 644 },
+    { path: "/tmp/sdkfiles/other.log", data: "x" },
+  ]);
+  assert.equal(await sbx.files.readFile("/tmp/sdkfiles/hello.txt"), "Hello Airlock");
+  const found = await sbx.files.search({ path: "/tmp/sdkfiles", pattern: "*.txt" });
+  assert.deepEqual(found.map((f) => f.path), ["/tmp/sdkfiles/hello.txt"]);
+});
+
+test("list with state and metadata filters", async () => {
+  const mgr = SandboxManager.create({ connectionConfig: config() });
+  const hit = await mgr.listSandboxInfos({ states: ["running", "Paused"], metadata: { suite: RUN, role: "main" } });
+  assert.deepEqual(hit.items.map((s) => s.id), [sbx.id]);
+  const miss = await mgr.listSandboxInfos({ metadata: { suite: RUN, role: "other" } });
+  assert.equal(miss.items.length, 0);
+  const paused = await mgr.listSandboxInfos({ states: ["Paused"], metadata: { suite: RUN } });
+  assert.equal(paused.items.length, 0);
+});
+
+test("metadata merge patch", async () => {
+  const info = await sbx.patchMetadata({ extra: "1", role: null });
+  assert.equal(info.metadata.extra, "1");
+  assert.equal(info.metadata.role, undefined);
+  assert.equal(info.metadata.suite, RUN);
+});
+
+test("pause, then resume", async () => {
+  await sbx.pause();
+  assert.equal((await sbx.getInfo()).status.state, "Paused");
+  sbx = await sbx.resume({ readyTimeoutSeconds: 60 });
+  assert.equal((await sbx.getInfo()).status.state, "Running");
+  const ex = await sbx.commands.run("echo after-resume");
+  assert.deepEqual(ex.logs.stdout.map((m) => m.text), ["after-resume"]);
+});
+
+test("renew moves the expiry", async () => {
+  const before = (await sbx.getInfo()).expiresAt;
+  const res = await sbx.renew(1800);
+  const after = new Date(res.expiresAt);
+  assert.ok(after > before, `${after.toISOString()} > ${before.toISOString()}`);
+  assert.equal((await sbx.getInfo()).expiresAt.getTime(), after.getTime());
+});
+
+test("kill removes the sandbox", async () => {
+  await sbx.kill();
+  await assert.rejects(sbx.getInfo(), (err) => err instanceof SandboxException && err.statusCode === 404);
+  await sbx.close();
+});
+
+test("connect to a missing id fails with the request id echoed", async () => {
+  const rid = `sdk-test-${RUN}`;
+  await assert.rejects(
+    Sandbox.connect({ sandboxId: "nosuchsandbox", connectionConfig: config({ headers: { "X-Request-ID": rid } }) }),
+    (err) => {
+      assert.ok(err instanceof SandboxException, String(err));
+      assert.equal(err.statusCode, 404);
+      assert.equal(err.error.code, "SANDBOX_NOT_FOUND");
+      assert.equal(err.requestId, rid);
+      return true;
+    },
+  );
+});
