@@ -66,7 +66,7 @@ func Compile(p *Policy, opts CompileOptions) (*Decider, error) {
 			r := &s.rules[i]
 			switch r.target.Kind {
 			case KindPrefix:
-				d.hasV6 = d.hasV6 || r.target.Prefix.Addr().Is6()
+				d.hasV6 = d.hasV6 || (s == d.rules && r.target.Prefix.Addr().Is6())
 				d.ipRules = append(d.ipRules, r.ipRule(r.target.Prefix, false))
 			case KindAll:
 				d.ipRules = append(d.ipRules,

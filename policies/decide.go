@@ -86,7 +86,8 @@ func (d *Decider) ShouldAudit(dec Decision) bool {
 // DNS returns the resolved DNS options.
 func (d *Decider) DNS() DNSSettings { return d.dns }
 
-// HasIPv6 reports whether any static rule (overlay included) is an IPv6 prefix.
+// HasIPv6 reports whether the policy's own rules include an IPv6 prefix (the overlay's
+// built-in IPv6 denials do not count).
 func (d *Decider) HasIPv6() bool { return d.hasV6 }
 
 // IPRules returns the static address rules in evaluation order (overlay deny, overlay

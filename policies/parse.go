@@ -2,6 +2,7 @@ package policies
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,17 +113,19 @@ func (p *parser) document(data []byte) (*yaml.Node, error) {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Reason = m[2]
+		} else if line, col, reason, ok := jsonSyntax(data); ok {
+			e.Line, e.Column, e.Reason = line, col, reason
 		}
 		return nil, errors.Join(e)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		line := extra.Line
-		return nil, errors.Join(&Error{Source: p.src, Line: line, Reason: "more than one document"})
+		return nil, errors.Join(&Error{Source: p.src, Line: line, Column: extra.Column, Reason: "more than one document"})
 	}
 	root := doc.Content[0]
 	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
-		return nil, errors.Join(&Error{Source: p.src, Line: root.Line, Reason: ErrEmpty.Error(), also: ErrEmpty})
+		return nil, errors.Join(&Error{Source: p.src, Line: root.Line, Column: root.Column, Reason: ErrEmpty.Error(), also: ErrEmpty})
 	}
 	return root, nil
 }
@@ -298,7 +301,7 @@ func (p *parser) rules(n *yaml.Node, path string) []Rule {
 }
 
 func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
-	r := Rule{Line: n.Line}
+	r := Rule{Line: n.Line, column: n.Column}
 	var hasAction, hasTarget bool
 	p.fields(n, path, map[string]func(*yaml.Node, string){
 		"action": func(v *yaml.Node, path string) {
@@ -373,7 +376,7 @@ func (p *parser) conflicts(rules []Rule, path string) {
 		key := t.String()
 		for _, q := range byTarget[key] {
 			if q.r.Action != r.Action && scopesOverlap(q.r, r) {
-				p.errs = append(p.errs, &Error{Source: p.src, Line: r.Line,
+				p.errs = append(p.errs, &Error{Source: p.src, Line: r.Line, Column: r.column,
 					Path: fmt.Sprintf("%s[%d]", path, i),
 					Reason: fmt.Sprintf("%s %s conflicts with %s[%d] (%s %s, line %d): same target, overlapping ports and protocols, different action",
 						r.Action, r.Target, path, q.i, q.r.Action, q.r.Target, q.r.Line)})
@@ -449,6 +452,24 @@ func (p *parser) dnsOptions(n *yaml.Node, path string) *DNSOptions {
 		},
 	})
 	return o
+}
+
+// jsonSyntax locates a syntax error in a JSON document (yaml.v3 does not always give a
+// line): ok is false when data does not look like JSON or parses.
+func jsonSyntax(data []byte) (line, col int, reason string, ok bool) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || (trimmed[0] != '{' && trimmed[0] != '[') {
+		return 0, 0, "", false
+	}
+	var v any
+	var se *json.SyntaxError
+	if err := json.Unmarshal(data, &v); !errors.As(err, &se) {
+		return 0, 0, "", false
+	}
+	off := int(min(se.Offset, int64(len(data))))
+	line = 1 + bytes.Count(data[:off], []byte("\n"))
+	col = off - bytes.LastIndexByte(data[:off], '\n')
+	return line, col, "JSON syntax: " + se.Error(), true
 }
 
 // validQType accepts the mnemonic of a known type (resolved by dnsfilter) or TYPEnnn.

@@ -144,7 +144,8 @@ type Rule struct {
 	// Comment is free text shown by `airlock policy explain`.
 	Comment string `json:"comment,omitempty"`
 	// Line is the rule's line in its source document (0 when built in code).
-	Line int `json:"-"`
+	Line   int `json:"-"`
+	column int
 }
 
 // Policy is a parsed, validated policy document. Its JSON form (encoding/json) is the
