@@ -185,6 +185,9 @@ func compileSet(layer, source string, rules []Rule, forced Action) (*ruleSet, er
 		}
 		c := crule{action: a, target: t, ports: normalize(r.Ports), ref: fmt.Sprintf("%s[%d]", layer, i),
 			line: r.Line, source: source, raw: r}
+		if r.src != "" {
+			c.source = r.src
+		}
 		if len(c.ports) == 1 && c.ports[0] == allPorts[0] {
 			c.ports = nil
 		}

@@ -194,7 +194,10 @@ func revalidate(p *Policy) (*Policy, error) {
 		return nil, err
 	}
 	for i := range q.Egress {
-		q.Egress[i].Line = p.Egress[i].Line
+		q.Egress[i].Line, q.Egress[i].column = p.Egress[i].Line, p.Egress[i].column
+		if p.Egress[i].src != "" {
+			q.Egress[i].src = p.Egress[i].src
+		}
 	}
 	return q, nil
 }

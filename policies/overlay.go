@@ -121,7 +121,7 @@ func ParseOverlay(source string, data []byte) (*Overlay, error) {
 					if _, err := ParseTarget(s); err != nil {
 						p.errorf(v, path, "%s", err)
 					}
-					r = Rule{Target: s, Line: v.Line}
+					r = Rule{Target: s, Line: v.Line, src: source}
 				} else {
 					r = p.rule(v, path, false)
 					if r.Action != "" && r.Action != a {
@@ -155,4 +155,20 @@ func (o *Overlay) Merge(other *Overlay) *Overlay {
 		out.AlwaysAllow = slices.Concat(out.AlwaysAllow, c.AlwaysAllow)
 	}
 	return out
+}
+
+// IsOverlayDocument reports whether data looks like an overlay document (a mapping whose
+// keys include alwaysDeny or alwaysAllow), so tools can tell overlays from policies.
+func IsOverlayDocument(data []byte) bool {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return false
+	}
+	m := doc.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if k := m.Content[i].Value; k == "alwaysDeny" || k == "alwaysAllow" {
+			return true
+		}
+	}
+	return false
 }

@@ -301,7 +301,7 @@ func (p *parser) rules(n *yaml.Node, path string) []Rule {
 }
 
 func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
-	r := Rule{Line: n.Line, column: n.Column}
+	r := Rule{Line: n.Line, column: n.Column, src: p.src}
 	var hasAction, hasTarget bool
 	p.fields(n, path, map[string]func(*yaml.Node, string){
 		"action": func(v *yaml.Node, path string) {

@@ -86,7 +86,7 @@ func TestGolden(t *testing.T) {
 	}
 	for _, f := range files {
 		name := filepath.Base(f)
-		if strings.HasPrefix(name, "overlay") || strings.HasSuffix(name, ".md") {
+		if st, err := os.Stat(f); err != nil || st.IsDir() || strings.HasSuffix(name, ".md") {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
@@ -153,6 +153,22 @@ func TestParseTargetNormalizes(t *testing.T) {
 	for _, bad := range []string{"", "*.", "a..b", "-a.com", "a-.com", "*.*.com", "a.*", "1.2.3", "300.1.1.1", "::g", strings.Repeat("a", 64) + ".com"} {
 		if _, err := ParseTarget(bad); err == nil {
 			t.Errorf("ParseTarget(%q) accepted", bad)
+		}
+	}
+}
+
+func TestShippedOverlaysParse(t *testing.T) {
+	files, _ := filepath.Glob("../deploy/policies/overlays/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no shipped overlays")
+	}
+	for _, f := range files {
+		o, err := ParseOverlay(filepath.Base(f), mustRead(t, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Compile(&Policy{}, CompileOptions{Overlay: BaseOverlay().Merge(o)}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -146,6 +146,7 @@ type Rule struct {
 	// Line is the rule's line in its source document (0 when built in code).
 	Line   int `json:"-"`
 	column int
+	src    string // the source document's name, when parsed
 }
 
 // Policy is a parsed, validated policy document. Its JSON form (encoding/json) is the

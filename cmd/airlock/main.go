@@ -23,6 +23,8 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
+		newPolicyCmd(),
+		newAuditCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
