@@ -95,6 +95,7 @@ type crule struct {
 	line   int
 	source string
 	raw    Rule
+	desc   string // describe(), computed once
 }
 
 const (
@@ -197,6 +198,7 @@ func compileSet(layer, source string, rules []Rule, forced Action) (*ruleSet, er
 		if c.protos == protoTCP|protoUDP {
 			c.protos = 0
 		}
+		c.desc = c.describe()
 		s.rules = append(s.rules, c)
 		idx := int32(i)
 		switch t.Kind {

@@ -113,7 +113,7 @@ func (d *Decider) decision(a Action, rule, reason string, overlay bool) Decision
 
 func (d *Decider) ruleDecision(s *ruleSet, i int32) Decision {
 	r := &s.rules[i]
-	return d.decision(r.action, r.ref, r.describe(), s.layer != layerEgress)
+	return d.decision(r.action, r.ref, r.desc, s.layer != layerEgress)
 }
 
 func (r *crule) describe() string {
@@ -153,8 +153,10 @@ func (d *Decider) DecideName(name string, port uint16, proto Protocol) Decision 
 	if i := d.rules.firstName(name, port, proto); i >= 0 {
 		return d.ruleDecision(d.rules, i)
 	}
-	return d.decision(d.def, "default", fmt.Sprintf("no rule matches %s; default %s", name, d.def), false)
+	return d.decision(d.def, "default", defaultReason[d.def], false)
 }
+
+var defaultReason = map[Action]string{Allow: "no rule matches; default allow", Deny: "no rule matches; default deny"}
 
 // nameScope evaluates every rule matching name in order, port range by port range.
 func (d *Decider) nameScope(name string) Decision {
@@ -198,9 +200,9 @@ func (d *Decider) nameScope(name string) Decision {
 		reportAllowed.TCP, reportAllowed.UDP = union(reportAllowed.TCP, undecided.TCP), union(reportAllowed.UDP, undecided.UDP)
 	}
 	if !allowed.Empty() {
-		dec := Decision{Action: Allow, Mode: d.mode, Rule: "default", Reason: fmt.Sprintf("no rule matches %s; default allow", name), Version: d.version}
+		dec := Decision{Action: Allow, Mode: d.mode, Rule: "default", Reason: defaultReason[Allow], Version: d.version}
 		if firstAllow != nil {
-			dec.Rule, dec.Reason = firstAllow.ref, firstAllow.describe()
+			dec.Rule, dec.Reason = firstAllow.ref, firstAllow.desc
 		}
 		dec.Ports = allowed
 		if d.mode == Report {
@@ -209,11 +211,11 @@ func (d *Decider) nameScope(name string) Decision {
 		return dec
 	}
 	if d.mode == Report && reportAllowed.Empty() && overlayDeny != nil {
-		return d.decision(Deny, overlayDeny.ref, overlayDeny.describe(), true)
+		return d.decision(Deny, overlayDeny.ref, overlayDeny.desc, true)
 	}
-	dec := d.decision(Deny, "default", fmt.Sprintf("no rule matches %s; default deny", name), false)
+	dec := d.decision(Deny, "default", defaultReason[Deny], false)
 	if firstDeny != nil {
-		dec = d.decision(Deny, firstDeny.ref, firstDeny.describe(), false)
+		dec = d.decision(Deny, firstDeny.ref, firstDeny.desc, false)
 	}
 	if dec.WouldDeny {
 		dec.Ports = reportAllowed
@@ -241,7 +243,7 @@ func (d *Decider) DecideAddr(a netip.Addr, port uint16, proto Protocol) Decision
 	if class.Special() {
 		return d.guard(a, class)
 	}
-	return d.decision(d.def, "default", fmt.Sprintf("no rule matches %s; default %s", a, d.def), false)
+	return d.decision(d.def, "default", defaultReason[d.def], false)
 }
 
 // DecideLearned classifies an address that an allowed name resolved to, before it is
