@@ -129,6 +129,7 @@ type Server struct {
 	cache   *cache
 	flight  singleflight.Group
 	guard   *rateGuard
+	pools   map[string]*udpPool
 	udp     net.PacketConn
 	tcp     net.Listener
 	servers []*dns.Server
@@ -187,6 +188,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, guard: newRateGuard(), done: make(chan struct{})}
 	s.cache = newCache(cfg.CacheSize)
+	s.pools = map[string]*udpPool{}
+	for _, u := range cfg.Upstreams {
+		s.pools[u] = newUDPPool(u)
+	}
 	var err error
 	if s.metrics, err = newMetrics(cfg.Registry, s.cache.len); err != nil {
 		return nil, err
@@ -256,6 +261,9 @@ func (s *Server) Close() error {
 		// closing the sockets also stops a server that had not started yet
 		s.udp.Close()
 		s.tcp.Close()
+		for _, p := range s.pools {
+			p.close()
+		}
 	})
 	return nil
 }

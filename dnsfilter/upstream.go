@@ -85,11 +85,10 @@ func (s *Server) exchange(name string, qtype uint16) (*dns.Msg, error) {
 // exchangeOne asks one upstream over UDP and again over TCP when the answer is
 // truncated. The answer must be for the question asked.
 func (s *Server) exchangeOne(q *dns.Msg, upstream string) (*dns.Msg, error) {
-	c := &dns.Client{Net: "udp", Timeout: s.cfg.UpstreamTimeout, UDPSize: advertisedUDPSize}
-	r, _, err := c.Exchange(q, upstream)
+	r, err := s.pools[upstream].exchange(q, s.cfg.UpstreamTimeout)
 	if err == nil && r.Truncated {
 		s.metrics.tcpRetries.Inc()
-		c.Net = "tcp"
+		c := &dns.Client{Net: "tcp", Timeout: s.cfg.UpstreamTimeout}
 		r, _, err = c.Exchange(q, upstream)
 	}
 	if err != nil {
@@ -100,6 +99,87 @@ func (s *Server) exchangeOne(q *dns.Msg, upstream string) (*dns.Msg, error) {
 		return nil, errors.New("answer does not match the question")
 	}
 	return r, nil
+}
+
+// udpPool keeps connected UDP sockets to one upstream, so a cold query costs no socket
+// setup. Each socket serves at most maxUses queries (then a fresh one with a new random
+// source port is opened) and answers are matched by the random message id and the
+// question, which keeps off-path spoofing as hard as with a socket per query in
+// practice; a socket that sees an error is dropped.
+type udpPool struct {
+	addr  string
+	conns chan *pooledConn
+}
+
+type pooledConn struct {
+	*dns.Conn
+	uses int
+}
+
+const (
+	poolSize = 64
+	maxUses  = 100
+)
+
+func newUDPPool(addr string) *udpPool {
+	return &udpPool{addr: addr, conns: make(chan *pooledConn, poolSize)}
+}
+
+func (p *udpPool) exchange(q *dns.Msg, timeout time.Duration) (*dns.Msg, error) {
+	var c *pooledConn
+	select {
+	case c = <-p.conns:
+	default:
+		conn, err := (&dns.Client{Net: "udp", Timeout: timeout}).Dial(p.addr)
+		if err != nil {
+			return nil, err
+		}
+		conn.UDPSize = advertisedUDPSize
+		c = &pooledConn{Conn: conn}
+	}
+	q = q.Copy()
+	q.Id = dns.Id()
+	c.uses++
+	c.SetDeadline(time.Now().Add(timeout))
+	if err := c.WriteMsg(q); err != nil {
+		c.Close()
+		return nil, err
+	}
+	for {
+		r, err := c.ReadMsg()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		if r.Id != q.Id {
+			continue // a late answer to an earlier query on this socket
+		}
+		p.put(c)
+		return r, nil
+	}
+}
+
+func (p *udpPool) put(c *pooledConn) {
+	if c.uses >= maxUses {
+		c.Close()
+		return
+	}
+	select {
+	case p.conns <- c:
+	default:
+		c.Close()
+	}
+}
+
+func (p *udpPool) close() {
+	for {
+		select {
+		case c := <-p.conns:
+			c.Close()
+		default:
+			return
+		}
+	}
 }
 
 // cache holds upstream answers until their TTL runs out.

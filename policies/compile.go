@@ -167,6 +167,8 @@ type ruleSet struct {
 	suffix map[string][]int32 // key: the suffix without "*."
 	all    []int32
 	v4, v6 *trieNode
+	// restricted is set when some rule has ports or protocols.
+	restricted bool
 }
 
 func compileSet(layer, source string, rules []Rule, forced Action) (*ruleSet, error) {
@@ -199,6 +201,7 @@ func compileSet(layer, source string, rules []Rule, forced Action) (*ruleSet, er
 			c.protos = 0
 		}
 		c.desc = c.describe()
+		s.restricted = s.restricted || c.restricted()
 		s.rules = append(s.rules, c)
 		idx := int32(i)
 		switch t.Kind {

@@ -159,7 +159,21 @@ func (d *Decider) DecideName(name string, port uint16, proto Protocol) Decision 
 var defaultReason = map[Action]string{Allow: "no rule matches; default allow", Deny: "no rule matches; default deny"}
 
 // nameScope evaluates every rule matching name in order, port range by port range.
+// Without port-limited rules the first match decides everything (the fast path).
 func (d *Decider) nameScope(name string) Decision {
+	if !d.deny.restricted && !d.allow.restricted && !d.rules.restricted {
+		dec := d.decision(d.def, "default", defaultReason[d.def], false)
+		for _, s := range []*ruleSet{d.deny, d.allow, d.rules} {
+			if i := s.firstName(name, 0, ""); i >= 0 {
+				dec = d.ruleDecision(s, i)
+				break
+			}
+		}
+		if dec.Action == Allow {
+			dec.Ports = PortSet{TCP: allPorts, UDP: allPorts}
+		}
+		return dec
+	}
 	undecided := PortSet{TCP: allPorts, UDP: allPorts}
 	var allowed, reportAllowed PortSet
 	var firstAllow, firstDeny, overlayDeny *crule

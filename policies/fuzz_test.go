@@ -77,6 +77,19 @@ func FuzzMatchName(f *testing.F) {
 		if got.Action != want {
 			t.Fatalf("rules [allow %s, deny %s], %q: decider %s (%s), reference %s", ta, tb, name, got.Action, got.Rule, want)
 		}
+		// any-port: the fast path (no port-limited rules) agrees with the port-range
+		// evaluation, forced here by an unrelated port-limited rule
+		slowDoc, _ := json.Marshal(map[string]any{"egress": []map[string]any{
+			{"action": "allow", "target": a}, {"action": "deny", "target": b},
+			{"action": "deny", "target": "unrelated.invalid", "ports": []int{1}}}})
+		slow, err := Load("fuzz", slowDoc, CompileOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast, full := d.Decide(name, 0, ""), slow.Decide(name, 0, "")
+		if fast.Action != full.Action || fast.Rule != full.Rule || fast.Ports.String() != full.Ports.String() {
+			t.Fatalf("any-port %q: fast path %s %s %s, full evaluation %s %s %s", name, fast.Action, fast.Rule, fast.Ports, full.Action, full.Rule, full.Ports)
+		}
 	})
 }
 
