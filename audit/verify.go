@@ -66,8 +66,12 @@ type Report struct {
 // SHA-256, last seq and hash, and the signature when opts has a key). It stops at the
 // first break and returns the report with an error wrapping ErrBroken; I/O problems
 // return other errors. A log whose oldest files were removed verifies from a
-// checkpoint of the file before its first one.
-func Verify(dir string, opts VerifyOptions) (*Report, error) {
+// checkpoint of the file before its first one. opts is optional (at most one).
+func Verify(dir string, options ...VerifyOptions) (*Report, error) {
+	var opts VerifyOptions
+	if len(options) > 0 {
+		opts = options[0]
+	}
 	rep := &Report{}
 	files, err := logFiles(dir)
 	if err != nil {
