@@ -30,36 +30,36 @@ func (s *Server) resolve(ctx context.Context, name string, qtype uint16) (*dns.M
 		return m, true, nil
 	}
 	s.metrics.cache.WithLabelValues("miss").Inc()
-	ch := s.flight.DoChan(name+"/"+strconv.Itoa(int(qtype)), func() (any, error) {
+	// The exchange is bounded by UpstreamTimeout per attempt, so waiting for it in
+	// place (no extra goroutine per miss) cannot outlive the query by much.
+	v, err, shared := s.flight.Do(name+"/"+strconv.Itoa(int(qtype)), func() (any, error) {
 		m, err := s.exchange(name, qtype)
 		if err == nil {
 			s.cache.put(key, m, time.Now())
 		}
 		return m, err
 	})
-	select {
-	case r := <-ch:
-		if r.Err != nil {
-			return nil, false, r.Err
-		}
-		if r.Shared {
-			s.metrics.shared.Inc()
-		}
-		return r.Val.(*dns.Msg).Copy(), false, nil
-	case <-ctx.Done():
+	if err != nil {
+		return nil, false, err
+	}
+	if shared {
+		s.metrics.shared.Inc()
+	}
+	if ctx.Err() != nil {
 		return nil, false, ctx.Err()
 	}
+	return v.(*dns.Msg).Copy(), false, nil
 }
 
 // exchange asks the upstreams in order until one answers with something other than
 // SERVFAIL or REFUSED.
 func (s *Server) exchange(name string, qtype uint16) (*dns.Msg, error) {
-	q := new(dns.Msg)
-	q.SetQuestion(dns.Fqdn(name), qtype)
-	q.SetEdns0(advertisedUDPSize, false)
 	var errs []error
 	var last *dns.Msg
 	for _, u := range s.cfg.Upstreams {
+		q := new(dns.Msg) // a fresh random id per attempt
+		q.SetQuestion(dns.Fqdn(name), qtype)
+		q.SetEdns0(advertisedUDPSize, false)
 		t0 := time.Now()
 		r, err := s.exchangeOne(q, u)
 		s.metrics.upstream.WithLabelValues(u).Observe(time.Since(t0).Seconds())
@@ -137,8 +137,6 @@ func (p *udpPool) exchange(q *dns.Msg, timeout time.Duration) (*dns.Msg, error) 
 		conn.UDPSize = advertisedUDPSize
 		c = &pooledConn{Conn: conn}
 	}
-	q = q.Copy()
-	q.Id = dns.Id()
 	c.uses++
 	c.SetDeadline(time.Now().Add(timeout))
 	if err := c.WriteMsg(q); err != nil {
