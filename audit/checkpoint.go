@@ -132,9 +132,9 @@ func (w *Writer) recover() error {
 	if err != nil {
 		return err
 	}
-	have := map[string]bool{}
+	have := map[string]Checkpoint{}
 	for _, c := range cps {
-		have[c.File] = true
+		have[c.File] = c
 		w.checkpoint = c.Hash
 	}
 	files, err := logFiles(w.cfg.Dir)
@@ -146,6 +146,10 @@ func (w *Writer) recover() error {
 	}
 	for i, name := range files {
 		last := i == len(files)-1
+		if cp, ok := have[name]; ok && !last {
+			w.seq, w.prev = cp.LastSeq, cp.LastHash // sealed: no need to read it
+			continue
+		}
 		st, err := w.scanTail(name, last)
 		if err != nil {
 			return err
@@ -165,7 +169,7 @@ func (w *Writer) recover() error {
 			}
 			return nil
 		}
-		if !have[name] && st.records > 0 {
+		if st.records > 0 {
 			cp := Checkpoint{File: name, FirstSeq: st.firstSeq, LastSeq: st.lastSeq, FirstTime: st.firstTime,
 				LastTime: st.lastTime, LastHash: st.lastHash, FileSHA256: hex.EncodeToString(st.hash.Sum(nil))}
 			if err := w.appendCheckpoint(&cp); err != nil {
