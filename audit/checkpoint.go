@@ -146,8 +146,11 @@ func (w *Writer) recover() error {
 	}
 	for i, name := range files {
 		last := i == len(files)-1
-		if cp, ok := have[name]; ok && !last {
+		if cp, ok := have[name]; ok {
 			w.seq, w.prev = cp.LastSeq, cp.LastHash // sealed: no need to read it
+			if last {                               // crashed between the checkpoint and the next file
+				return w.openFile(w.seq + 1)
+			}
 			continue
 		}
 		st, err := w.scanTail(name, last)

@@ -313,3 +313,45 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestReopenAfterCheckpointBeforeNextFile: a crash right after a rotation checkpoint
+// leaves the sealed file last; the writer must start a new file, not append to it.
+func TestReopenAfterCheckpointBeforeNextFile(t *testing.T) {
+	dir := t.TempDir()
+	w, err := New(Config{Dir: dir, MaxFileBytes: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	for i := 0; ; i++ { // write until a rotation has just opened an empty file
+		w.Append(rec("sb", i))
+		waitFor(t, func() bool { return w.Written() == uint64(i+1) })
+		files, _ := logFiles(dir)
+		last = files[len(files)-1]
+		if st, _ := os.Stat(filepath.Join(dir, last)); len(files) > 1 && st.Size() == 0 {
+			break
+		}
+	}
+	w.Close()
+	os.Remove(filepath.Join(dir, last)) // as if the crash came before the new file
+	want := lastSeq(t, dir)
+	w, err = New(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Append(rec("sb", 99))
+	w.Close()
+	if rep, err := Verify(dir); err != nil || rep.LastSeq != want+1 {
+		t.Fatalf("Verify = %+v, %v", rep, err)
+	}
+}
+
+// lastSeq returns the last seq in dir.
+func lastSeq(t *testing.T, dir string) uint64 {
+	t.Helper()
+	rep, err := Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep.LastSeq
+}
