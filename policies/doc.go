@@ -8,7 +8,10 @@
 //	d, err := policies.Compile(pol, policies.CompileOptions{Overlay: overlay, Version: rev})
 //	dec := d.DecideName("pypi.org", 443, policies.TCP) // Decision{Action, Rule, Reason, ...}
 //
-// or policies.Load for both steps. Parse is the one validation function shared by the
+// or policies.Load for both steps. egressd compiles each watch.Sandbox.Policy (raw JSON as
+// lifecycle stores it, json.Marshal of a parsed Policy) with Version =
+// Sandbox.PolicyVersion; an empty document is ErrEmpty and the operator's default policy
+// applies instead. Parse is the one validation function shared by the
 // CLI (`airlock policy validate`), lifecycle (create and PATCH/DELETE /policy) and
 // egressd; its errors wrap ErrInvalid and carry source, line, column and reason (*Error).
 //
