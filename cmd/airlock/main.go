@@ -25,6 +25,8 @@ func main() {
 		newImageCmd(),
 		newGatewayCmd(),
 		newUpCmd(), newSandboxCmd(),
+		newPolicyCmd(),
+		newAuditCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)

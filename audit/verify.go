@@ -1,0 +1,209 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// ErrBroken is wrapped by Verify's error when the chain does not hold.
+var ErrBroken = errors.New("audit chain broken")
+
+// VerifyOptions tune Verify.
+type VerifyOptions struct {
+	// PublicKey checks checkpoint signatures; without it signatures are not checked
+	// (Report.UnverifiedSignatures counts them).
+	PublicKey ed25519.PublicKey
+}
+
+// Location is a place in the log.
+type Location struct {
+	File string `json:"file"`
+	// Line is 1-based within File.
+	Line int `json:"line"`
+	// Seq is the record's seq as written (0 when unreadable).
+	Seq uint64 `json:"seq,omitempty"`
+}
+
+// Break is the first place where the chain does not hold.
+type Break struct {
+	Location
+	Reason string `json:"reason"`
+}
+
+// Report is what Verify found.
+type Report struct {
+	Files       int    `json:"files"`
+	Records     uint64 `json:"records"`
+	FirstSeq    uint64 `json:"first_seq"`
+	LastSeq     uint64 `json:"last_seq"`
+	LastHash    string `json:"last_hash"`
+	Checkpoints int    `json:"checkpoints"`
+	// Lost sums the "lost" counts of loss records: records the writer had to drop.
+	Lost uint64 `json:"lost"`
+	// TornTail is set when the last file ends with an incomplete line (a crash while
+	// writing); that line is not part of the chain and the writer cuts it on restart.
+	TornTail             *Location `json:"torn_tail,omitempty"`
+	UnverifiedSignatures int       `json:"unverified_signatures,omitempty"`
+	// Warnings are findings that do not break the chain (a finished file without a
+	// checkpoint, for example).
+	Warnings []string `json:"warnings,omitempty"`
+	// Broken is the first break, nil when the chain holds.
+	Broken *Break `json:"broken,omitempty"`
+}
+
+// Verify proves the chain in dir: every line's hash, every link to the previous record
+// (across files), consecutive seqs, and every checkpoint (its own chain, the file's
+// SHA-256, last seq and hash, and the signature when opts has a key). It stops at the
+// first break and returns the report with an error wrapping ErrBroken; I/O problems
+// return other errors. A log whose oldest files were removed verifies from a
+// checkpoint of the file before its first one. opts is optional (at most one).
+func Verify(dir string, options ...VerifyOptions) (*Report, error) {
+	var opts VerifyOptions
+	if len(options) > 0 {
+		opts = options[0]
+	}
+	rep := &Report{}
+	files, err := logFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	cps, err := ReadCheckpoints(dir)
+	if err != nil {
+		return rep, fmt.Errorf("%w: %w", ErrBroken, err)
+	}
+	byFile := map[string]Checkpoint{}
+	bySeq := map[uint64]Checkpoint{}
+	cpPrev := Genesis
+	for i, c := range cps {
+		rep.Checkpoints++
+		byFile[c.File], bySeq[c.LastSeq] = c, c
+		loc := Location{File: CheckpointFile, Line: i + 1, Seq: c.LastSeq}
+		switch {
+		case c.Prev != cpPrev:
+			return rep.broken(loc, "checkpoint prev does not match the previous checkpoint's hash")
+		case c.computeHash() != c.Hash:
+			return rep.broken(loc, "checkpoint hash does not match its contents")
+		}
+		cpPrev = c.Hash
+		if c.Sig != "" {
+			if opts.PublicKey == nil {
+				rep.UnverifiedSignatures++
+			} else if raw, _ := hex.DecodeString(c.Hash); !verifySig(opts.PublicKey, raw, c.Sig) {
+				return rep.broken(loc, "checkpoint signature does not verify with the given public key")
+			}
+		} else if opts.PublicKey != nil {
+			return rep.broken(loc, "checkpoint is not signed but a public key was given")
+		}
+	}
+	prev, next := Genesis, uint64(1)
+	for fi, name := range files {
+		rep.Files++
+		last := fi == len(files)-1
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return rep, err
+		}
+		h := sha256.New()
+		r := bufio.NewReaderSize(f, 1<<20)
+		lineNo, fileRecords := 0, 0
+		var fileLastSeq uint64
+		var fileLastHash string
+		for {
+			line, rerr := r.ReadBytes('\n')
+			if len(line) == 0 && rerr == io.EOF {
+				break
+			}
+			lineNo++
+			loc := Location{File: name, Line: lineNo}
+			if line[len(line)-1] != '\n' {
+				if last && rerr == io.EOF {
+					rep.TornTail = &loc
+					break
+				}
+				f.Close()
+				return rep.broken(loc, "incomplete line in a finished file")
+			}
+			h.Write(line)
+			body := line[:len(line)-1]
+			loc.Seq = lineSeq(body)
+			canonical, p, hash, ok := lineParts(body)
+			if !ok {
+				f.Close()
+				return rep.broken(loc, "not a chained record (prev/hash tail missing or damaged)")
+			}
+			if rep.Records == 0 && loc.Seq > 1 && p != Genesis {
+				// the oldest files were removed: start from the checkpoint before this one
+				if cp, ok := bySeq[loc.Seq-1]; ok && cp.LastHash == p {
+					prev, next = p, loc.Seq
+					rep.Warnings = append(rep.Warnings, fmt.Sprintf("log starts at seq %d (older files removed; anchored by checkpoint of %s)", loc.Seq, cp.File))
+				}
+			}
+			if p != prev {
+				f.Close()
+				return rep.broken(loc, fmt.Sprintf("prev %.12s… does not match the previous record's hash %.12s…", p, prev))
+			}
+			want, err := ChainHash(p, canonical)
+			if err != nil || want != hash {
+				f.Close()
+				return rep.broken(loc, "hash does not match the record's contents (record altered)")
+			}
+			if loc.Seq != next {
+				f.Close()
+				return rep.broken(loc, fmt.Sprintf("seq %d where %d was expected", loc.Seq, next))
+			}
+			if bytes.Contains(canonical, []byte(`"action":"loss"`)) {
+				var lr struct {
+					Extra struct {
+						Lost uint64 `json:"lost"`
+					} `json:"extra"`
+				}
+				if json.Unmarshal(canonical, &lr) == nil {
+					rep.Lost += lr.Extra.Lost
+				}
+			}
+			if rep.Records == 0 {
+				rep.FirstSeq = loc.Seq
+			}
+			rep.Records++
+			fileRecords++
+			prev, next = hash, next+1
+			fileLastSeq, fileLastHash = loc.Seq, hash
+			rep.LastSeq, rep.LastHash = loc.Seq, hash
+			if rerr == io.EOF {
+				break
+			}
+		}
+		f.Close()
+		cp, ok := byFile[name]
+		switch {
+		case ok && (cp.LastSeq != fileLastSeq || cp.LastHash != fileLastHash):
+			return rep.broken(Location{File: name, Line: lineNo, Seq: fileLastSeq},
+				fmt.Sprintf("file ends at seq %d but its checkpoint says %d (records removed or added)", fileLastSeq, cp.LastSeq))
+		case ok && cp.FileSHA256 != hex.EncodeToString(h.Sum(nil)):
+			return rep.broken(Location{File: name, Line: lineNo, Seq: fileLastSeq}, "file SHA-256 does not match its checkpoint")
+		case !ok && !last && fileRecords > 0:
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s is finished but has no checkpoint", name))
+		}
+	}
+	return rep, nil
+}
+
+func (rep *Report) broken(loc Location, reason string) (*Report, error) {
+	rep.Broken = &Break{Location: loc, Reason: reason}
+	return rep, fmt.Errorf("%w at %s line %d (seq %d): %s", ErrBroken, loc.File, loc.Line, loc.Seq, reason)
+}
+
+func verifySig(pub ed25519.PublicKey, msg []byte, sig string) bool {
+	s, err := base64.StdEncoding.DecodeString(sig)
+	return err == nil && ed25519.Verify(pub, msg, s)
+}

@@ -1,0 +1,406 @@
+package audit
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Writer.
+type Config struct {
+	// Dir holds the log files (created 0700 if missing). One Writer per directory.
+	Dir string
+	// SyncInterval is the longest time a written record waits for fsync; default 100ms.
+	SyncInterval time.Duration
+	// MaxFileBytes rotates the current file once it reaches this size; default 64 MiB.
+	MaxFileBytes int64
+	// QueueSize is how many records Append may buffer before counting losses; default
+	// 65536.
+	QueueSize int
+	// SigningKey, when set, signs every rotation checkpoint (Ed25519); Verify checks
+	// signatures with the matching public key.
+	SigningKey ed25519.PrivateKey
+	// Logger receives write errors and losses; default slog.Default().
+	Logger *slog.Logger
+	// Registry receives the airlock_audit_* metrics; nil means none.
+	Registry prometheus.Registerer
+}
+
+// ErrClosed is returned by operations on a closed Writer.
+var ErrClosed = errors.New("audit: writer closed")
+
+// maxBatch bounds how many records one write(2) carries.
+const maxBatch = 4096
+
+// Writer appends records to a hash-chained JSON Lines log (see the chain format in
+// chain.go and README.md). Append never blocks for long: a full queue counts the record
+// as lost, and the writer then appends a "loss" record per source with the count, so a
+// loss is always visible in the log itself. A background goroutine, started by New and
+// stopped by Close, encodes, writes (one write per batch), fsyncs at most every
+// SyncInterval and rotates files at MaxFileBytes, writing a chained (optionally
+// signed) checkpoint for each finished file.
+type Writer struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	mu     sync.RWMutex // write-locked only by Close, to stop Appends
+	closed bool
+	queue  chan Record
+	lost   sync.Map // Source -> *atomic.Uint64
+	stop   chan struct{}
+	done   chan struct{}
+
+	// owned by the run goroutine
+	f          *os.File
+	name       string
+	size       int64
+	fileHash   hash.Hash
+	fileFirst  uint64
+	firstTime  time.Time
+	lastTime   time.Time
+	seq        uint64
+	prev       string
+	checkpoint string // hash of the last checkpoint
+	dirty      bool
+	buf        []byte
+	batch      []Record
+
+	synced  atomic.Uint64
+	written atomic.Uint64
+	err     atomic.Pointer[error]
+}
+
+// New opens (or creates) the log in cfg.Dir, recovers the chain's tail after a crash
+// (a torn last line is cut off), and starts the writer goroutine.
+func New(cfg Config) (*Writer, error) {
+	w, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	go w.run()
+	return w, nil
+}
+
+// open prepares a Writer without starting its goroutine.
+func open(cfg Config) (*Writer, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("audit: Config.Dir is empty")
+	}
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = 100 * time.Millisecond
+	}
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = 64 << 20
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 65536
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	w := &Writer{cfg: cfg, log: cfg.Logger, queue: make(chan Record, cfg.QueueSize),
+		stop: make(chan struct{}), done: make(chan struct{}), prev: Genesis}
+	var err error
+	if w.metrics, err = newMetrics(cfg.Registry, func() float64 { return float64(len(w.queue)) }); err != nil {
+		return nil, err
+	}
+	if err := w.recover(); err != nil {
+		if w.f != nil {
+			w.f.Close()
+		}
+		return nil, err
+	}
+	w.synced.Store(w.seq)
+	w.written.Store(w.seq)
+	return w, nil
+}
+
+// Append queues r for writing and returns at once. Seq, Prev and Hash are assigned by
+// the writer; a zero Time becomes the time of Append. When the queue is full (or the
+// writer is closed) the record is counted as lost for its source.
+func (w *Writer) Append(r Record) {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	w.mu.RLock()
+	if w.closed {
+		w.mu.RUnlock()
+		w.countLost(r.Source)
+		w.metrics.afterClose.Inc()
+		return
+	}
+	select {
+	case w.queue <- r:
+	default:
+		w.countLost(r.Source)
+	}
+	w.mu.RUnlock()
+}
+
+// TryAppend is Append for callers that can wait: it reports false, counting nothing,
+// when the queue is full or the writer closed, so the caller may retry. The data path
+// uses Append.
+func (w *Writer) TryAppend(r Record) bool {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.closed {
+		return false
+	}
+	select {
+	case w.queue <- r:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *Writer) countLost(s Source) {
+	v, ok := w.lost.Load(s)
+	if !ok {
+		v, _ = w.lost.LoadOrStore(s, new(atomic.Uint64))
+	}
+	v.(*atomic.Uint64).Add(1)
+	w.metrics.lost.WithLabelValues(string(s)).Inc()
+}
+
+// Synced returns the seq of the last record known to be on stable storage.
+func (w *Writer) Synced() uint64 { return w.synced.Load() }
+
+// Written returns the seq of the last record handed to the file system.
+func (w *Writer) Written() uint64 { return w.written.Load() }
+
+// Err returns the last write error, if any (writes are retried with the next batch).
+func (w *Writer) Err() error {
+	if p := w.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Close stops accepting records, writes everything queued (and the loss records),
+// fsyncs and closes the file. It is safe to call more than once.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	already := w.closed
+	w.closed = true
+	w.mu.Unlock()
+	if !already {
+		close(w.stop)
+	}
+	<-w.done
+	return w.Err()
+}
+
+func (w *Writer) run() {
+	defer close(w.done)
+	tick := time.NewTicker(w.cfg.SyncInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-w.queue:
+			w.batch = append(w.batch[:0], r)
+			for len(w.batch) < maxBatch {
+				select {
+				case r := <-w.queue:
+					w.batch = append(w.batch, r)
+					continue
+				default:
+				}
+				break
+			}
+			w.writeBatch(w.batch)
+			w.writeLoss()
+		case <-tick.C:
+			w.writeLoss()
+			w.sync()
+		case <-w.stop:
+			for {
+				w.batch = w.batch[:0]
+				for len(w.batch) < maxBatch && len(w.queue) > 0 {
+					w.batch = append(w.batch, <-w.queue)
+				}
+				if len(w.batch) == 0 {
+					break
+				}
+				w.writeBatch(w.batch)
+			}
+			w.writeLoss()
+			w.sync()
+			if err := w.f.Close(); err != nil {
+				w.setErr(err)
+			}
+			return
+		}
+	}
+}
+
+// writeLoss turns the lost counters into loss records.
+func (w *Writer) writeLoss() {
+	var recs []Record
+	w.lost.Range(func(k, v any) bool {
+		if n := v.(*atomic.Uint64).Swap(0); n > 0 {
+			recs = append(recs, Record{Time: time.Now(), Source: k.(Source), Action: "loss",
+				Reason: "audit queue full: records dropped", Extra: map[string]any{"lost": n}})
+			w.log.Warn("audit records lost", "source", string(k.(Source)), "lost", n)
+		}
+		return true
+	})
+	if len(recs) > 0 {
+		w.writeBatch(recs)
+	}
+}
+
+// writeBatch seals and writes records, one write per file (a batch that reaches
+// MaxFileBytes is split there and the file rotated). On failure the file is cut back to
+// its last good size and the unwritten records count as lost.
+func (w *Writer) writeBatch(recs []Record) {
+	w.buf = w.buf[:0]
+	seq, prev := w.seq, w.prev
+	first, last := w.firstTime, w.lastTime
+	pending := recs[:0:0]
+	for i := range recs {
+		r := &recs[i]
+		r.Seq = seq + 1
+		line, err := seal(r, prev)
+		if err != nil { // an Extra value json cannot encode: record the fact instead
+			r.Extra = map[string]any{"encode_error": err.Error()}
+			if line, err = seal(r, prev); err != nil {
+				w.countLost(r.Source)
+				continue
+			}
+		}
+		seq, prev = r.Seq, r.Hash
+		if first.IsZero() {
+			first = r.Time
+		}
+		last = r.Time
+		w.buf = append(w.buf, line...)
+		pending = append(pending, *r)
+		if w.size+int64(len(w.buf)) >= w.cfg.MaxFileBytes {
+			if !w.commit(pending, seq, prev, first, last) {
+				w.lose(recs[i+1:])
+				return
+			}
+			w.rotate()
+			w.buf, pending = w.buf[:0], pending[:0]
+			first, last = w.firstTime, w.lastTime
+		}
+	}
+	w.commit(pending, seq, prev, first, last)
+}
+
+// commit writes w.buf (the sealed lines of recs) and advances the chain state.
+func (w *Writer) commit(recs []Record, seq uint64, prev string, first, last time.Time) bool {
+	if len(w.buf) == 0 {
+		return true
+	}
+	if _, err := w.f.Write(w.buf); err != nil {
+		w.setErr(fmt.Errorf("audit: write %s: %w", w.name, err))
+		w.metrics.writeErrors.Inc()
+		if terr := w.f.Truncate(w.size); terr != nil {
+			w.log.Error("audit truncate after failed write", "file", w.name, "error", terr)
+		}
+		w.lose(recs)
+		return false
+	}
+	w.fileHash.Write(w.buf)
+	w.size += int64(len(w.buf))
+	w.seq, w.prev, w.firstTime, w.lastTime = seq, prev, first, last
+	w.dirty = true
+	w.written.Store(seq)
+	w.metrics.records.Add(float64(len(recs)))
+	w.metrics.bytes.Add(float64(len(w.buf)))
+	return true
+}
+
+func (w *Writer) lose(recs []Record) {
+	for _, r := range recs {
+		w.countLost(r.Source)
+	}
+}
+
+func (w *Writer) sync() {
+	if !w.dirty {
+		return
+	}
+	t0 := time.Now()
+	if err := w.f.Sync(); err != nil {
+		w.setErr(fmt.Errorf("audit: fsync %s: %w", w.name, err))
+		w.metrics.writeErrors.Inc()
+		return
+	}
+	w.metrics.fsync.Observe(time.Since(t0).Seconds())
+	w.dirty = false
+	w.synced.Store(w.seq)
+}
+
+func (w *Writer) setErr(err error) {
+	w.log.Error("audit write failed", "error", err)
+	w.err.Store(&err)
+}
+
+// rotate finishes the current file (fsync, checkpoint) and opens the next.
+func (w *Writer) rotate() {
+	w.sync()
+	if w.dirty {
+		return // fsync failed: keep writing to the same file, retry later
+	}
+	cp := Checkpoint{File: w.name, FirstSeq: w.fileFirst, LastSeq: w.seq, FirstTime: w.firstTime, LastTime: w.lastTime,
+		LastHash: w.prev, FileSHA256: fmt.Sprintf("%x", w.fileHash.Sum(nil))}
+	if err := w.appendCheckpoint(&cp); err != nil {
+		w.setErr(err)
+		return
+	}
+	if err := w.f.Close(); err != nil {
+		w.setErr(err)
+	}
+	if err := w.openFile(w.seq + 1); err != nil {
+		w.setErr(err)
+		// keep going on the old name by reopening it for append
+		if f, ferr := os.OpenFile(filepath.Join(w.cfg.Dir, w.name), os.O_WRONLY|os.O_APPEND, 0o600); ferr == nil {
+			w.f = f
+		}
+		return
+	}
+	w.metrics.rotations.Inc()
+}
+
+// openFile creates the file whose first record will be seq.
+func (w *Writer) openFile(seq uint64) error {
+	name := fileName(seq)
+	f, err := os.OpenFile(filepath.Join(w.cfg.Dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	w.f, w.name, w.size, w.fileHash, w.fileFirst = f, name, 0, sha256.New(), seq
+	w.firstTime, w.lastTime = time.Time{}, time.Time{}
+	return syncDir(w.cfg.Dir)
+}
+
+func fileName(firstSeq uint64) string { return fmt.Sprintf("audit-%020d.jsonl", firstSeq) }
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+func run(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestPolicyValidateShippedExamples(t *testing.T) {
+	out, err := run(t, newPolicyCmd(), "validate", "../../deploy/policies", "../../deploy/policies/overlays")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if n := strings.Count(out, ": ok: "); n < 6 {
+		t.Errorf("%d files ok:\n%s", n, out)
+	}
+}
+
+func TestPolicyValidateReportsLineAndFails(t *testing.T) {
+	out, err := run(t, newPolicyCmd(), "validate", "../../deploy/policies/default-deny.yaml", "../../policies/testdata/invalid/mid-wildcard.yaml")
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 files invalid") {
+		t.Fatalf("err = %v", err)
+	}
+	if !strings.Contains(out, `mid-wildcard.yaml:4:13: egress[0].target: invalid wildcard "foo.*.com"`) {
+		t.Errorf("output lacks the located error:\n%s", out)
+	}
+}
+
+func TestPolicyExplain(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"../../deploy/policies/github-readonly.yaml", "gist.github.com", "--port", "443", "--proto", "tcp"},
+			[]string{"decision: deny", "rule:     egress[0]", "* egress[0]", "shadowed"}},
+		{[]string{"../../deploy/policies/python-packages.yaml", "files.pythonhosted.org"},
+			[]string{"decision: allow", "reach:    tcp:443"}},
+		{[]string{"../../deploy/policies/opensandbox-network-policy.json", "example.org"},
+			[]string{"decision: allow", "egress[3]"}},
+		{[]string{"../../deploy/policies/opensandbox-network-policy.json", "www.example.org"},
+			[]string{"decision: deny", "egress[2]"}},
+		{[]string{"--overlay", "../../deploy/policies/overlays/operator.yaml", "../../deploy/policies/report-rollout.yaml", "169.254.169.254"},
+			[]string{"class link-local", "decision: deny", "overlay.alwaysDeny[0]"}},
+		{[]string{"../../deploy/policies/report-rollout.yaml", "unknown.example.net"},
+			[]string{"decision: allow (report mode: enforce would deny)"}},
+		{[]string{"../../deploy/policies/github-readonly.yaml", "10.40.1.2", "--port", "22"},
+			[]string{"class private", "rule:     guard"}},
+	}
+	for _, c := range cases {
+		out, err := run(t, newPolicyCmd(), append([]string{"explain"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("explain %v lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+}

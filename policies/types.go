@@ -1,0 +1,269 @@
+package policies
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// FormatVersion is the policy format version this package reads and writes.
+const FormatVersion = 1
+
+// Action is a rule's verdict: allow or deny.
+type Action string
+
+// Actions.
+const (
+	Allow Action = "allow"
+	Deny  Action = "deny"
+)
+
+// Mode is how a policy is applied: enforce (deny what it denies) or report (allow
+// everything, but audit what enforce would have denied as would_deny).
+type Mode string
+
+// Modes.
+const (
+	Enforce Mode = "enforce"
+	Report  Mode = "report"
+)
+
+// L7Mode says whether TCP 80/443 are redirected to egressd's proxy, which checks the
+// HTTP Host / TLS SNI against the policy and that the destination IP was learned for
+// that name.
+type L7Mode string
+
+// L7 modes.
+const (
+	L7Off L7Mode = "off"
+	L7SNI L7Mode = "sni"
+)
+
+// AuditLevel says which decisions are written to the audit log.
+type AuditLevel string
+
+// Audit levels.
+const (
+	// AuditAll records every decision.
+	AuditAll AuditLevel = "all"
+	// AuditDenied records denials and report-mode would-denials only.
+	AuditDenied AuditLevel = "denied"
+)
+
+// Protocol is a transport protocol a rule may be limited to. The empty Protocol in a
+// query means "any protocol".
+type Protocol string
+
+// Protocols.
+const (
+	TCP Protocol = "tcp"
+	UDP Protocol = "udp"
+)
+
+// PortRange is an inclusive range of ports, First ≤ Last, both in 1..65535. In YAML and
+// JSON a single port is a number (443) and a range a string ("8000-8100").
+type PortRange struct {
+	First, Last uint16
+}
+
+// Contains reports whether port is in the range.
+func (r PortRange) Contains(port uint16) bool { return port >= r.First && port <= r.Last }
+
+// String returns "443" or "8000-8100".
+func (r PortRange) String() string {
+	if r.First == r.Last {
+		return strconv.Itoa(int(r.First))
+	}
+	return fmt.Sprintf("%d-%d", r.First, r.Last)
+}
+
+// MarshalJSON writes a number for one port and a "first-last" string for a range.
+func (r PortRange) MarshalJSON() ([]byte, error) {
+	if r.First == r.Last {
+		return []byte(strconv.Itoa(int(r.First))), nil
+	}
+	return json.Marshal(r.String())
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *PortRange) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	pr, err := ParsePortRange(s)
+	if err != nil {
+		return err
+	}
+	*r = pr
+	return nil
+}
+
+// ParsePortRange parses "443" or "8000-8100".
+func ParsePortRange(s string) (PortRange, error) {
+	first, last, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	a, err := parsePort(first)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if !isRange {
+		return PortRange{a, a}, nil
+	}
+	b, err := parsePort(last)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if b < a {
+		return PortRange{}, fmt.Errorf("port range %q ends before it starts", s)
+	}
+	return PortRange{a, b}, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("port %q is not a number in 1..65535", s)
+	}
+	return uint16(n), nil
+}
+
+// Rule is one egress rule. Rules are evaluated in order; the first whose target, ports
+// and protocols all match decides.
+type Rule struct {
+	// Action is allow or deny.
+	Action Action `json:"action"`
+	// Target is what the rule matches:
+	//   - an exact name: "pypi.org" (case-insensitive, a trailing dot is ignored);
+	//   - a wildcard "*.example.com": every name below example.com, at any depth, but
+	//     not example.com itself;
+	//   - "*" or "**": everything (names and addresses);
+	//   - an IPv4/IPv6 address ("203.0.113.7", "2001:db8::1") or CIDR ("10.0.0.0/8").
+	Target string `json:"target"`
+	// Ports limits the rule to these destination ports; empty means every port.
+	Ports []PortRange `json:"ports,omitempty"`
+	// Protocols limits the rule to tcp and/or udp; empty means both.
+	Protocols []Protocol `json:"protocols,omitempty"`
+	// Comment is free text shown by `airlock policy explain`.
+	Comment string `json:"comment,omitempty"`
+	// Line is the rule's line in its source document (0 when built in code).
+	Line   int `json:"-"`
+	column int
+	src    string // the source document's name, when parsed
+}
+
+// Policy is a parsed, validated policy document. Its JSON form (encoding/json) is the
+// Airlock policy in JSON, which Parse reads back; when no Airlock extension is used it is
+// exactly the OpenSandbox networkPolicy shape {defaultAction, egress:[{action,target}]}.
+// Unset fields take their defaults at compile time (see the accessors).
+type Policy struct {
+	// Version is the format version; 0 (absent) means FormatVersion.
+	Version int `json:"version,omitempty"`
+	// Name is a label for humans and logs.
+	Name string `json:"name,omitempty"`
+	// Mode is enforce (default) or report.
+	Mode Mode `json:"mode,omitempty"`
+	// DefaultAction applies when no rule matches; default deny (as in OpenSandbox).
+	DefaultAction Action `json:"defaultAction,omitempty"`
+	// Egress is the ordered rule list; first match wins.
+	Egress []Rule `json:"egress"`
+	// DNS holds the resolver options; nil means the defaults.
+	DNS *DNSOptions `json:"dns,omitempty"`
+	// L7 is off (default) or sni.
+	L7 L7Mode `json:"l7,omitempty"`
+	// Audit is all (default) or denied.
+	Audit AuditLevel `json:"audit,omitempty"`
+	// Source names where the document came from (a file name), for messages.
+	Source string `json:"-"`
+}
+
+// EffectiveMode returns Mode or its default, enforce.
+func (p *Policy) EffectiveMode() Mode {
+	if p.Mode == "" {
+		return Enforce
+	}
+	return p.Mode
+}
+
+// EffectiveDefault returns DefaultAction or its default, deny.
+func (p *Policy) EffectiveDefault() Action {
+	if p.DefaultAction == "" {
+		return Deny
+	}
+	return p.DefaultAction
+}
+
+// EffectiveL7 returns L7 or its default, off.
+func (p *Policy) EffectiveL7() L7Mode {
+	if p.L7 == "" {
+		return L7Off
+	}
+	return p.L7
+}
+
+// EffectiveAudit returns Audit or its default, all.
+func (p *Policy) EffectiveAudit() AuditLevel {
+	if p.Audit == "" {
+		return AuditAll
+	}
+	return p.Audit
+}
+
+// Clone returns a deep copy of p.
+func (p *Policy) Clone() *Policy {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	c.Egress = make([]Rule, len(p.Egress))
+	for i, r := range p.Egress {
+		r.Ports = append([]PortRange(nil), r.Ports...)
+		r.Protocols = append([]Protocol(nil), r.Protocols...)
+		c.Egress[i] = r
+	}
+	if p.DNS != nil {
+		d := p.DNS.clone()
+		c.DNS = &d
+	}
+	return &c
+}
+
+// DNSOptions are the resolver options of a policy. Zero fields take the defaults below.
+type DNSOptions struct {
+	// QueryTypes lists the allowed query types by name; default A, AAAA, CNAME, HTTPS,
+	// SVCB. Other types are answered NOTIMP (or REFUSED, by dnsfilter configuration).
+	QueryTypes []string `json:"queryTypes,omitempty"`
+	// MaxLabelLength is the longest label accepted in a query name, 1..63; default 63.
+	MaxLabelLength int `json:"maxLabelLength,omitempty"`
+	// MaxNameLength is the longest query name accepted (presentation form, no trailing
+	// dot), 1..253; default 253.
+	MaxNameLength int `json:"maxNameLength,omitempty"`
+	// TunnelGuard limits high-entropy labels and per-domain query rates; nil means the
+	// defaults.
+	TunnelGuard *TunnelGuard `json:"tunnelGuard,omitempty"`
+}
+
+func (o DNSOptions) clone() DNSOptions {
+	o.QueryTypes = append([]string(nil), o.QueryTypes...)
+	if o.TunnelGuard != nil {
+		g := *o.TunnelGuard
+		if g.MaxLabelEntropy != nil {
+			v := *g.MaxLabelEntropy
+			g.MaxLabelEntropy = &v
+		}
+		o.TunnelGuard = &g
+	}
+	return o
+}
+
+// TunnelGuard is the DNS tunnelling guard: data smuggled out through DNS shows up as long,
+// random-looking labels and as many distinct names under one domain.
+type TunnelGuard struct {
+	// MaxLabelEntropy is the highest Shannon entropy, in bits per character, accepted for
+	// a label of at least MinLabelLength characters; default 4.0; 0 turns the check off.
+	// Random base32/base64 labels score above 4.2, hex and words below 4.
+	MaxLabelEntropy *float64 `json:"maxLabelEntropy,omitempty"`
+	// MinLabelLength is the shortest label the entropy check scores; default 24.
+	MinLabelLength int `json:"minLabelLength,omitempty"`
+	// MaxQueriesPerMinute caps the queries for distinct names under one parent domain
+	// (the name without its first label), per sandbox and minute; default 0 (off).
+	// dnsfilter enforces it.
+	MaxQueriesPerMinute int `json:"maxQueriesPerMinute,omitempty"`
+}
