@@ -22,8 +22,8 @@ func TestMain(m *testing.M) {
 
 const cliKey = "cli-test-key"
 
-// run executes `airlock sandbox args...` in process and returns stdout.
-func run(t *testing.T, h *lctest.Harness, args ...string) string {
+// runSandbox executes `airlock sandbox args...` in process and returns stdout.
+func runSandbox(t *testing.T, h *lctest.Harness, args ...string) string {
 	t.Helper()
 	cmd := newSandboxCmd()
 	var out, errOut bytes.Buffer
@@ -39,7 +39,7 @@ func run(t *testing.T, h *lctest.Harness, args ...string) string {
 func TestSandboxCLI(t *testing.T) {
 	h := lctest.New(t, lctest.Options{APIKey: cliKey})
 	var created []sdk.Sandbox
-	if err := json.Unmarshal([]byte(run(t, h, "create", "--json", "--image", h.Image, "--cpu", "500m", "--memory", "256Mi",
+	if err := json.Unmarshal([]byte(runSandbox(t, h, "create", "--json", "--image", h.Image, "--cpu", "500m", "--memory", "256Mi",
 		"-m", "team=cli", "-e", "GREETING=hello", "--timeout", "5m")), &created); err != nil {
 		t.Fatal(err)
 	}
@@ -47,24 +47,24 @@ func TestSandboxCLI(t *testing.T) {
 		t.Fatalf("create: %+v", created)
 	}
 	id := created[0].ID
-	table := run(t, h, "ls", "-m", "team=cli")
+	table := runSandbox(t, h, "ls", "-m", "team=cli")
 	if !strings.HasPrefix(table, "ID") || !strings.Contains(table, id) || !strings.Contains(table, "Running") || !strings.Contains(table, "team=cli") {
 		t.Errorf("ls table:\n%s", table)
 	}
-	if out := run(t, h, "ls", "--state", "Paused"); strings.Contains(out, id) {
+	if out := runSandbox(t, h, "ls", "--state", "Paused"); strings.Contains(out, id) {
 		t.Errorf("ls --state Paused lists a running sandbox:\n%s", out)
 	}
-	if out := run(t, h, "pause", id); !strings.Contains(out, "Paused") {
+	if out := runSandbox(t, h, "pause", id); !strings.Contains(out, "Paused") {
 		t.Errorf("pause:\n%s", out)
 	}
-	if out := run(t, h, "resume", id); !strings.Contains(out, "Running") {
+	if out := runSandbox(t, h, "resume", id); !strings.Contains(out, "Running") {
 		t.Errorf("resume:\n%s", out)
 	}
-	if out := run(t, h, "renew", id, "--for", "1h"); !strings.Contains(out, id+" expires at") {
+	if out := runSandbox(t, h, "renew", id, "--for", "1h"); !strings.Contains(out, id+" expires at") {
 		t.Errorf("renew: %s", out)
 	}
 	var got []sdk.Sandbox
-	if err := json.Unmarshal([]byte(run(t, h, "get", id, "--json")), &got); err != nil || got[0].ID != id {
+	if err := json.Unmarshal([]byte(runSandbox(t, h, "get", id, "--json")), &got); err != nil || got[0].ID != id {
 		t.Errorf("get --json: %v %+v", err, got)
 	}
 
@@ -79,7 +79,7 @@ func TestSandboxCLI(t *testing.T) {
 		t.Errorf("exec: %v stdout %q stderr %q", err, so.String(), se.String())
 	}
 
-	if out := run(t, h, "rm", id); strings.TrimSpace(out) != id {
+	if out := runSandbox(t, h, "rm", id); strings.TrimSpace(out) != id {
 		t.Errorf("rm: %q", out)
 	}
 	cmd := newSandboxCmd()
