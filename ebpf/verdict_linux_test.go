@@ -2,6 +2,7 @@ package egressbpf
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -139,7 +140,10 @@ func newVerdictEnv(t *testing.T, p datapath.Policy) *verdictEnv {
 func (e *verdictEnv) run(t *testing.T, prog *ebpf.Program, p pkt) (uint32, uint32) {
 	t.Helper()
 	var rc uint32
-	out := skbCtx{}
+	var out struct {
+		skbCtx
+		Rest [192 - 44]byte // the kernel writes the whole __sk_buff back
+	}
 	err := e.ns.Do(func() error {
 		var err error
 		rc, err = prog.Run(&ebpf.RunOptions{
@@ -169,7 +173,228 @@ func TestLoadAndPinLayout(t *testing.T) {
 			t.Errorf("pinned %s missing: %v", p, err)
 		}
 	}
-	_ = time.Second
+}
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
+
+var verdictPolicy = datapath.Policy{
+	Rules: []datapath.Rule{
+		{Prefix: pfx("198.18.1.0/24"), Proto: datapath.ProtoTCP, Ports: datapath.PortRange{First: 443, Last: 443}, Action: datapath.ActionAllow, ID: 1},
+		{Prefix: pfx("198.18.1.128/25"), Action: datapath.ActionDeny, ID: 2},
+		{Prefix: pfx("198.18.1.0/24"), Action: datapath.ActionAllow, ID: 3},
+		{Prefix: pfx("2001:db8:1::/48"), Proto: datapath.ProtoTCP, Ports: datapath.PortRange{First: 80, Last: 90}, Action: datapath.ActionAllow, ID: 4},
+	},
+	Default: datapath.ActionDeny,
+	IPv6:    datapath.IPv6Filter,
+}
+
+func tcp(src, dst string, sport, dport uint16) pkt {
+	return pkt{src: ip(src), dst: ip(dst), proto: 6, sport: sport, dport: dport, tcpFlags: 0x02}
+}
+
+func udp(src, dst string, sport, dport uint16) pkt {
+	return pkt{src: ip(src), dst: ip(dst), proto: 17, sport: sport, dport: dport}
+}
+
+func TestVerdicts(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	if err := e.d.Learn("verdict", ip("198.18.2.1"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ns := ip("fe80::1")
+	frag := udp("10.77.0.2", "198.18.3.1", 0, 0)
+	frag.fragOffset = 100
+	fragOK := frag
+	fragOK.dst = ip("198.18.1.5")
+	cases := []struct {
+		name string
+		p    pkt
+		want uint32
+	}{
+		{"rule3_allows_prefix", tcp("10.77.0.2", "198.18.1.5", 40000, 80), tcActOK},
+		{"rule1_first_match_beats_deny", tcp("10.77.0.2", "198.18.1.200", 40000, 443), tcActOK},
+		{"rule2_denies_longer_prefix", tcp("10.77.0.2", "198.18.1.200", 40000, 80), tcActShot},
+		{"unknown_default_deny", tcp("10.77.0.2", "198.18.3.1", 40000, 80), tcActShot},
+		{"learned_allows", tcp("10.77.0.2", "198.18.2.1", 40000, 22), tcActOK},
+		{"dns_to_resolver", udp("10.77.0.2", "10.77.0.1", 40000, 53), tcActOK},
+		{"dns_tcp_to_resolver", tcp("10.77.0.2", "10.77.0.1", 40000, 53), tcActOK},
+		{"dns_to_other", udp("10.77.0.2", "198.18.4.1", 40000, 53), tcActShot},
+		{"dns_to_allowed_prefix", tcp("10.77.0.2", "198.18.1.5", 40000, 53), tcActShot},
+		{"dot", tcp("10.77.0.2", "198.18.1.5", 40000, 853), tcActShot},
+		{"doq", udp("10.77.0.2", "198.18.1.5", 40000, 853), tcActShot},
+		{"spoofed_source", tcp("10.77.0.9", "198.18.1.5", 40000, 80), tcActShot},
+		{"v6_rule_port", tcp("fd77::2", "2001:db8:1::1", 40000, 85), tcActOK},
+		{"v6_rule_other_port", tcp("fd77::2", "2001:db8:1::1", 40000, 443), tcActShot},
+		{"v6_neighbour_solicit", pkt{src: ns, dst: ip("ff02::1:ff00:1"), proto: 58, icmpType: 135}, tcActOK},
+		{"v6_echo_request_denied", pkt{src: ip("fd77::2"), dst: ip("2001:db8:9::1"), proto: 58, icmpType: 128}, tcActShot},
+		{"fragment_denied_dst", frag, tcActShot},
+		{"fragment_allowed_dst", fragOK, tcActOK},
+		{"icmp_echo_reply", pkt{src: ip("10.77.0.2"), dst: ip("10.77.0.1"), proto: 1, icmpType: 0}, tcActOK},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got, _ := e.run(t, e.d.objs.AirlockFromSbx, c.p); got != c.want {
+				t.Fatalf("verdict %d, want %d", got, c.want)
+			}
+		})
+	}
+	t.Run("arp_passes", func(t *testing.T) {
+		b := make([]byte, 42)
+		binary.BigEndian.PutUint16(b[12:], 0x0806)
+		var rc uint32
+		e.ns.Do(func() error {
+			var err error
+			rc, err = e.d.objs.AirlockFromSbx.Run(&ebpf.RunOptions{Data: b, Context: skbCtx{Ifindex: uint32(e.idx)}})
+			return err
+		})
+		if rc != tcActOK {
+			t.Fatalf("arp verdict %d", rc)
+		}
+	})
+	t.Run("events", func(t *testing.T) {
+		evs := waitEvents(t, e.d,
+			func(ev datapath.Event) bool {
+				return ev.Kind == datapath.KindDrop && ev.Dst == netip.MustParseAddrPort("198.18.3.1:80")
+			},
+			func(ev datapath.Event) bool {
+				return ev.Kind == datapath.KindFlow && ev.Dst == netip.MustParseAddrPort("198.18.1.200:443")
+			})
+		if ev := evs[0]; ev.Sandbox != "verdict" || ev.Reason != datapath.ReasonDefaultDeny || ev.Proto != datapath.ProtoTCP || ev.Src != netip.MustParseAddrPort("10.77.0.2:40000") {
+			t.Fatalf("drop event %v", ev)
+		}
+		if ev := evs[1]; ev.Reason != datapath.ReasonRuleAllow || ev.Rule != 1 {
+			t.Fatalf("flow event %v", ev)
+		}
+	})
+}
+
+// waitEvents reads events until each predicate matched one, in any order.
+func waitEvents(t *testing.T, d *Datapath, preds ...func(datapath.Event) bool) []datapath.Event {
+	t.Helper()
+	out := make([]datapath.Event, len(preds))
+	found := 0
+	timeout := time.After(5 * time.Second)
+	for found < len(preds) {
+		select {
+		case ev := <-d.Events():
+			for i, p := range preds {
+				if out[i].Kind == 0 && p(ev) {
+					out[i] = ev
+					found++
+					break
+				}
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d events seen: %v", found, len(preds), out)
+		}
+	}
+	return out
+}
+
+func TestFlowsOutliveLearnedEntries(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	if err := e.d.Learn("verdict", ip("198.18.2.3"), 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	first := tcp("10.77.0.2", "198.18.2.3", 41000, 80)
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, first); got != tcActOK {
+		t.Fatalf("learned first packet: %d", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, first); got != tcActOK {
+		t.Fatalf("established flow after expiry: %d", got)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.2.3", 41001, 80)); got != tcActShot {
+		t.Fatalf("new flow after expiry: %d", got)
+	}
+}
+
+func TestInboundConnectionReplies(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	synack := tcp("10.77.0.2", "10.77.0.1", 9000, 5555)
+	synack.tcpFlags = 0x12
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, synack); got != tcActShot {
+		t.Fatalf("reply without inbound connection: %d", got)
+	}
+	syn := tcp("10.77.0.1", "10.77.0.2", 5555, 9000)
+	if got, _ := e.run(t, e.d.objs.AirlockToSbx, syn); got != tcActOK {
+		t.Fatalf("inbound syn: %d", got)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, synack); got != tcActOK {
+		t.Fatalf("reply to inbound connection: %d", got)
+	}
+}
+
+func TestPolicyUpdate(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	flow := tcp("10.77.0.2", "198.18.1.5", 42000, 8080)
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActOK {
+		t.Fatalf("before update: %d", got)
+	}
+	p := verdictPolicy
+	p.Rules = p.Rules[:2]
+	p.L7 = true
+	p.IPv6 = datapath.IPv6Block
+	if err := e.d.Update("verdict", p); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActShot {
+		t.Fatalf("established flow to a newly denied destination: %d", got)
+	}
+	got, mark := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 443))
+	if got != tcActOK || mark&DefaultL7MarkMask != DefaultL7Mark {
+		t.Fatalf("l7: verdict %d mark %#x", got, mark)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 22)); got != tcActShot {
+		t.Fatalf("l7 other port: %d", got)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("fd77::2", "2001:db8:1::1", 40000, 85)); got != tcActShot {
+		t.Fatalf("ipv6 blocked: %d", got)
+	}
+	p.Report = true
+	if err := e.d.Update("verdict", p); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42002, 22)); got != tcActOK {
+		t.Fatalf("report mode: %d", got)
+	}
+	waitEvents(t, e.d, func(ev datapath.Event) bool {
+		return ev.Kind == datapath.KindWouldDrop && ev.Dst == netip.MustParseAddrPort("198.18.3.1:22")
+	})
+}
+
+func TestForgetCutsFlows(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	e.d.Learn("verdict", ip("198.18.2.4"), time.Hour)
+	flow := tcp("10.77.0.2", "198.18.2.4", 43000, 80)
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActOK {
+		t.Fatalf("learned: %d", got)
+	}
+	if err := e.d.Forget("verdict", ip("198.18.2.4")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActShot {
+		t.Fatalf("after forget: %d", got)
+	}
+}
+
+func TestInvalidSpecChangesNothing(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	bad := verdictPolicy
+	bad.Rules = append([]datapath.Rule(nil), verdictPolicy.Rules...)
+	for range 17 {
+		bad.Rules = append(bad.Rules, datapath.Rule{Prefix: pfx("198.18.1.5/32"), Action: datapath.ActionDeny})
+	}
+	if err := e.d.Update("verdict", bad); !errors.Is(err, datapath.ErrInvalidSpec) {
+		t.Fatalf("update with 21 rules over one address: %v", err)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.1.5", 44000, 80)); got != tcActOK {
+		t.Fatalf("old policy must stay: %d", got)
+	}
+	if err := e.d.Learn("nope", ip("198.18.2.1"), time.Hour); !errors.Is(err, datapath.ErrUnknownSandbox) {
+		t.Fatalf("learn for unknown sandbox: %v", err)
+	}
 }
 
 func netIfindex(name string) (int, error) {
