@@ -271,3 +271,5 @@ func monoNow() time.Duration {
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return time.Duration(ts.Nano())
 }
+
+var _ datapath.Datapath = (*Datapath)(nil)
