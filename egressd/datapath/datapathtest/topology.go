@@ -25,7 +25,7 @@ var (
 )
 
 // ServerTCPPorts are served (line echo) on every internet address; SinkPort discards.
-var ServerTCPPorts = []int{53, 80, 443, 853, 8080}
+var ServerTCPPorts = []int{22, 53, 80, 443, 853, 8080}
 
 const (
 	SinkPort   = 9999
