@@ -455,3 +455,37 @@ func queryTCX(ifindex int, at ebpf.AttachType) (int, error) {
 	}
 	return len(r.Programs), nil
 }
+
+func TestLearnKeepsLaterExpiry(t *testing.T) {
+	for _, mode := range backends {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newEnv(t, mode)
+			const id = "sbx-relearn"
+			if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Learned4, 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Learned4, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Unknown4, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Unknown4, 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+			mustReach(t, e.tp, dt.Learned4, 80) // extended
+			mustReach(t, e.tp, dt.Unknown4, 80) // a shorter ttl does not shorten
+			st, err := e.dp.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := st.Sandboxes[id]; s.Learned != 2 || s.FlowsNew < 2 {
+				t.Fatalf("stats %+v", s)
+			}
+		})
+	}
+}

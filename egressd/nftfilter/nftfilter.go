@@ -80,6 +80,9 @@ type sandbox struct {
 	ifname string
 	policy datapath.Policy
 	known  bool
+	// expiry mirrors the learned sets' expiries written by this process, so that a
+	// shorter ttl never shortens a live entry (re-adding an element resets its timeout).
+	expiry map[netip.Addr]time.Time
 }
 
 // New connects to nftables (in cfg.NetNS), creates the airlock table if needed and
@@ -119,8 +122,13 @@ func New(cfg Config) (*Filter, error) {
 			continue
 		}
 		id := strings.TrimPrefix(c.Name, "sbx_")
-		f.sbx[id] = &sandbox{id: id, ifname: c.Device}
-		f.log.Info("adopted sandbox", "sandbox_id", id, "ifname", c.Device)
+		s := &sandbox{id: id}
+		// The hook device is not listed back: the first rule's user data carries it.
+		if rules, err := conn.GetRules(f.table, c); err == nil && len(rules) > 0 {
+			s.ifname = strings.TrimPrefix(string(rules[0].UserData), ifnameTag)
+		}
+		f.sbx[id] = s
+		f.log.Info("adopted sandbox", "sandbox_id", id, "ifname", s.ifname)
 	}
 	if cfg.LogGroup != 0 {
 		r, err := newNflogReader(cfg.NetNS, cfg.LogGroup, f.deliver)
@@ -237,9 +245,7 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		f.conn.AddObj(&nftables.CounterObj{Table: f.table, Name: flowCounter(id)})
 		f.conn.AddChain(chain)
 	}
-	for _, r := range f.chainRules(id, spec.Policy) {
-		f.conn.AddRule(&nftables.Rule{Table: f.table, Chain: chain, Exprs: r})
-	}
+	f.addRules(chain, id, spec.HostIfname, spec.Policy)
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("attach %s on %s: %w", id, spec.HostIfname, err)
 	}
@@ -252,6 +258,19 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		return f.cutFlows(s, netip.Addr{})
 	}
 	return nil
+}
+
+// ifnameTag prefixes the first rule's user data, which records the hook device.
+const ifnameTag = "airlock-ifname="
+
+func (f *Filter) addRules(chain *nftables.Chain, id, ifname string, p datapath.Policy) {
+	for i, r := range f.chainRules(id, p) {
+		rule := &nftables.Rule{Table: f.table, Chain: chain, Exprs: r}
+		if i == 0 {
+			rule.UserData = []byte(ifnameTag + ifname)
+		}
+		f.conn.AddRule(rule)
+	}
 }
 
 func addrType(fm fam) nftables.SetDatatype {
@@ -278,9 +297,7 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 	}
 	chain := &nftables.Chain{Name: chainName(id), Table: f.table}
 	f.conn.FlushChain(chain)
-	for _, r := range f.chainRules(id, p) {
-		f.conn.AddRule(&nftables.Rule{Table: f.table, Chain: chain, Exprs: r})
-	}
+	f.addRules(chain, id, s.ifname, p)
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("update %s: %w", id, err)
 	}
@@ -289,9 +306,9 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 }
 
 // Learn implements datapath.Datapath: one set-element add in one netlink transaction.
-// Adding a live element again refreshes its timeout (kernel ≥ 6.10 semantics); a
-// shorter ttl than the remaining one is ignored by checking the element first only
-// when needed is not done here: the newest ttl wins.
+// Adding a live element again resets its timeout in the kernel, so a ttl that would
+// end before the expiry this process last wrote is skipped (after an adoption, the
+// first Learn of an address sets its expiry).
 func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 	addr = addr.Unmap()
 	if !addr.IsValid() || ttl <= 0 {
@@ -302,8 +319,13 @@ func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.sbx[id]; !ok {
+	s, ok := f.sbx[id]
+	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	now := time.Now()
+	if exp, ok := s.expiry[addr]; ok && exp.After(now.Add(ttl)) {
+		return nil
 	}
 	fm := v4
 	if addr.Is6() {
@@ -319,7 +341,21 @@ func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 		}
 		return fmt.Errorf("learn %s: %w", addr, err)
 	}
+	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
+		s.expiry = pruneExpired(s.expiry, now)
+	}
+	s.expiry[addr] = now.Add(ttl)
 	return nil
+}
+
+func pruneExpired(m map[netip.Addr]time.Time, now time.Time) map[netip.Addr]time.Time {
+	out := make(map[netip.Addr]time.Time, len(m))
+	for a, t := range m {
+		if t.After(now) {
+			out[a] = t
+		}
+	}
+	return out
 }
 
 // Forget implements datapath.Datapath.
@@ -335,6 +371,7 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 	if addr.Is6() {
 		fm = v6
 	}
+	delete(s.expiry, addr)
 	st := f.set(learnSet(fm, id), addrType(fm))
 	elems, err := f.conn.GetSetElements(st)
 	if err != nil {
