@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -485,6 +486,65 @@ func TestLearnKeepsLaterExpiry(t *testing.T) {
 			}
 			if s := st.Sandboxes[id]; s.Learned != 2 || s.FlowsNew < 2 {
 				t.Fatalf("stats %+v", s)
+			}
+		})
+	}
+}
+
+func TestL7Redirect(t *testing.T) {
+	for _, mode := range backends {
+		t.Run(string(mode), func(t *testing.T) {
+			testenv.NeedBPF(t)
+			tp := dt.NewTopology(t)
+			e := &env{mode: mode, tp: tp, root: pinRoot(t)}
+			t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path()) })
+			const proxyPort = 15001
+			l, err := tp.Host.Listen("tcp", ":"+strconv.Itoa(proxyPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					dst, err := nftfilter.OriginalDst(c.(*net.TCPConn))
+					fmt.Fprintf(c, "%v %v\n", dst, err)
+					c.Close()
+				}
+			}()
+			cfg := e.config()
+			cfg.L7ProxyPort = proxyPort
+			dp, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dp.Close()
+			p := basePolicy()
+			p.L7 = true
+			const id = "sbx-l7"
+			if err := dp.Attach(e.spec(id, p)); err != nil {
+				t.Fatal(err)
+			}
+			c, err := tp.Sandbox.Dial("tcp", netip.AddrPortFrom(dt.Unknown4, 443).String(), long)
+			if err != nil {
+				t.Fatalf("dial through redirect: %v", err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(long))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := netip.AddrPortFrom(dt.Unknown4, 443).String() + " <nil>\n"; line != want {
+				t.Fatalf("proxy saw %q, want %q", line, want)
+			}
+			mustNotReach(t, tp, dt.Unknown4, 22) // only 80/443 go to the proxy
+			mustReach(t, tp, dt.Static4, 80)     // a static rule decides before L7
+			if err := dp.Detach(id); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
