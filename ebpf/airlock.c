@@ -653,6 +653,29 @@ int airlock_from_sbx(struct __sk_buff *skb)
 SEC("tc")
 int airlock_to_sbx(struct __sk_buff *skb)
 {
+	// Fast path: only a TCP SYN without ACK (an inbound connection) needs work; read
+	// just the protocol and flags before any map lookup.
+	__u16 eth = bpf_ntohs(skb->protocol);
+	__u8 b[2];
+	__u32 l4off;
+	if (eth == ETH_P_IP) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, b, 1) < 0)
+			return TC_ACT_OK;
+		l4off = ETH_HLEN + (b[0] & 0x0f) * 4;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 9, b, 1) < 0)
+			return TC_ACT_OK;
+	} else if (eth == ETH_P_IPV6) {
+		l4off = ETH_HLEN + sizeof(struct ipv6hdr);
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 6, b, 1) < 0)
+			return TC_ACT_OK;
+	} else {
+		return TC_ACT_OK;
+	}
+	if (b[0] != IPPROTO_TCP || bpf_skb_load_bytes(skb, l4off + 13, b + 1, 1) < 0)
+		return TC_ACT_OK;
+	if ((b[1] & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return TC_ACT_OK;
+
 	__u32 ifindex = skb->ifindex;
 	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, &ifindex);
 	if (!cfg)
