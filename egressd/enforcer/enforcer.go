@@ -28,6 +28,10 @@ const (
 	ModeNFTables Mode = "nftables"
 )
 
+// DefaultLogGroup is the NFLOG group the nftables backend reports events on unless
+// Config.NFT.LogGroup says otherwise.
+const DefaultLogGroup = 161
+
 // Config configures the datapath.
 type Config struct {
 	// Mode is auto (default), ebpf or nftables.
@@ -57,6 +61,9 @@ func New(cfg Config) (datapath.Datapath, error) {
 	}
 	if cfg.EBPF.Logger == nil {
 		cfg.EBPF.Logger = cfg.Logger.With("backend", "ebpf")
+	}
+	if cfg.NFT.LogGroup == 0 {
+		cfg.NFT.LogGroup = DefaultLogGroup
 	}
 	if cfg.NFT.Logger == nil {
 		cfg.NFT.Logger = cfg.Logger.With("backend", "nftables")
