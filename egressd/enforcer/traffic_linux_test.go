@@ -244,6 +244,17 @@ func TestTraffic(t *testing.T) {
 // left in the kernel.
 func (e *env) assertClean(t *testing.T, id string) {
 	t.Helper()
+	e.assertCleanNoIf(t, id)
+	if e.mode == ModeEBPF {
+		if n := e.tcxPrograms(t); n != 0 {
+			t.Errorf("%d TCX programs still on %s", n, e.tp.HostIfname)
+		}
+	}
+}
+
+// assertCleanNoIf is assertClean without looking at the interface.
+func (e *env) assertCleanNoIf(t *testing.T, id string) {
+	t.Helper()
 	if e.mode == ModeEBPF {
 		ents, _ := os.ReadDir(filepath.Join(e.root, "links"))
 		if len(ents) != 0 {
@@ -277,9 +288,6 @@ func (e *env) assertClean(t *testing.T, id string) {
 				}
 			}
 			m.Close()
-		}
-		if n := e.tcxPrograms(t); n != 0 {
-			t.Errorf("%d TCX programs still on %s", n, e.tp.HostIfname)
 		}
 		return
 	}
@@ -546,6 +554,28 @@ func TestL7Redirect(t *testing.T) {
 			if err := dp.Detach(id); err != nil {
 				t.Fatal(err)
 			}
+		})
+	}
+}
+
+// TestDetachAfterVethRemoved covers the usual deletion order: the runtime removes the
+// container (and its veth) before egressd hears of it.
+func TestDetachAfterVethRemoved(t *testing.T) {
+	for _, mode := range backends {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newEnv(t, mode)
+			const id = "sbx-gone"
+			if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Learned4, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			dt.IP(t, "-n", e.tp.Host.Name, "link", "del", e.tp.HostIfname)
+			if err := e.dp.Detach(id); err != nil {
+				t.Fatalf("detach after the veth is gone: %v", err)
+			}
+			e.assertCleanNoIf(t, id)
 		})
 	}
 }
