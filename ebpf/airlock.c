@@ -1,0 +1,701 @@
+//go:build ignore
+
+// Airlock egress filter: TC programs on the host side of a sandbox's veth.
+//
+//   airlock_from_sbx  TCX ingress of the host veth = every packet the sandbox sends.
+//                     Verdict per packet: pass, or drop with an event.
+//   airlock_to_sbx    TCX egress of the host veth = every packet delivered to the
+//                     sandbox. Never drops; records inbound TCP connections (SYN) so
+//                     the sandbox's replies pass.
+//
+// Per-sandbox state lives in inner maps of array-of-maps indexed by the sandbox index
+// (rules4_of, rules6_of, learned_of); the sandbox is found by the veth's ifindex
+// (sbx_cfg). See README.md for the full contract.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+#define MAX_SANDBOXES 4096
+#define MAX_RULES 16
+#define MAX_ADDRS 4
+#define MAX_LEARNED 16384
+#define MAX_PREFIXES 4096
+
+// sbx_cfg.flags
+#define CFG_V6_BLOCK 1
+#define CFG_DEFAULT_ALLOW 2
+#define CFG_L7 4
+#define CFG_REPORT 8
+
+// flow_val.flags
+#define FLOW_INBOUND 1
+#define FLOW_REPORTED 2
+
+// event.kind
+#define EV_FLOW 1
+#define EV_DROP 2
+#define EV_WOULD_DROP 3
+
+// event.reason
+#define R_RULE_ALLOW 1
+#define R_LEARNED 2
+#define R_DEFAULT_ALLOW 3
+#define R_L7 4
+#define R_RULE_DENY 10
+#define R_DEFAULT_DENY 11
+#define R_DNS 12
+#define R_DOT 13
+#define R_V6_BLOCKED 14
+#define R_SPOOFED 15
+#define R_NO_CONFIG 16
+#define R_MALFORMED 17
+#define R_ETHERTYPE 18
+
+// stats index
+#define ST_PASS 0
+#define ST_DROP 1
+#define ST_FLOW_NEW 2
+#define ST_EVENTS_LOST 3
+#define ST_INBOUND 4
+#define ST_MAX 8
+
+#define ACT_ALLOW 1
+#define ACT_DENY 2
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+#define IPPROTO_ICMPV6_ 58
+
+// Set at load time from Go (rewritten .rodata).
+volatile const __u64 tcp_idle_ns = 3600ULL * 1000000000ULL;
+volatile const __u64 udp_idle_ns = 120ULL * 1000000000ULL;
+volatile const __u64 other_idle_ns = 30ULL * 1000000000ULL;
+volatile const __u64 drop_event_gap_ns = 1000000000ULL;
+volatile const __u32 l7_mark = 0x1a170000;
+volatile const __u32 l7_mark_mask = 0xffff0000;
+
+struct sbx_cfg {
+	__u32 idx;
+	__u32 gen;
+	__u32 flags;
+	__u32 resolver4;
+	__u8 resolver6[16];
+	__u32 addr4[MAX_ADDRS];
+	__u8 addr6[MAX_ADDRS][16];
+};
+
+struct sbx_meta {
+	__u8 id[64];
+	__u32 ifindex;
+	__u32 gen;
+	__u32 attach_mode;
+	__u32 pad;
+};
+
+struct rule_ent {
+	__u16 lo;
+	__u16 hi;
+	__u8 proto;
+	__u8 action;
+	__u16 id;
+};
+
+struct rule_val {
+	__u32 n;
+	__u32 pad;
+	struct rule_ent e[MAX_RULES];
+};
+
+struct lpm4_key {
+	__u32 prefixlen;
+	__u32 addr;
+};
+
+struct lpm6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct addr16 {
+	__u8 a[16];
+};
+
+struct learned_val {
+	__u64 expires_ns;
+};
+
+struct flow_key {
+	__u32 idx;
+	__u8 proto;
+	__u8 family;
+	__u16 lport;
+	__u16 rport;
+	__u16 pad;
+	__u8 raddr[16];
+};
+
+struct flow_val {
+	__u64 seen_ns;
+	__u32 gen;
+	__u32 flags;
+};
+
+struct event {
+	__u64 ts_ns;
+	__u32 idx;
+	__u32 gen;
+	__u8 kind;
+	__u8 reason;
+	__u8 proto;
+	__u8 family;
+	__u16 sport;
+	__u16 dport;
+	__u16 rule;
+	__u16 pad;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct sbx_counters {
+	__u64 pass;
+	__u64 drop;
+	__u64 flows;
+};
+
+// Force BTF for types only userspace uses.
+const struct event *unused_event __attribute__((unused));
+const struct sbx_meta *unused_meta __attribute__((unused));
+const struct rule_val *unused_rule_val __attribute__((unused));
+const struct lpm4_key *unused_lpm4 __attribute__((unused));
+const struct lpm6_key *unused_lpm6 __attribute__((unused));
+const struct learned_val *unused_learned __attribute__((unused));
+const struct addr16 *unused_addr16 __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32); // host veth ifindex
+	__type(value, struct sbx_cfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cfg_by_ifindex SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32); // sandbox index
+	__type(value, struct sbx_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} meta_by_idx SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__uint(max_entries, MAX_PREFIXES);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+		__uint(key_size, sizeof(struct lpm4_key));
+		__uint(value_size, sizeof(struct rule_val));
+	});
+} rules4_of SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+		__uint(max_entries, MAX_PREFIXES);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+		__uint(key_size, sizeof(struct lpm6_key));
+		__uint(value_size, sizeof(struct rule_val));
+	});
+} rules6_of SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_HASH);
+		__uint(max_entries, MAX_LEARNED);
+		__uint(map_flags, BPF_F_NO_PREALLOC);
+		__uint(key_size, sizeof(struct addr16)); // IPv4-mapped or IPv6 address
+		__uint(value_size, sizeof(struct learned_val));
+	});
+} learned_of SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct flow_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} drop_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, ST_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u32);
+	__type(value, struct sbx_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sbx_stats SEC(".maps");
+
+// pkt is the parsed view of one packet; addresses are 16 bytes (IPv4-mapped for v4).
+struct pkt {
+	__u8 family; // 4 or 6
+	__u8 proto;
+	__u8 frag;      // non-first fragment: no L4 header
+	__u8 tcp_flags;
+	__u8 icmp_type;
+	__u8 pad[3];
+	__u16 sport; // host order
+	__u16 dport;
+	__u32 saddr4; // network order (v4 only)
+	__u32 daddr4;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+static __always_inline void count(__u32 i)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &i);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void map4(__u8 *dst, __u32 a)
+{
+	__builtin_memset(dst, 0, 10);
+	dst[10] = 0xff;
+	dst[11] = 0xff;
+	__builtin_memcpy(dst + 12, &a, 4);
+}
+
+static __always_inline int addr6_eq(const __u8 *a, const __u8 *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+static __always_inline int addr6_zero(const __u8 *a)
+{
+	const __u64 *x = (const __u64 *)a;
+	return x[0] == 0 && x[1] == 0;
+}
+
+static __always_inline int load_l4(struct __sk_buff *skb, __u32 off, struct pkt *p)
+{
+	if (p->frag)
+		return 0;
+	if (p->proto == IPPROTO_TCP) {
+		__u8 h[14];
+		if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) < 0)
+			return -1;
+		p->sport = (h[0] << 8) | h[1];
+		p->dport = (h[2] << 8) | h[3];
+		p->tcp_flags = h[13];
+	} else if (p->proto == IPPROTO_UDP) {
+		__u8 h[4];
+		if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) < 0)
+			return -1;
+		p->sport = (h[0] << 8) | h[1];
+		p->dport = (h[2] << 8) | h[3];
+	} else if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6_) {
+		__u8 t;
+		if (bpf_skb_load_bytes(skb, off, &t, 1) < 0)
+			return -1;
+		p->icmp_type = t;
+	}
+	return 0;
+}
+
+// parse fills p from the packet; returns 1 for a packet to verdict, 0 for ARP (pass),
+// negative with a drop reason otherwise.
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__u16 proto = bpf_ntohs(skb->protocol);
+	if (proto == ETH_P_ARP)
+		return 0;
+	if (proto == ETH_P_IP) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.ihl < 5)
+			return -R_MALFORMED;
+		p->family = 4;
+		p->proto = ip.protocol;
+		p->saddr4 = ip.saddr;
+		p->daddr4 = ip.daddr;
+		map4(p->saddr, ip.saddr);
+		map4(p->daddr, ip.daddr);
+		p->frag = (bpf_ntohs(ip.frag_off) & 0x1fff) != 0;
+		if (load_l4(skb, ETH_HLEN + ip.ihl * 4, p) < 0)
+			return -R_MALFORMED;
+		return 1;
+	}
+	if (proto == ETH_P_IPV6) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return -R_MALFORMED;
+		p->family = 6;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		__u8 next = ip6.nexthdr;
+		__u32 off = ETH_HLEN + sizeof(ip6);
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			if (next == 0 || next == 43 || next == 60) { // hop-by-hop, routing, dest opts
+				__u8 h[2];
+				if (bpf_skb_load_bytes(skb, off, h, 2) < 0)
+					return -R_MALFORMED;
+				next = h[0];
+				off += (h[1] + 1) * 8;
+			} else if (next == 44) { // fragment
+				__u8 h[4];
+				if (bpf_skb_load_bytes(skb, off, h, 4) < 0)
+					return -R_MALFORMED;
+				next = h[0];
+				if ((((h[2] << 8) | h[3]) & 0xfff8) != 0)
+					p->frag = 1;
+				off += 8;
+			} else {
+				break;
+			}
+		}
+		p->proto = next;
+		if (load_l4(skb, off, p) < 0)
+			return -R_MALFORMED;
+		return 1;
+	}
+	return -R_ETHERTYPE;
+}
+
+static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, __u8 reason,
+				 __u16 rule)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(ST_EVENTS_LOST);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->idx = cfg ? cfg->idx : 0xffffffff;
+	e->gen = cfg ? cfg->gen : 0;
+	e->kind = kind;
+	e->reason = reason;
+	e->proto = p->proto;
+	e->family = p->family;
+	e->sport = p->sport;
+	e->dport = p->dport;
+	e->rule = rule;
+	e->pad = 0;
+	__builtin_memcpy(e->saddr, p->saddr, 16);
+	__builtin_memcpy(e->daddr, p->daddr, 16);
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void fill_key(struct flow_key *k, __u32 idx, struct pkt *p)
+{
+	k->idx = idx;
+	k->proto = p->proto;
+	k->family = p->family;
+	k->lport = p->sport;
+	k->rport = p->dport;
+	k->pad = 0;
+	__builtin_memcpy(k->raddr, p->daddr, 16);
+}
+
+static __always_inline __u64 idle_for(__u8 proto)
+{
+	if (proto == IPPROTO_TCP)
+		return tcp_idle_ns;
+	if (proto == IPPROTO_UDP)
+		return udp_idle_ns;
+	return other_idle_ns;
+}
+
+static __always_inline void sbx_count(__u32 idx, int drop, int flow)
+{
+	struct sbx_counters *c = bpf_map_lookup_elem(&sbx_stats, &idx);
+	if (!c)
+		return;
+	if (drop)
+		c->drop++;
+	else
+		c->pass++;
+	if (flow)
+		c->flows++;
+}
+
+// drop counts and reports a dropped packet (at most one event per 5-tuple per
+// drop_event_gap_ns) and returns TC_ACT_SHOT.
+static __always_inline int drop(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+{
+	count(ST_DROP);
+	if (cfg)
+		sbx_count(cfg->idx, 1, 0);
+	struct flow_key k = {};
+	fill_key(&k, cfg ? cfg->idx : 0xffffffff, p);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *last = bpf_map_lookup_elem(&drop_seen, &k);
+	if (last && now - *last < drop_event_gap_ns)
+		return TC_ACT_SHOT;
+	bpf_map_update_elem(&drop_seen, &k, &now, BPF_ANY);
+	emit(cfg, p, EV_DROP, reason, rule);
+	return TC_ACT_SHOT;
+}
+
+// lookup_rules returns ACT_ALLOW/ACT_DENY for the first matching static rule, 0 if none.
+static __always_inline int lookup_rules(struct sbx_cfg *cfg, struct pkt *p, __u16 *rule)
+{
+	struct rule_val *rv = 0;
+	if (p->family == 4) {
+		void *inner = bpf_map_lookup_elem(&rules4_of, &cfg->idx);
+		if (!inner)
+			return 0;
+		struct lpm4_key k = {.prefixlen = 32, .addr = p->daddr4};
+		rv = bpf_map_lookup_elem(inner, &k);
+	} else {
+		void *inner = bpf_map_lookup_elem(&rules6_of, &cfg->idx);
+		if (!inner)
+			return 0;
+		struct lpm6_key k = {.prefixlen = 128};
+		__builtin_memcpy(k.addr, p->daddr, 16);
+		rv = bpf_map_lookup_elem(inner, &k);
+	}
+	if (!rv)
+		return 0;
+	__u32 n = rv->n;
+	for (int i = 0; i < MAX_RULES; i++) {
+		if (i >= n)
+			break;
+		struct rule_ent *e = &rv->e[i];
+		if (e->proto != 0 && e->proto != p->proto)
+			continue;
+		if (!p->frag && (p->dport < e->lo || p->dport > e->hi))
+			continue;
+		*rule = e->id;
+		return e->action;
+	}
+	return 0;
+}
+
+static __always_inline int learned(struct sbx_cfg *cfg, struct pkt *p)
+{
+	void *inner = bpf_map_lookup_elem(&learned_of, &cfg->idx);
+	if (!inner)
+		return 0;
+	struct addr16 key;
+	__builtin_memcpy(key.a, p->daddr, 16);
+	struct learned_val *v = bpf_map_lookup_elem(inner, &key);
+	return v && v->expires_ns > bpf_ktime_get_ns();
+}
+
+static __always_inline int src_ok(struct sbx_cfg *cfg, struct pkt *p)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_ADDRS; i++) {
+		if (p->family == 4) {
+			if (cfg->addr4[i] != 0 && cfg->addr4[i] == p->saddr4)
+				return 1;
+		} else if (!addr6_zero(cfg->addr6[i]) && addr6_eq(cfg->addr6[i], p->saddr)) {
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int is_resolver(struct sbx_cfg *cfg, struct pkt *p)
+{
+	if (p->family == 4)
+		return cfg->resolver4 != 0 && cfg->resolver4 == p->daddr4;
+	return !addr6_zero(cfg->resolver6) && addr6_eq(cfg->resolver6, p->daddr);
+}
+
+// deny applies report mode: a policy drop becomes a pass with a would-drop event.
+static __always_inline int deny(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+{
+	if (!(cfg->flags & CFG_REPORT))
+		return drop(cfg, p, reason, rule);
+	struct flow_key k = {};
+	fill_key(&k, cfg->idx, p);
+	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen, .flags = FLOW_REPORTED};
+	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
+	count(ST_PASS);
+	sbx_count(cfg->idx, 0, 1);
+	emit(cfg, p, EV_WOULD_DROP, reason, rule);
+	return TC_ACT_OK;
+}
+
+static __always_inline int allow_new(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+{
+	struct flow_key k = {};
+	fill_key(&k, cfg->idx, p);
+	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen};
+	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
+	count(ST_PASS);
+	count(ST_FLOW_NEW);
+	sbx_count(cfg->idx, 0, 1);
+	emit(cfg, p, EV_FLOW, reason, rule);
+	return TC_ACT_OK;
+}
+
+static __always_inline int pass(struct sbx_cfg *cfg)
+{
+	count(ST_PASS);
+	sbx_count(cfg->idx, 0, 0);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int airlock_from_sbx(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int r = parse(skb, &p);
+	if (r == 0)
+		return TC_ACT_OK; // ARP
+
+	__u32 ifindex = skb->ifindex;
+	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, &ifindex);
+	if (!cfg)
+		return drop(0, &p, R_NO_CONFIG, 0);
+	if (r < 0)
+		return drop(cfg, &p, -r, 0);
+
+	// Neighbour discovery (RS, RA, NS, NA, redirect) keeps the link working.
+	if (p.family == 6 && p.proto == IPPROTO_ICMPV6_ && p.icmp_type >= 133 && p.icmp_type <= 137)
+		return pass(cfg);
+	if (!src_ok(cfg, &p))
+		return drop(cfg, &p, R_SPOOFED, 0);
+
+	int l4 = p.proto == IPPROTO_TCP || p.proto == IPPROTO_UDP;
+	if (l4 && !p.frag && p.dport == 53) {
+		if (is_resolver(cfg, &p))
+			return pass(cfg);
+		return deny(cfg, &p, R_DNS, 0);
+	}
+	if (l4 && !p.frag && p.dport == 853)
+		return deny(cfg, &p, R_DOT, 0);
+	if (p.family == 6 && (cfg->flags & CFG_V6_BLOCK))
+		return deny(cfg, &p, R_V6_BLOCKED, 0);
+
+	struct flow_key k = {};
+	fill_key(&k, cfg->idx, &p);
+	struct flow_val *fv = bpf_map_lookup_elem(&flows, &k);
+	if (fv && fv->gen == cfg->gen) {
+		__u64 now = bpf_ktime_get_ns();
+		if (now - fv->seen_ns < idle_for(p.proto)) {
+			if (now - fv->seen_ns > 1000000000ULL)
+				fv->seen_ns = now;
+			return pass(cfg);
+		}
+	}
+
+	// Echo replies answer an inbound ping.
+	if ((p.proto == IPPROTO_ICMP && p.icmp_type == 0) ||
+	    (p.proto == IPPROTO_ICMPV6_ && p.icmp_type == 129))
+		return pass(cfg);
+
+	__u16 rule = 0;
+	int act = lookup_rules(cfg, &p, &rule);
+	if (act == ACT_ALLOW)
+		return allow_new(cfg, &p, R_RULE_ALLOW, rule);
+	if (act == ACT_DENY)
+		return deny(cfg, &p, R_RULE_DENY, rule);
+
+	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443)) {
+		skb->mark = (skb->mark & ~l7_mark_mask) | l7_mark;
+		return pass(cfg);
+	}
+	if (learned(cfg, &p))
+		return allow_new(cfg, &p, R_LEARNED, 0);
+	if (cfg->flags & CFG_DEFAULT_ALLOW)
+		return allow_new(cfg, &p, R_DEFAULT_ALLOW, 0);
+	return deny(cfg, &p, R_DEFAULT_DENY, 0);
+}
+
+SEC("tc")
+int airlock_to_sbx(struct __sk_buff *skb)
+{
+	// Fast path: only a TCP SYN without ACK (an inbound connection) needs work; read
+	// just the protocol and flags before any map lookup.
+	__u16 eth = bpf_ntohs(skb->protocol);
+	__u8 b[2];
+	__u32 l4off;
+	if (eth == ETH_P_IP) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, b, 1) < 0)
+			return TC_ACT_OK;
+		l4off = ETH_HLEN + (b[0] & 0x0f) * 4;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 9, b, 1) < 0)
+			return TC_ACT_OK;
+	} else if (eth == ETH_P_IPV6) {
+		l4off = ETH_HLEN + sizeof(struct ipv6hdr);
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 6, b, 1) < 0)
+			return TC_ACT_OK;
+	} else {
+		return TC_ACT_OK;
+	}
+	if (b[0] != IPPROTO_TCP || bpf_skb_load_bytes(skb, l4off + 13, b + 1, 1) < 0)
+		return TC_ACT_OK;
+	if ((b[1] & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return TC_ACT_OK;
+
+	__u32 ifindex = skb->ifindex;
+	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, &ifindex);
+	if (!cfg)
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, &p) != 1 || p.proto != IPPROTO_TCP || p.frag)
+		return TC_ACT_OK;
+	if ((p.tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return TC_ACT_OK;
+	// From the sandbox's side: local port = destination here, remote = source.
+	struct flow_key k = {
+		.idx = cfg->idx,
+		.proto = IPPROTO_TCP,
+		.family = p.family,
+		.lport = p.dport,
+		.rport = p.sport,
+	};
+	__builtin_memcpy(k.raddr, p.saddr, 16);
+	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen, .flags = FLOW_INBOUND};
+	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
+	count(ST_INBOUND);
+	return TC_ACT_OK;
+}

@@ -1,0 +1,82 @@
+package egressbpf
+
+import (
+	"log/slog"
+	"time"
+)
+
+// DefaultPinRoot is where programs, links and maps are pinned.
+const DefaultPinRoot = "/sys/fs/bpf/airlock"
+
+// AttachMode selects how programs are hooked to a veth.
+type AttachMode uint32
+
+const (
+	// AttachAuto uses TCX links where the kernel has them (6.6+), clsact otherwise.
+	AttachAuto AttachMode = 0
+	// AttachTCX uses TCX links only.
+	AttachTCX AttachMode = 1
+	// AttachTC uses a clsact qdisc with direct-action cls_bpf filters.
+	AttachTC AttachMode = 2
+)
+
+// String returns "auto", "tcx" or "tc".
+func (m AttachMode) String() string {
+	switch m {
+	case AttachTCX:
+		return "tcx"
+	case AttachTC:
+		return "tc"
+	}
+	return "auto"
+}
+
+// Config configures the eBPF datapath. The zero value is usable.
+type Config struct {
+	// PinRoot is the bpffs directory for pinned state; default DefaultPinRoot. Tests
+	// use a directory of their own.
+	PinRoot string
+	// NetNS is the path of the network namespace holding the sandboxes' host-side
+	// veths (for example /var/run/netns/x); empty means the caller's.
+	NetNS string
+	// Attach selects TCX or clsact; default AttachAuto.
+	Attach AttachMode
+	// Idle timeouts of established flows; defaults 1h (TCP), 2m (UDP), 30s (other).
+	TCPIdle, UDPIdle, OtherIdle time.Duration
+	// L7Mark and L7MarkMask are the packet mark given to TCP 80/443 of sandboxes in
+	// L7 mode (the redirect rule matches it); default 0x1a170000/0xffff0000.
+	L7Mark, L7MarkMask uint32
+	// EventBuffer is the capacity of the Events channel; default 4096.
+	EventBuffer int
+	Logger      *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.PinRoot == "" {
+		c.PinRoot = DefaultPinRoot
+	}
+	if c.TCPIdle <= 0 {
+		c.TCPIdle = time.Hour
+	}
+	if c.UDPIdle <= 0 {
+		c.UDPIdle = 2 * time.Minute
+	}
+	if c.OtherIdle <= 0 {
+		c.OtherIdle = 30 * time.Second
+	}
+	if c.L7Mark == 0 {
+		c.L7Mark, c.L7MarkMask = DefaultL7Mark, DefaultL7MarkMask
+	}
+	if c.EventBuffer <= 0 {
+		c.EventBuffer = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Default L7 mark, shared with the nftables redirect chain.
+const (
+	DefaultL7Mark     = 0x1a170000
+	DefaultL7MarkMask = 0xffff0000
+)

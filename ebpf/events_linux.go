@@ -1,0 +1,135 @@
+package egressbpf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+)
+
+// Global counter indexes of the stats map (airlock.c ST_*).
+const (
+	stPass       = 0
+	stDrop       = 1
+	stFlowNew    = 2
+	stEventsLost = 3
+)
+
+// readEvents drains the ring buffer into the Events channel until Close.
+func (d *Datapath) readEvents() {
+	defer close(d.readerDone)
+	defer close(d.events)
+	var rec ringbuf.Record
+	for {
+		if err := d.rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, ringbuf.ErrClosed) {
+				return
+			}
+			d.log.Warn("ring buffer read failed", "err", err)
+			continue
+		}
+		var raw airlockEvent
+		if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
+			d.lostLocal.Add(1)
+			continue
+		}
+		select {
+		case d.events <- d.decode(&raw):
+		default:
+			d.lostLocal.Add(1)
+		}
+	}
+}
+
+func (d *Datapath) decode(r *airlockEvent) datapath.Event {
+	e := datapath.Event{
+		Time:   time.Now().Add(time.Duration(r.TsNs) - monoNow()),
+		Kind:   datapath.Kind(r.Kind),
+		Reason: datapath.Reason(r.Reason),
+		Proto:  datapath.Proto(r.Proto),
+		Src:    netip.AddrPortFrom(netip.AddrFrom16(r.Saddr).Unmap(), r.Sport),
+		Dst:    netip.AddrPortFrom(netip.AddrFrom16(r.Daddr).Unmap(), r.Dport),
+		Rule:   r.Rule,
+	}
+	if r.Family == 6 {
+		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)
+		e.Dst = netip.AddrPortFrom(netip.AddrFrom16(r.Daddr), r.Dport)
+	}
+	if id, ok := d.idCache.Load(cacheKey(r.Idx, r.Gen)); ok {
+		e.Sandbox = id.(string)
+	}
+	return e
+}
+
+// Stats implements datapath.Datapath. It iterates the flow table and each sandbox's
+// learned map.
+func (d *Datapath) Stats() (datapath.Stats, error) {
+	st := datapath.Stats{Backend: datapath.BackendEBPF, Sandboxes: map[string]datapath.SandboxStats{}}
+	global := make([]uint64, 8)
+	for i := range uint32(4) {
+		var per []uint64
+		if err := d.objs.Stats.Lookup(i, &per); err != nil {
+			return st, fmt.Errorf("read stats: %w", err)
+		}
+		for _, v := range per {
+			global[i] += v
+		}
+	}
+	st.Passed, st.Dropped, st.FlowsNew = global[stPass], global[stDrop], global[stFlowNew]
+	st.EventsLost = global[stEventsLost] + d.lostLocal.Load()
+
+	flows := map[uint32]int{}
+	var (
+		k airlockFlowKey
+		v airlockFlowVal
+	)
+	it := d.objs.Flows.Iterate()
+	for it.Next(&k, &v) {
+		flows[k.Idx]++
+		st.Flows++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("list flows: %w", err)
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.byID {
+		ss := datapath.SandboxStats{Rules: s.nRules, Flows: flows[s.idx]}
+		var per []airlockSbxCounters
+		if err := d.objs.SbxStats.Lookup(s.idx, &per); err == nil {
+			for _, c := range per {
+				ss.Passed += c.Pass
+				ss.Dropped += c.Drop
+				ss.FlowsNew += c.Flows
+			}
+		}
+		ss.Learned = countEntries(s.learned)
+		st.Sandboxes[s.id] = ss
+	}
+	return st, nil
+}
+
+func countEntries(m *ebpf.Map) int {
+	if m == nil {
+		return 0
+	}
+	var (
+		k [16]byte
+		v airlockLearnedVal
+		n int
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n
+}

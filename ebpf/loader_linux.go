@@ -1,0 +1,275 @@
+package egressbpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+)
+
+// Datapath is the eBPF implementation of datapath.Datapath. One value owns the loaded
+// programs, the pinned maps and the links; Close releases them but leaves enforcement
+// pinned.
+type Datapath struct {
+	cfg  Config
+	log  *slog.Logger
+	objs airlockObjects
+	ns   netnsRef
+
+	mu     sync.Mutex
+	byID   map[string]*sandbox
+	byIdx  map[uint32]*sandbox
+	closed bool
+
+	innerSpecs struct{ rules4, rules6, learned *ebpf.MapSpec }
+
+	events     chan datapath.Event
+	rd         *ringbuf.Reader
+	lostLocal  atomic.Uint64
+	readerDone chan struct{}
+	// idCache maps sandbox index+gen to id for the event reader without taking mu.
+	idCache sync.Map // uint64(idx<<32|gen) -> string
+}
+
+// sandbox is one attached sandbox as this process knows it.
+type sandbox struct {
+	id      string
+	idx     uint32
+	gen     uint32
+	ifindex int
+	ifname  string
+	mode    AttachMode
+	cfg     airlockSbxCfg
+	policy  datapath.Policy
+	known   bool // policy known (false for adopted sandboxes until Attach/Update)
+	learned *ebpf.Map
+	links   []link.Link // TCX: ingress, egress
+	nRules  int
+}
+
+// New loads the programs, creates or reuses the pinned maps under cfg.PinRoot and
+// adopts every sandbox attached by a previous process: their links are switched to
+// the newly loaded programs in place (no gap, no second hook). Errors wrap
+// datapath.ErrUnavailable when the kernel or privileges do not allow eBPF here.
+func New(cfg Config) (*Datapath, error) {
+	cfg.defaults()
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.PinRoot, "maps"), 0o700); err != nil {
+		return nil, fmt.Errorf("%w: pin root: %v", datapath.ErrUnavailable, err)
+	}
+	spec, err := loadAirlock()
+	if err != nil {
+		return nil, fmt.Errorf("load spec: %w", err)
+	}
+	consts := map[string]any{
+		"tcp_idle_ns":   uint64(cfg.TCPIdle),
+		"udp_idle_ns":   uint64(cfg.UDPIdle),
+		"other_idle_ns": uint64(cfg.OtherIdle),
+		"l7_mark":       cfg.L7Mark,
+		"l7_mark_mask":  cfg.L7MarkMask,
+	}
+	for name, v := range consts {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	d := &Datapath{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		ns:         netnsRef{path: cfg.NetNS},
+		byID:       map[string]*sandbox{},
+		byIdx:      map[uint32]*sandbox{},
+		events:     make(chan datapath.Event, cfg.EventBuffer),
+		readerDone: make(chan struct{}),
+	}
+	d.innerSpecs.rules4 = spec.Maps["rules4_of"].InnerMap
+	d.innerSpecs.rules6 = spec.Maps["rules6_of"].InnerMap
+	d.innerSpecs.learned = spec.Maps["learned_of"].InnerMap
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("pinned maps under %s are from an incompatible version (detach all sandboxes and remove the directory): %w", cfg.PinRoot, err)
+		}
+		if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
+			return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
+		}
+		return nil, fmt.Errorf("load programs: %w", err)
+	}
+	if err := d.pinPrograms(); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
+	if err := d.adopt(); err != nil {
+		d.closeHandles()
+		return nil, fmt.Errorf("adopt pinned sandboxes: %w", err)
+	}
+	rd, err := ringbuf.NewReader(d.objs.Events)
+	if err != nil {
+		d.closeHandles()
+		return nil, fmt.Errorf("ring buffer: %w", err)
+	}
+	d.rd = rd
+	go d.readEvents()
+	return d, nil
+}
+
+// Backend implements datapath.Datapath.
+func (d *Datapath) Backend() datapath.Backend { return datapath.BackendEBPF }
+
+// pinPrograms replaces the programs pinned under progs/ by the ones just loaded.
+func (d *Datapath) pinPrograms() error {
+	dir := filepath.Join(d.cfg.PinRoot, "progs")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, p := range map[string]*ebpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx} {
+		path := filepath.Join(dir, name)
+		_ = os.Remove(path)
+		if err := p.Pin(path); err != nil {
+			return fmt.Errorf("pin program %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// adopt rebuilds the registry from meta_by_idx and switches every adopted hook to the
+// programs this process loaded.
+func (d *Datapath) adopt() error {
+	var (
+		idx  uint32
+		meta airlockSbxMeta
+	)
+	it := d.objs.MetaByIdx.Iterate()
+	var adopted []*sandbox
+	for it.Next(&idx, &meta) {
+		s := &sandbox{
+			id:      cString(meta.Id[:]),
+			idx:     idx,
+			gen:     meta.Gen,
+			ifindex: int(meta.Ifindex),
+			mode:    AttachMode(meta.AttachMode),
+		}
+		adopted = append(adopted, s)
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, s := range adopted {
+		if err := d.objs.CfgByIfindex.Lookup(uint32(s.ifindex), &s.cfg); err != nil {
+			d.log.Warn("adopted sandbox has no interface config", "sandbox_id", s.id, "ifindex", s.ifindex, "err", err)
+		}
+		var id uint32
+		if err := d.objs.LearnedOf.Lookup(s.idx, &id); err == nil {
+			if m, err := ebpf.NewMapFromID(ebpf.MapID(id)); err == nil {
+				s.learned = m
+			}
+		}
+		if s.learned == nil {
+			return fmt.Errorf("sandbox %s: learned map missing", s.id)
+		}
+		if err := d.rehook(s); err != nil {
+			d.log.Warn("adopted sandbox hooks could not be refreshed", "sandbox_id", s.id, "err", err)
+		}
+		d.byID[s.id] = s
+		d.byIdx[s.idx] = s
+		d.idCache.Store(cacheKey(s.idx, s.gen), s.id)
+		d.log.Info("adopted sandbox", "sandbox_id", s.id, "ifindex", s.ifindex, "attach", s.mode.String())
+	}
+	return nil
+}
+
+// Attached implements datapath.Datapath.
+func (d *Datapath) Attached() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ids := make([]string, 0, len(d.byID))
+	for id := range d.byID {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Events implements datapath.Datapath.
+func (d *Datapath) Events() <-chan datapath.Event { return d.events }
+
+// Close implements datapath.Datapath: it stops the event reader and closes every
+// handle; pinned links and maps keep enforcing.
+func (d *Datapath) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	var errs []error
+	if d.rd != nil {
+		errs = append(errs, d.rd.Close())
+		<-d.readerDone
+	}
+	errs = append(errs, d.closeHandles())
+	return errors.Join(errs...)
+}
+
+func (d *Datapath) closeHandles() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.byID {
+		for _, l := range s.links {
+			l.Close()
+		}
+		s.links = nil
+		if s.learned != nil {
+			s.learned.Close()
+		}
+	}
+	return d.objs.Close()
+}
+
+func cString(b []byte) string {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
+func cacheKey(idx, gen uint32) uint64 { return uint64(idx)<<32 | uint64(gen) }
+
+// addr16 returns a's 16-byte form (IPv4-mapped for IPv4).
+func addr16(a netip.Addr) [16]byte { return a.As16() }
+
+// be32 returns an IPv4 address as the native-endian integer whose memory is the
+// address in network order (how the program compares it).
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// monoNow returns CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func monoNow() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+var _ datapath.Datapath = (*Datapath)(nil)

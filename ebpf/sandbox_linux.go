@@ -1,0 +1,401 @@
+package egressbpf
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+)
+
+// Flag bits of sbx_cfg.flags (airlock.c).
+const (
+	cfgV6Block     = 1
+	cfgDefaultAllw = 2
+	cfgL7          = 4
+	cfgReport      = 8
+)
+
+const (
+	flowInbound = 1
+	maxSbx      = 4096
+)
+
+// Attach implements datapath.Datapath.
+func (d *Datapath) Attach(spec datapath.Spec) error {
+	spec, err := datapath.ValidateSpec(spec)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("%w: closed", datapath.ErrUnavailable)
+	}
+	for _, o := range d.byID {
+		if o.id != spec.ID && o.ifindex == spec.HostIfindex {
+			return fmt.Errorf("%w: ifindex %d already belongs to sandbox %s", datapath.ErrInvalidSpec, spec.HostIfindex, o.id)
+		}
+	}
+	if s, ok := d.byID[spec.ID]; ok {
+		if s.ifindex == spec.HostIfindex {
+			return d.reattach(s, spec)
+		}
+		// A new interface (the sandbox was recreated): start over on it.
+		if err := d.detach(s); err != nil {
+			return err
+		}
+	}
+	return d.attachNew(spec)
+}
+
+func (d *Datapath) attachNew(spec datapath.Spec) (err error) {
+	idx, ok := d.freeIdx()
+	if !ok {
+		return fmt.Errorf("%w: %d sandboxes attached", datapath.ErrFull, maxSbx)
+	}
+	s := &sandbox{id: spec.ID, idx: idx, gen: randGen(), ifindex: spec.HostIfindex, ifname: spec.HostIfname}
+	defer func() {
+		if err != nil {
+			d.detach(s)
+		}
+	}()
+	s.learned, err = ebpf.NewMap(d.innerSpecs.learned)
+	if err != nil {
+		return fmt.Errorf("create learned map: %w", err)
+	}
+	if err := d.objs.LearnedOf.Put(idx, s.learned); err != nil {
+		return fmt.Errorf("install learned map: %w", err)
+	}
+	if err := d.installRules(s, spec.Policy); err != nil {
+		return err
+	}
+	if err := d.objs.SbxStats.Put(idx, make([]airlockSbxCounters, ebpf.MustPossibleCPU())); err != nil {
+		return fmt.Errorf("reset counters: %w", err)
+	}
+	meta := airlockSbxMeta{Ifindex: uint32(s.ifindex), Gen: s.gen}
+	copy(meta.Id[:], s.id)
+	// Config before hooks: the program never sees the veth without it.
+	s.cfg = buildCfg(s, spec)
+	if err := d.objs.CfgByIfindex.Put(uint32(s.ifindex), &s.cfg); err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	if err := d.hook(s); err != nil {
+		return err
+	}
+	meta.AttachMode = uint32(s.mode)
+	if err := d.objs.MetaByIdx.Put(idx, &meta); err != nil {
+		return fmt.Errorf("write meta: %w", err)
+	}
+	s.policy, s.known = spec.Policy, true
+	d.byID[s.id] = s
+	d.byIdx[idx] = s
+	d.idCache.Store(cacheKey(s.idx, s.gen), s.id)
+	return nil
+}
+
+// reattach updates an attached (possibly adopted) sandbox in place.
+func (d *Datapath) reattach(s *sandbox, spec datapath.Spec) error {
+	s.ifname = spec.HostIfname
+	if err := d.installRules(s, spec.Policy); err != nil {
+		return err
+	}
+	s.cfg = buildCfg(s, spec)
+	if err := d.objs.CfgByIfindex.Put(uint32(s.ifindex), &s.cfg); err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	s.policy, s.known = spec.Policy, true
+	if len(s.links) == 0 && s.mode != AttachTC {
+		if err := d.rehook(s); err != nil {
+			return err
+		}
+	}
+	return d.cutFlows(s, netip.Addr{})
+}
+
+func buildCfg(s *sandbox, spec datapath.Spec) airlockSbxCfg {
+	c := airlockSbxCfg{Idx: s.idx, Gen: s.gen, Flags: policyFlags(spec.Policy)}
+	var n4, n6 int
+	for _, a := range spec.Addrs {
+		if a.Is4() {
+			c.Addr4[n4] = be32(a)
+			n4++
+		} else {
+			c.Addr6[n6] = addr16(a)
+			n6++
+		}
+	}
+	for _, r := range spec.Resolvers {
+		if r.Is4() {
+			c.Resolver4 = be32(r)
+		} else {
+			c.Resolver6 = addr16(r)
+		}
+	}
+	return c
+}
+
+func policyFlags(p datapath.Policy) uint32 {
+	var f uint32
+	if p.IPv6 == datapath.IPv6Block {
+		f |= cfgV6Block
+	}
+	if p.Default == datapath.ActionAllow {
+		f |= cfgDefaultAllw
+	}
+	if p.L7 {
+		f |= cfgL7
+	}
+	if p.Report {
+		f |= cfgReport
+	}
+	return f
+}
+
+// installRules builds fresh LPM inner maps for p and swaps them in (one update per
+// family, atomic for the program).
+func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
+	table, err := datapath.CompilePrefixes(p.Rules)
+	if err != nil {
+		return err
+	}
+	m4, err := ebpf.NewMap(d.innerSpecs.rules4)
+	if err != nil {
+		return fmt.Errorf("create rules map: %w", err)
+	}
+	defer m4.Close()
+	m6, err := ebpf.NewMap(d.innerSpecs.rules6)
+	if err != nil {
+		return fmt.Errorf("create rules map: %w", err)
+	}
+	defer m6.Close()
+	for _, pr := range table {
+		var v airlockRuleVal
+		v.N = uint32(len(pr.Rules))
+		for i, r := range pr.Rules {
+			lo, hi := r.Ports.Bounds()
+			v.E[i].Lo, v.E[i].Hi, v.E[i].Proto, v.E[i].Id = lo, hi, uint8(r.Proto), r.ID
+			v.E[i].Action = 2 // ACT_DENY
+			if r.Action == datapath.ActionAllow {
+				v.E[i].Action = 1
+			}
+		}
+		a := pr.Prefix.Addr()
+		if a.Is4() {
+			err = m4.Put(airlockLpm4Key{Prefixlen: uint32(pr.Prefix.Bits()), Addr: be32(a)}, &v)
+		} else {
+			err = m6.Put(airlockLpm6Key{Prefixlen: uint32(pr.Prefix.Bits()), Addr: a.As16()}, &v)
+		}
+		if err != nil {
+			return fmt.Errorf("write rule %s: %w", pr.Prefix, err)
+		}
+	}
+	if err := d.objs.Rules4Of.Put(s.idx, m4); err != nil {
+		return fmt.Errorf("install rules: %w", err)
+	}
+	if err := d.objs.Rules6Of.Put(s.idx, m6); err != nil {
+		return fmt.Errorf("install rules: %w", err)
+	}
+	s.nRules = len(table)
+	return nil
+}
+
+// Update implements datapath.Datapath.
+func (d *Datapath) Update(id string, p datapath.Policy) error {
+	p, err := datapath.ValidatePolicy(p)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.byID[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	if err := d.installRules(s, p); err != nil {
+		return err
+	}
+	s.cfg.Flags = policyFlags(p)
+	if err := d.objs.CfgByIfindex.Put(uint32(s.ifindex), &s.cfg); err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	s.policy, s.known = p, true
+	return d.cutFlows(s, netip.Addr{})
+}
+
+// Learn implements datapath.Datapath: one lookup and one update of the sandbox's
+// learned map.
+func (d *Datapath) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() || ttl <= 0 {
+		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
+	}
+	d.mu.Lock()
+	s, ok := d.byID[id]
+	var m *ebpf.Map
+	if ok {
+		m = s.learned
+	}
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	key := addr16(addr)
+	exp := uint64(monoNow() + ttl)
+	var cur airlockLearnedVal
+	if err := m.Lookup(&key, &cur); err == nil && cur.ExpiresNs > exp {
+		return nil
+	}
+	if err := m.Put(&key, airlockLearnedVal{ExpiresNs: exp}); err != nil {
+		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
+			return fmt.Errorf("%w: sandbox %s learned table", datapath.ErrFull, id)
+		}
+		return fmt.Errorf("learn %s: %w", addr, err)
+	}
+	return nil
+}
+
+// Forget implements datapath.Datapath.
+func (d *Datapath) Forget(id string, addr netip.Addr) error {
+	addr = addr.Unmap()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.byID[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	key := addr16(addr)
+	if err := s.learned.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget %s: %w", addr, err)
+	}
+	return d.cutFlows(s, addr)
+}
+
+// cutFlows deletes the sandbox's outbound flows that its policy no longer allows
+// (only flows to only, when valid). Inbound flows and flows of unknown policy stay.
+func (d *Datapath) cutFlows(s *sandbox, only netip.Addr) error {
+	if !s.known {
+		return nil
+	}
+	now := uint64(monoNow())
+	var (
+		k    airlockFlowKey
+		v    airlockFlowVal
+		dead []airlockFlowKey
+	)
+	it := d.objs.Flows.Iterate()
+	for it.Next(&k, &v) {
+		if k.Idx != s.idx || v.Flags&flowInbound != 0 {
+			continue
+		}
+		dst := netip.AddrFrom16(k.Raddr).Unmap()
+		if only.IsValid() && dst != only {
+			continue
+		}
+		var lv airlockLearnedVal
+		learned := s.learned.Lookup(&k.Raddr, &lv) == nil && lv.ExpiresNs > now
+		if s.policy.Report || datapath.Allows(s.policy, dst, datapath.Proto(k.Proto), k.Rport, learned) {
+			continue
+		}
+		dead = append(dead, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list flows: %w", err)
+	}
+	for _, k := range dead {
+		if err := d.objs.Flows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("cut flow: %w", err)
+		}
+	}
+	return nil
+}
+
+// Detach implements datapath.Datapath.
+func (d *Datapath) Detach(id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.byID[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	return d.detach(s)
+}
+
+// detach removes hooks first (no packet runs without config), then config, inner maps,
+// counters, meta and the sandbox's flow and drop-suppression entries.
+func (d *Datapath) detach(s *sandbox) error {
+	var errs []error
+	if err := d.unhook(s); err != nil {
+		errs = append(errs, err)
+	}
+	ignore := func(err error) error {
+		if err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return err
+	}
+	var cur airlockSbxCfg
+	if d.objs.CfgByIfindex.Lookup(uint32(s.ifindex), &cur) == nil && cur.Idx == s.idx {
+		errs = append(errs, ignore(d.objs.CfgByIfindex.Delete(uint32(s.ifindex))))
+	}
+	for _, m := range []*ebpf.Map{d.objs.Rules4Of, d.objs.Rules6Of, d.objs.LearnedOf, d.objs.MetaByIdx} {
+		errs = append(errs, ignore(m.Delete(s.idx)))
+	}
+	if s.learned != nil {
+		s.learned.Close()
+		s.learned = nil
+	}
+	errs = append(errs, d.deleteByIdx(d.objs.Flows, s.idx, new(airlockFlowVal)), d.deleteByIdx(d.objs.DropSeen, s.idx, new(uint64)))
+	delete(d.byID, s.id)
+	delete(d.byIdx, s.idx)
+	d.idCache.Delete(cacheKey(s.idx, s.gen))
+	return errors.Join(errs...)
+}
+
+// deleteByIdx deletes every entry of a flow-keyed map that belongs to sandbox idx.
+func (d *Datapath) deleteByIdx(m *ebpf.Map, idx uint32, val any) error {
+	var (
+		k    airlockFlowKey
+		dead []airlockFlowKey
+	)
+	it := m.Iterate()
+	for it.Next(&k, val) {
+		if k.Idx == idx {
+			dead = append(dead, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range dead {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Datapath) freeIdx() (uint32, bool) {
+	for i := uint32(0); i < maxSbx; i++ {
+		if _, used := d.byIdx[i]; !used {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func randGen() uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	g := binary.NativeEndian.Uint32(b[:])
+	if g == 0 {
+		g = 1
+	}
+	return g
+}

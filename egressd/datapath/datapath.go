@@ -1,0 +1,239 @@
+// Package datapath defines the enforcement datapath that egressd drives: one Datapath
+// per node, one attached sandbox per host-side veth, two implementations (the eBPF
+// TC/TCX filter in package ebpf and the nftables filter in package egressd/nftfilter)
+// with the same packet semantics. Package egressd/enforcer picks one.
+//
+// Packet semantics (both backends), for every packet the sandbox sends:
+//
+//  1. ARP and IPv6 neighbour discovery pass.
+//  2. A source address that is not one of Spec.Addrs is dropped (ReasonSpoofed).
+//  3. UDP/TCP port 53 passes only to Spec.Resolvers; any other port 53 is dropped
+//     (ReasonDNS); port 853 (DoT/DoQ) is always dropped (ReasonDoT).
+//  4. IPv6 is dropped when Policy.IPv6 is IPv6Block (ReasonIPv6Blocked).
+//  5. A packet of an established flow passes: a flow is created by the first allowed
+//     packet, or by an inbound TCP connection (so replies to the gateway pass), and
+//     lives while packets keep flowing (idle timeouts, see each backend's README). A
+//     flow outlives the learned entry that allowed it.
+//  6. Otherwise the static rules are evaluated in order; the first rule whose prefix,
+//     protocol and port range match decides (allow or deny).
+//  7. With Policy.L7, TCP 80/443 is marked for redirection to the local L7 proxy
+//     (see L7 in the backend READMEs); the proxy reads the original destination.
+//  8. A live learned address (Learn, not yet expired) is allowed, on every port.
+//  9. Otherwise Policy.Default decides.
+//
+// In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
+// instead and is reported as KindWouldDrop. A new allowed flow is reported as KindFlow
+// and a drop as KindDrop (at most one drop event per 5-tuple per second).
+package datapath
+
+import (
+	"errors"
+	"net/netip"
+	"time"
+)
+
+// Datapath enforces sandbox egress policies on this node. All methods are safe for
+// concurrent use. Enforcement outlives the process: Close releases the handles but
+// leaves every attached sandbox enforced (fail closed); a new Datapath on the same
+// state root adopts them (Attached lists them) without a gap or a duplicate hook.
+type Datapath interface {
+	// Backend names the implementation in use.
+	Backend() Backend
+
+	// Attach starts enforcing spec on the sandbox's host-side veth. Attaching an id
+	// that is already attached (for example adopted after a restart) replaces its
+	// policy and addresses in place, keeping its learned entries and flows, with no
+	// moment without enforcement. Errors: ErrInvalidSpec (nothing changed), ErrFull,
+	// or a kernel error (nothing left behind).
+	Attach(spec Spec) error
+
+	// Update replaces the policy of an attached sandbox atomically: new packets see
+	// either the old or the new policy. Established flows that the new policy denies
+	// (neither a static allow nor a live learned entry) are cut. Errors:
+	// ErrUnknownSandbox, ErrInvalidSpec (nothing changed).
+	Update(id string, p Policy) error
+
+	// Learn allows new flows from sandbox id to addr (every port) until now+ttl. It is
+	// on the DNS answer path: one map or set update, no listing, target ≤ 100 µs p50.
+	// Learning a live address again extends it to the later expiry. IPv4-mapped IPv6
+	// addresses are unmapped. Errors: ErrUnknownSandbox, ErrInvalidSpec (ttl ≤ 0 or an
+	// invalid address), ErrFull (the sandbox's learned table is full).
+	Learn(id string, addr netip.Addr, ttl time.Duration) error
+
+	// Forget removes a learned address and cuts established flows to it that the
+	// static rules do not allow. Forgetting an unknown address is not an error.
+	Forget(id string, addr netip.Addr) error
+
+	// Detach stops enforcing on the sandbox and removes every hook, map entry, inner
+	// map, rule and set created for it. Detaching an unknown id returns
+	// ErrUnknownSandbox.
+	Detach(id string) error
+
+	// Attached lists the ids of the attached sandboxes, including those adopted from
+	// a previous process, sorted.
+	Attached() []string
+
+	// Events delivers new-flow, drop and would-drop events. The channel is closed by
+	// Close. Events that cannot be delivered (a full channel or a full kernel ring
+	// buffer) are counted in Stats.EventsLost, never blocking the datapath.
+	Events() <-chan Event
+
+	// Stats reads counters and table sizes. It lists kernel tables: not for hot paths.
+	Stats() (Stats, error)
+
+	// Close stops event delivery and releases handles. Enforcement stays in force.
+	Close() error
+}
+
+// Backend names a datapath implementation.
+type Backend string
+
+const (
+	BackendEBPF     Backend = "ebpf"
+	BackendNFTables Backend = "nftables"
+)
+
+// Spec is what Attach needs to enforce one sandbox.
+type Spec struct {
+	// ID is the sandbox id, 1 to 64 bytes.
+	ID string
+	// HostIfindex and HostIfname name the host side of the sandbox's veth (both
+	// required: eBPF attaches by index, nftables hooks by name).
+	HostIfindex int
+	HostIfname  string
+	// Addrs are the sandbox's own addresses (at most 4 per family); packets with any
+	// other source address are dropped.
+	Addrs []netip.Addr
+	// Resolvers are the only addresses DNS (port 53) may go to: egressd's DNS filter.
+	// At most one per family.
+	Resolvers []netip.Addr
+	Policy    Policy
+}
+
+// Policy is the compiled, address-level part of a sandbox's egress policy. Names are
+// handled by the DNS filter, which calls Learn for allowed answers.
+type Policy struct {
+	// Rules are evaluated in order, first match wins (OpenSandbox egress semantics).
+	// At most 16 rules may cover any one address.
+	Rules []Rule
+	// Default decides what no rule and no learned entry matched.
+	Default Action
+	// IPv6 selects whether IPv6 is filtered with the same semantics or fully blocked.
+	// The zero value blocks.
+	IPv6 IPv6Mode
+	// L7 marks TCP 80/443 that no static rule decided for the L7 proxy.
+	L7 bool
+	// Report passes what would be dropped and reports it (mode: report).
+	Report bool
+}
+
+// Rule is one static, address-level rule.
+type Rule struct {
+	// Prefix is the destination network (IPv4 or IPv6; a single address is a /32 or
+	// /128). Prefixes are masked.
+	Prefix netip.Prefix
+	// Proto restricts the rule to one protocol; ProtoAny matches every protocol.
+	Proto Proto
+	// Ports is the inclusive destination port range; the zero value matches every
+	// port. A rule with ports never matches ICMP.
+	Ports PortRange
+	// Action is ActionAllow or ActionDeny.
+	Action Action
+	// ID is reported back in events (Event.Rule) so audit can name the rule; 0 is
+	// "no id".
+	ID uint16
+}
+
+// PortRange is an inclusive port range. The zero value means every port.
+type PortRange struct {
+	First, Last uint16
+}
+
+// All reports whether r covers every port.
+func (r PortRange) All() bool {
+	return (r.First == 0 && r.Last == 0) || (r.First == 0 && r.Last == 65535)
+}
+
+// Bounds returns the range with the zero value expanded to 0-65535.
+func (r PortRange) Bounds() (uint16, uint16) {
+	if r.All() {
+		return 0, 65535
+	}
+	return r.First, r.Last
+}
+
+// Proto is an IP protocol number; ProtoAny (0) matches every protocol.
+type Proto uint8
+
+const (
+	ProtoAny    Proto = 0
+	ProtoICMP   Proto = 1
+	ProtoTCP    Proto = 6
+	ProtoUDP    Proto = 17
+	ProtoICMPv6 Proto = 58
+)
+
+// String returns the protocol's name ("tcp", "udp", "icmp", "icmpv6", "any") or its number.
+func (p Proto) String() string {
+	switch p {
+	case ProtoAny:
+		return "any"
+	case ProtoICMP:
+		return "icmp"
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	case ProtoICMPv6:
+		return "icmpv6"
+	}
+	return itoa(int(p))
+}
+
+// Action is a rule's or the default's verdict.
+type Action uint8
+
+const (
+	ActionDeny  Action = 0
+	ActionAllow Action = 1
+)
+
+// String returns "allow" or "deny".
+func (a Action) String() string {
+	if a == ActionAllow {
+		return "allow"
+	}
+	return "deny"
+}
+
+// IPv6Mode says how IPv6 is treated.
+type IPv6Mode uint8
+
+const (
+	// IPv6Block drops all IPv6 except neighbour discovery and DNS to the resolver.
+	IPv6Block IPv6Mode = 0
+	// IPv6Filter applies the same semantics as IPv4.
+	IPv6Filter IPv6Mode = 1
+)
+
+// Sentinel errors.
+var (
+	ErrInvalidSpec    = errors.New("datapath: invalid spec")
+	ErrUnknownSandbox = errors.New("datapath: unknown sandbox")
+	ErrFull           = errors.New("datapath: table full")
+	ErrUnavailable    = errors.New("datapath: backend unavailable")
+)
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [8]byte
+	i := len(b)
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}

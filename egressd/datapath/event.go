@@ -1,0 +1,125 @@
+package datapath
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Event is one datapath decision worth auditing.
+type Event struct {
+	// Time is when the kernel saw the packet (wall clock, converted from the
+	// monotonic clock for eBPF).
+	Time time.Time
+	// Sandbox is the sandbox id ("" when the packet came from an interface the
+	// datapath has no configuration for).
+	Sandbox string
+	Kind    Kind
+	Reason  Reason
+	Proto   Proto
+	Src     netip.AddrPort
+	Dst     netip.AddrPort
+	// Rule is the static rule's ID for ReasonRuleAllow/ReasonRuleDeny, else 0.
+	Rule uint16
+}
+
+// String renders the event for logs and test failures.
+func (e Event) String() string {
+	return fmt.Sprintf("%s %s %s %s %s->%s rule=%d", e.Sandbox, e.Kind, e.Reason, e.Proto, e.Src, e.Dst, e.Rule)
+}
+
+// Kind says what an event reports.
+type Kind uint8
+
+const (
+	KindFlow      Kind = 1 // a new flow was allowed
+	KindDrop      Kind = 2 // a packet was dropped
+	KindWouldDrop Kind = 3 // report mode: a packet that enforce mode would drop passed
+)
+
+// String returns "flow", "drop" or "would_drop".
+func (k Kind) String() string {
+	switch k {
+	case KindFlow:
+		return "flow"
+	case KindDrop:
+		return "drop"
+	case KindWouldDrop:
+		return "would_drop"
+	}
+	return "kind_" + itoa(int(k))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// Reason says why a packet was allowed or dropped. The numbers are shared with the
+// eBPF program (ebpf/airlock.c) and the nftables log prefixes.
+type Reason uint8
+
+const (
+	ReasonRuleAllow    Reason = 1  // a static allow rule matched
+	ReasonLearned      Reason = 2  // the destination was learned from DNS and is live
+	ReasonDefaultAllow Reason = 3  // nothing matched and the default is allow
+	ReasonRuleDeny     Reason = 10 // a static deny rule matched
+	ReasonDefaultDeny  Reason = 11 // nothing matched and the default is deny
+	ReasonDNS          Reason = 12 // port 53 to an address that is not the resolver
+	ReasonDoT          Reason = 13 // port 853
+	ReasonIPv6Blocked  Reason = 14 // IPv6 while the policy blocks it
+	ReasonSpoofed      Reason = 15 // source address is not the sandbox's
+	ReasonNoConfig     Reason = 16 // hooked interface with no sandbox configuration
+	ReasonMalformed    Reason = 17 // truncated or unparsable header
+	ReasonEthertype    Reason = 18 // neither ARP, IPv4 nor IPv6
+)
+
+var reasonNames = map[Reason]string{
+	ReasonRuleAllow: "rule_allow", ReasonLearned: "learned", ReasonDefaultAllow: "default_allow",
+	ReasonRuleDeny: "rule_deny", ReasonDefaultDeny: "default_deny", ReasonDNS: "dns_not_resolver",
+	ReasonDoT: "dot", ReasonIPv6Blocked: "ipv6_blocked", ReasonSpoofed: "spoofed_source",
+	ReasonNoConfig: "no_config", ReasonMalformed: "malformed", ReasonEthertype: "ethertype",
+}
+
+// Reasons lists every reason, for metrics label sets.
+func Reasons() []Reason {
+	var rs []Reason
+	for r := range reasonNames {
+		rs = append(rs, r)
+	}
+	slices.Sort(rs)
+	return rs
+}
+
+// String returns the reason's snake_case name.
+func (r Reason) String() string {
+	if s, ok := reasonNames[r]; ok {
+		return s
+	}
+	return "reason_" + itoa(int(r))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// Stats are counters since the state was created (they survive restarts for eBPF,
+// where they live in pinned maps) and current table sizes.
+type Stats struct {
+	Backend Backend
+	// Packets passed and dropped on all attached interfaces.
+	Passed, Dropped uint64
+	// FlowsNew counts new allowed flows; Flows is the current flow table size.
+	FlowsNew uint64
+	Flows    int
+	// EventsLost counts events lost in the kernel ring buffer or on a full Events
+	// channel.
+	EventsLost uint64
+	Sandboxes  map[string]SandboxStats
+}
+
+// SandboxStats are one sandbox's counters and table sizes.
+type SandboxStats struct {
+	Passed, Dropped, FlowsNew uint64
+	// Rules is the number of static prefixes programmed, Learned the number of
+	// learned addresses (live or expired but not yet collected), Flows the flows.
+	Rules, Learned, Flows int
+}

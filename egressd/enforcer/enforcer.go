@@ -1,0 +1,250 @@
+// Package enforcer builds the node's egress datapath: the eBPF backend when it loads
+// and attaches, the nftables backend otherwise (or when configured), behind the one
+// datapath.Datapath interface egressd uses. With the automatic choice a sandbox whose
+// eBPF attach fails is attached with nftables instead; a sandbox is always enforced by
+// exactly one backend (a failed eBPF attach leaves nothing behind).
+package enforcer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
+)
+
+// Mode selects the backend.
+type Mode string
+
+const (
+	ModeAuto     Mode = "auto"
+	ModeEBPF     Mode = "ebpf"
+	ModeNFTables Mode = "nftables"
+)
+
+// DefaultLogGroup is the NFLOG group the nftables backend reports events on unless
+// Config.NFT.LogGroup says otherwise.
+const DefaultLogGroup = 161
+
+// Config configures the datapath.
+type Config struct {
+	// Mode is auto (default), ebpf or nftables.
+	Mode Mode
+	// NetNS is the network namespace of the veths ("" = the caller's); it overrides
+	// the backends' own NetNS.
+	NetNS string
+	EBPF  egressbpf.Config
+	NFT   nftfilter.Config
+	// L7ProxyPort, when set, installs the l7_redirect chain sending marked TCP
+	// (sandboxes in L7 mode, TCP 80/443) to this local port.
+	L7ProxyPort uint16
+	Logger      *slog.Logger
+}
+
+// New returns the datapath for cfg. In auto mode an eBPF load failure falls back to
+// nftables for every sandbox; an eBPF attach failure falls back for that sandbox.
+func New(cfg Config) (datapath.Datapath, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeAuto
+	}
+	if cfg.NetNS != "" {
+		cfg.EBPF.NetNS, cfg.NFT.NetNS = cfg.NetNS, cfg.NetNS
+	}
+	if cfg.EBPF.Logger == nil {
+		cfg.EBPF.Logger = cfg.Logger.With("backend", "ebpf")
+	}
+	if cfg.NFT.LogGroup == 0 {
+		cfg.NFT.LogGroup = DefaultLogGroup
+	}
+	if cfg.NFT.Logger == nil {
+		cfg.NFT.Logger = cfg.Logger.With("backend", "nftables")
+	}
+	if cfg.L7ProxyPort != 0 {
+		mark, mask := cfg.EBPF.L7Mark, cfg.EBPF.L7MarkMask
+		if mark == 0 {
+			mark, mask = egressbpf.DefaultL7Mark, egressbpf.DefaultL7MarkMask
+		}
+		cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
+		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Port: cfg.L7ProxyPort, Mark: mark, Mask: mask}); err != nil {
+			return nil, err
+		}
+	}
+	switch cfg.Mode {
+	case ModeEBPF:
+		return egressbpf.New(cfg.EBPF)
+	case ModeNFTables:
+		return nftfilter.New(cfg.NFT)
+	case ModeAuto:
+	default:
+		return nil, fmt.Errorf("%w: datapath mode %q (auto, ebpf, nftables)", datapath.ErrInvalidSpec, cfg.Mode)
+	}
+	nft, err := nftfilter.New(cfg.NFT)
+	if err != nil {
+		nft = nil
+		cfg.Logger.Warn("nftables backend unavailable", "err", err)
+	}
+	bpf, err := egressbpf.New(cfg.EBPF)
+	if err != nil {
+		if nft == nil {
+			return nil, fmt.Errorf("no datapath backend: %w", err)
+		}
+		cfg.Logger.Warn("ebpf unavailable, using nftables", "err", err)
+		return nft, nil
+	}
+	if nft == nil {
+		return bpf, nil
+	}
+	return newFallback(bpf, nft, cfg.Logger), nil
+}
+
+// fallback routes each sandbox to the backend that attached it: eBPF first, nftables
+// when the eBPF attach fails for a reason other than a bad spec.
+type fallback struct {
+	primary, secondary datapath.Datapath
+	log                *slog.Logger
+
+	mu    sync.Mutex
+	owner map[string]datapath.Datapath
+
+	events chan datapath.Event
+	wg     sync.WaitGroup
+}
+
+func newFallback(primary, secondary datapath.Datapath, log *slog.Logger) *fallback {
+	f := &fallback{primary: primary, secondary: secondary, log: log, owner: map[string]datapath.Datapath{}, events: make(chan datapath.Event, 4096)}
+	for _, id := range secondary.Attached() {
+		f.owner[id] = secondary
+	}
+	for _, id := range primary.Attached() {
+		f.owner[id] = primary
+	}
+	for _, b := range []datapath.Datapath{primary, secondary} {
+		f.wg.Go(func() {
+			for ev := range b.Events() {
+				f.events <- ev
+			}
+		})
+	}
+	go func() { f.wg.Wait(); close(f.events) }()
+	return f
+}
+
+func (f *fallback) Backend() datapath.Backend { return f.primary.Backend() }
+
+func (f *fallback) Attach(spec datapath.Spec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b, ok := f.owner[spec.ID]; ok {
+		return b.Attach(spec)
+	}
+	err := f.primary.Attach(spec)
+	if err == nil {
+		f.owner[spec.ID] = f.primary
+		return nil
+	}
+	if errors.Is(err, datapath.ErrInvalidSpec) {
+		return err
+	}
+	f.log.Warn("ebpf attach failed, using nftables for this sandbox", "sandbox_id", spec.ID, "err", err)
+	if err2 := f.secondary.Attach(spec); err2 != nil {
+		return errors.Join(err, err2)
+	}
+	f.owner[spec.ID] = f.secondary
+	return nil
+}
+
+func (f *fallback) get(id string) (datapath.Datapath, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.owner[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	return b, nil
+}
+
+func (f *fallback) Update(id string, p datapath.Policy) error {
+	b, err := f.get(id)
+	if err != nil {
+		return err
+	}
+	return b.Update(id, p)
+}
+
+func (f *fallback) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+	b, err := f.get(id)
+	if err != nil {
+		return err
+	}
+	return b.Learn(id, addr, ttl)
+}
+
+func (f *fallback) Forget(id string, addr netip.Addr) error {
+	b, err := f.get(id)
+	if err != nil {
+		return err
+	}
+	return b.Forget(id, addr)
+}
+
+func (f *fallback) Detach(id string) error {
+	b, err := f.get(id)
+	if err != nil {
+		return err
+	}
+	if err := b.Detach(id); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	delete(f.owner, id)
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fallback) Attached() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := make([]string, 0, len(f.owner))
+	for id := range f.owner {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (f *fallback) Events() <-chan datapath.Event { return f.events }
+
+func (f *fallback) Stats() (datapath.Stats, error) {
+	a, err := f.primary.Stats()
+	if err != nil {
+		return a, err
+	}
+	b, err := f.secondary.Stats()
+	if err != nil {
+		return a, err
+	}
+	a.Passed += b.Passed
+	a.Dropped += b.Dropped
+	a.FlowsNew += b.FlowsNew
+	a.Flows += b.Flows
+	a.EventsLost += b.EventsLost
+	for id, s := range b.Sandboxes {
+		a.Sandboxes[id] = s
+	}
+	return a, nil
+}
+
+func (f *fallback) Close() error {
+	return errors.Join(f.primary.Close(), f.secondary.Close())
+}
+
+var _ datapath.Datapath = (*fallback)(nil)

@@ -1,0 +1,553 @@
+// Package nftfilter is Airlock's nftables egress datapath: the semantics of package
+// egressd/datapath in an `inet airlock` table, one ingress base chain per sandbox hooked
+// on its host-side veth, per-sandbox sets (source and resolver addresses, learned
+// addresses with element timeouts, flows with idle timeouts) and named counters, all
+// programmed over netlink with github.com/google/nftables (nft is never executed).
+// It also owns the L7 redirect chain both backends use. README.md has the layout.
+package nftfilter
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+)
+
+// TableName is the inet table holding everything this package creates.
+const TableName = "airlock"
+
+// Config configures the nftables datapath. The zero value is usable.
+type Config struct {
+	// NetNS is the path of the network namespace holding the veths; empty means the
+	// caller's.
+	NetNS string
+	// FlowIdle is how long a flow lives without packets; default 1h.
+	FlowIdle time.Duration
+	// L7Mark and L7MarkMask are the mark given to TCP 80/443 of L7 sandboxes; default
+	// 0x1a170000/0xffff0000 (the same as the eBPF backend).
+	L7Mark, L7MarkMask uint32
+	// LogGroup is the NFLOG group events are sent to; 0 disables events.
+	LogGroup uint16
+	// EventBuffer is the capacity of the Events channel; default 4096.
+	EventBuffer int
+	Logger      *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.FlowIdle <= 0 {
+		c.FlowIdle = time.Hour
+	}
+	if c.L7Mark == 0 {
+		c.L7Mark, c.L7MarkMask = 0x1a170000, 0xffff0000
+	}
+	if c.EventBuffer <= 0 {
+		c.EventBuffer = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Filter is the nftables implementation of datapath.Datapath.
+type Filter struct {
+	cfg   Config
+	log   *slog.Logger
+	conn  *nftables.Conn
+	nsFd  *os.File
+	table *nftables.Table
+
+	mu     sync.Mutex
+	sbx    map[string]*sandbox
+	closed bool
+
+	events    chan datapath.Event
+	lostLocal atomic.Uint64
+	nflog     *nflogReader
+}
+
+type sandbox struct {
+	id     string
+	ifname string
+	policy datapath.Policy
+	known  bool
+	// expiry mirrors the learned sets' expiries written by this process, so that a
+	// shorter ttl never shortens a live entry (re-adding an element resets its timeout).
+	expiry map[netip.Addr]time.Time
+}
+
+// New connects to nftables (in cfg.NetNS), creates the airlock table if needed and
+// adopts the sandbox chains already in it. Errors wrap datapath.ErrUnavailable when
+// nftables cannot be used.
+func New(cfg Config) (*Filter, error) {
+	cfg.defaults()
+	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if cfg.NetNS != "" {
+		fd, err := os.Open(cfg.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("%w: netns: %v", datapath.ErrUnavailable, err)
+		}
+		f.nsFd = fd
+		opts = append(opts, nftables.WithNetNSFd(int(fd.Fd())))
+	}
+	conn, err := nftables.New(opts...)
+	if err != nil {
+		f.closeFd()
+		return nil, fmt.Errorf("%w: netlink: %v", datapath.ErrUnavailable, err)
+	}
+	f.conn = conn
+	f.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	conn.AddTable(f.table)
+	if err := conn.Flush(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: create table: %v", datapath.ErrUnavailable, err)
+	}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name != TableName || !strings.HasPrefix(c.Name, "sbx_") {
+			continue
+		}
+		id := strings.TrimPrefix(c.Name, "sbx_")
+		s := &sandbox{id: id}
+		// The hook device is not listed back: the first rule's user data carries it.
+		if rules, err := conn.GetRules(f.table, c); err == nil && len(rules) > 0 {
+			s.ifname = strings.TrimPrefix(string(rules[0].UserData), ifnameTag)
+		}
+		f.sbx[id] = s
+		f.log.Info("adopted sandbox", "sandbox_id", id, "ifname", s.ifname)
+	}
+	if cfg.LogGroup != 0 {
+		r, err := newNflogReader(cfg.NetNS, cfg.LogGroup, f.deliver)
+		if err != nil {
+			f.log.Warn("nflog events unavailable", "err", err)
+		} else {
+			f.nflog = r
+		}
+	}
+	if f.nflog == nil {
+		close(f.events)
+	}
+	return f, nil
+}
+
+// Backend implements datapath.Datapath.
+func (f *Filter) Backend() datapath.Backend { return datapath.BackendNFTables }
+
+func (f *Filter) set(name string, key nftables.SetDatatype) *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: name, KeyType: key}
+}
+
+// sandboxSets returns the sandbox's sets with their definitions.
+func (f *Filter) sandboxSets(id string) []*nftables.Set {
+	var out []*nftables.Set
+	for _, fm := range []fam{v4, v6} {
+		addr := nftables.TypeIPAddr
+		if fm == v6 {
+			addr = nftables.TypeIP6Addr
+		}
+		flowType, _ := nftables.ConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
+		out = append(out,
+			&nftables.Set{Table: f.table, Name: srcSet(fm, id), KeyType: addr},
+			&nftables.Set{Table: f.table, Name: resSet(fm, id), KeyType: addr},
+			&nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addr, HasTimeout: true, Size: datapath.MaxLearnedPerSbx},
+			&nftables.Set{Table: f.table, Name: flowSet(fm, id), KeyType: flowType, Concatenation: true, HasTimeout: true, Dynamic: true, Timeout: f.cfg.FlowIdle, Size: 65535},
+		)
+	}
+	return out
+}
+
+func addrElems(addrs []netip.Addr, is4 bool) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, a := range addrs {
+		if a.Is4() == is4 {
+			out = append(out, nftables.SetElement{Key: a.AsSlice()})
+		}
+	}
+	return out
+}
+
+// Attach implements datapath.Datapath: the chain, sets and counters are created in
+// one netlink transaction (all or nothing).
+func (f *Filter) Attach(spec datapath.Spec) error {
+	spec, err := datapath.ValidateSpec(spec)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return fmt.Errorf("%w: closed", datapath.ErrUnavailable)
+	}
+	for _, o := range f.sbx {
+		if o.id != spec.ID && o.ifname == spec.HostIfname {
+			return fmt.Errorf("%w: %s already belongs to sandbox %s", datapath.ErrInvalidSpec, spec.HostIfname, o.id)
+		}
+	}
+	if s, ok := f.sbx[spec.ID]; ok && s.ifname != spec.HostIfname {
+		if err := f.detach(s); err != nil {
+			return err
+		}
+	}
+	id := spec.ID
+	chain := &nftables.Chain{
+		Name: chainName(id), Table: f.table, Type: nftables.ChainTypeFilter,
+		Hooknum:  nftables.ChainHookRef(5), // NF_INET_INGRESS
+		Priority: nftables.ChainPriorityRef(-500), Device: spec.HostIfname,
+		Policy: ptr(nftables.ChainPolicyDrop),
+	}
+	s, existing := f.sbx[id]
+	if existing {
+		// In place: refill address sets and the chain in one transaction.
+		for _, fm := range []fam{v4, v6} {
+			for _, name := range []string{srcSet(fm, id), resSet(fm, id)} {
+				st := f.set(name, addrType(fm))
+				f.conn.FlushSet(st)
+				elems := addrElems(spec.Addrs, fm == v4)
+				if strings.HasPrefix(name, "res") {
+					elems = addrElems(spec.Resolvers, fm == v4)
+				}
+				if len(elems) > 0 {
+					if err := f.conn.SetAddElements(st, elems); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		f.conn.FlushChain(chain)
+	} else {
+		for _, st := range f.sandboxSets(id) {
+			var elems []nftables.SetElement
+			switch {
+			case strings.HasPrefix(st.Name, "src"):
+				elems = addrElems(spec.Addrs, st.KeyType == nftables.TypeIPAddr)
+			case strings.HasPrefix(st.Name, "res"):
+				elems = addrElems(spec.Resolvers, st.KeyType == nftables.TypeIPAddr)
+			}
+			if err := f.conn.AddSet(st, elems); err != nil {
+				return fmt.Errorf("set %s: %w", st.Name, err)
+			}
+		}
+		f.conn.AddObj(&nftables.CounterObj{Table: f.table, Name: dropCounter(id)})
+		f.conn.AddObj(&nftables.CounterObj{Table: f.table, Name: flowCounter(id)})
+		f.conn.AddChain(chain)
+	}
+	f.addRules(chain, id, spec.HostIfname, spec.Policy)
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("attach %s on %s: %w", id, spec.HostIfname, err)
+	}
+	if !existing {
+		s = &sandbox{id: id}
+		f.sbx[id] = s
+	}
+	s.ifname, s.policy, s.known = spec.HostIfname, spec.Policy, true
+	if existing {
+		return f.cutFlows(s, netip.Addr{})
+	}
+	return nil
+}
+
+// ifnameTag prefixes the first rule's user data, which records the hook device.
+const ifnameTag = "airlock-ifname="
+
+func (f *Filter) addRules(chain *nftables.Chain, id, ifname string, p datapath.Policy) {
+	for i, r := range f.chainRules(id, p) {
+		rule := &nftables.Rule{Table: f.table, Chain: chain, Exprs: r}
+		if i == 0 {
+			rule.UserData = []byte(ifnameTag + ifname)
+		}
+		f.conn.AddRule(rule)
+	}
+}
+
+func addrType(fm fam) nftables.SetDatatype {
+	if fm == v4 {
+		return nftables.TypeIPAddr
+	}
+	return nftables.TypeIP6Addr
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Update implements datapath.Datapath: the chain is flushed and refilled in one
+// transaction, so packets see the old or the new rules.
+func (f *Filter) Update(id string, p datapath.Policy) error {
+	p, err := datapath.ValidatePolicy(p)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sbx[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	chain := &nftables.Chain{Name: chainName(id), Table: f.table}
+	f.conn.FlushChain(chain)
+	f.addRules(chain, id, s.ifname, p)
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("update %s: %w", id, err)
+	}
+	s.policy, s.known = p, true
+	return f.cutFlows(s, netip.Addr{})
+}
+
+// Learn implements datapath.Datapath: one set-element add in one netlink transaction.
+// Adding a live element again resets its timeout in the kernel, so a ttl that would
+// end before the expiry this process last wrote is skipped (after an adoption, the
+// first Learn of an address sets its expiry).
+func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+	addr = addr.Unmap()
+	if !addr.IsValid() || ttl <= 0 {
+		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
+	}
+	if ttl < time.Millisecond {
+		ttl = time.Millisecond
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sbx[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	now := time.Now()
+	if exp, ok := s.expiry[addr]; ok && exp.After(now.Add(ttl)) {
+		return nil
+	}
+	fm := v4
+	if addr.Is6() {
+		fm = v6
+	}
+	st := &nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addrType(fm), HasTimeout: true}
+	if err := f.conn.SetAddElements(st, []nftables.SetElement{{Key: addr.AsSlice(), Timeout: ttl}}); err != nil {
+		return err
+	}
+	if err := f.conn.Flush(); err != nil {
+		if strings.Contains(err.Error(), "no space") {
+			return fmt.Errorf("%w: sandbox %s learned set", datapath.ErrFull, id)
+		}
+		return fmt.Errorf("learn %s: %w", addr, err)
+	}
+	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
+		s.expiry = pruneExpired(s.expiry, now)
+	}
+	s.expiry[addr] = now.Add(ttl)
+	return nil
+}
+
+func pruneExpired(m map[netip.Addr]time.Time, now time.Time) map[netip.Addr]time.Time {
+	out := make(map[netip.Addr]time.Time, len(m))
+	for a, t := range m {
+		if t.After(now) {
+			out[a] = t
+		}
+	}
+	return out
+}
+
+// Forget implements datapath.Datapath.
+func (f *Filter) Forget(id string, addr netip.Addr) error {
+	addr = addr.Unmap()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sbx[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	fm := v4
+	if addr.Is6() {
+		fm = v6
+	}
+	delete(s.expiry, addr)
+	st := f.set(learnSet(fm, id), addrType(fm))
+	elems, err := f.conn.GetSetElements(st)
+	if err != nil {
+		return fmt.Errorf("list learned: %w", err)
+	}
+	if slices.ContainsFunc(elems, func(e nftables.SetElement) bool { return fm.addrFromKey(e.Key) == addr }) {
+		if err := f.conn.SetDeleteElements(st, []nftables.SetElement{{Key: addr.AsSlice()}}); err != nil {
+			return err
+		}
+		if err := f.conn.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("forget %s: %w", addr, err)
+		}
+	}
+	return f.cutFlows(s, addr)
+}
+
+// cutFlows deletes the flows the sandbox's policy no longer allows (only those to
+// only, when valid). Flows of inbound connections are kept.
+func (f *Filter) cutFlows(s *sandbox, only netip.Addr) error {
+	if !s.known || s.policy.Report {
+		return nil
+	}
+	for _, fm := range []fam{v4, v6} {
+		learned := map[netip.Addr]bool{}
+		ls, err := f.conn.GetSetElements(f.set(learnSet(fm, s.id), addrType(fm)))
+		if err != nil {
+			return fmt.Errorf("list learned: %w", err)
+		}
+		for _, e := range ls {
+			learned[fm.addrFromKey(e.Key)] = true
+		}
+		flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
+		st := &nftables.Set{Table: f.table, Name: flowSet(fm, s.id), KeyType: flowType, Concatenation: true}
+		flows, err := f.conn.GetSetElements(st)
+		if err != nil {
+			return fmt.Errorf("list flows: %w", err)
+		}
+		var dead []nftables.SetElement
+		al := int(fm.addrLen)
+		for _, e := range flows {
+			if len(e.Key) < al+12 {
+				continue
+			}
+			dst := fm.addrFromKey(e.Key)
+			proto := datapath.Proto(e.Key[al])
+			port := uint16(e.Key[al+4])<<8 | uint16(e.Key[al+5])
+			if only.IsValid() && dst != only {
+				continue
+			}
+			if !datapath.Allows(s.policy, dst, proto, port, learned[dst]) {
+				dead = append(dead, nftables.SetElement{Key: e.Key})
+			}
+		}
+		if len(dead) == 0 {
+			continue
+		}
+		if err := f.conn.SetDeleteElements(st, dead); err != nil {
+			return err
+		}
+		if err := f.conn.Flush(); err != nil {
+			return fmt.Errorf("cut flows: %w", err)
+		}
+	}
+	return nil
+}
+
+// Detach implements datapath.Datapath: chain, sets and counters go in one transaction.
+func (f *Filter) Detach(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sbx[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	return f.detach(s)
+}
+
+func (f *Filter) detach(s *sandbox) error {
+	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.table})
+	for _, st := range f.sandboxSets(s.id) {
+		f.conn.DelSet(st)
+	}
+	f.conn.DeleteObject(&nftables.CounterObj{Table: f.table, Name: dropCounter(s.id)})
+	f.conn.DeleteObject(&nftables.CounterObj{Table: f.table, Name: flowCounter(s.id)})
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("detach %s: %w", s.id, err)
+	}
+	delete(f.sbx, s.id)
+	return nil
+}
+
+// Attached implements datapath.Datapath.
+func (f *Filter) Attached() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := make([]string, 0, len(f.sbx))
+	for id := range f.sbx {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Events implements datapath.Datapath. Without a LogGroup the channel is closed.
+func (f *Filter) Events() <-chan datapath.Event { return f.events }
+
+func (f *Filter) deliver(e datapath.Event) {
+	select {
+	case f.events <- e:
+	default:
+		f.lostLocal.Add(1)
+	}
+}
+
+// Close implements datapath.Datapath; the table stays and keeps enforcing.
+func (f *Filter) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	f.mu.Unlock()
+	var errs []error
+	if f.nflog != nil {
+		errs = append(errs, f.nflog.Close())
+		close(f.events)
+	}
+	if f.conn != nil {
+		errs = append(errs, f.conn.CloseLasting())
+	}
+	f.closeFd()
+	return errors.Join(errs...)
+}
+
+func (f *Filter) closeFd() {
+	if f.nsFd != nil {
+		f.nsFd.Close()
+	}
+}
+
+// Stats implements datapath.Datapath.
+func (f *Filter) Stats() (datapath.Stats, error) {
+	st := datapath.Stats{Backend: datapath.BackendNFTables, Sandboxes: map[string]datapath.SandboxStats{}, EventsLost: f.lostLocal.Load()}
+	if f.nflog != nil {
+		st.EventsLost += f.nflog.lost.Load()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	objs, err := f.conn.GetObjects(f.table)
+	if err != nil {
+		return st, fmt.Errorf("list counters: %w", err)
+	}
+	counters := map[string]uint64{}
+	for _, o := range objs {
+		if c, ok := o.(*nftables.CounterObj); ok {
+			counters[c.Name] = c.Packets
+		}
+	}
+	for id, s := range f.sbx {
+		ss := datapath.SandboxStats{Dropped: counters[dropCounter(id)], FlowsNew: counters[flowCounter(id)], Rules: len(s.policy.Rules)}
+		for _, fm := range []fam{v4, v6} {
+			if ls, err := f.conn.GetSetElements(f.set(learnSet(fm, id), addrType(fm))); err == nil {
+				ss.Learned += len(ls)
+			}
+			flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
+			if fl, err := f.conn.GetSetElements(&nftables.Set{Table: f.table, Name: flowSet(fm, id), KeyType: flowType, Concatenation: true}); err == nil {
+				ss.Flows += len(fl)
+			}
+		}
+		st.Dropped += ss.Dropped
+		st.FlowsNew += ss.FlowsNew
+		st.Flows += ss.Flows
+		st.Sandboxes[id] = ss
+	}
+	return st, nil
+}
+
+var _ datapath.Datapath = (*Filter)(nil)
