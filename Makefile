@@ -17,8 +17,8 @@ help: ## this list
 build: ## build bin/airlock and bin/execd (static)
 	@echo "==> building bin/airlock bin/execd ($(VERSION))"
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/execd ./cmd/execd
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/airlock ./cmd/airlock
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/execd ./cmd/execd
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/airlock ./cmd/airlock
 
 prepare: ## install missing packages, start dockerd, mount bpffs
 	@deploy/host/prepare.sh

@@ -104,5 +104,9 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 		rest = "/" + rest
 	}
 	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest}
+	// Full duplex: an upstream may answer before the transport has finished reading the
+	// request body (execd answers as soon as it has parsed it); without this the HTTP/1
+	// server closes the body when the response starts and the upstream write fails.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
 }
