@@ -6,6 +6,8 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -13,6 +15,7 @@ import (
 )
 
 func main() {
+	reexecForExtendedConnect()
 	root := &cobra.Command{
 		Use:           "airlock",
 		Short:         "Airlock: sandboxes for AI agents with their own URL and egress firewall",
@@ -32,4 +35,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
 		os.Exit(1)
 	}
+}
+
+// reexecForExtendedConnect re-executes the servers that embed the gateway (up, gateway)
+// with GODEBUG=http2xconnect=1: Go's HTTP/2 server accepts WebSockets over HTTP/2 (RFC
+// 8441 extended CONNECT) only when that setting is in the environment at process start.
+// Any failure leaves the process running as it is (h2 WebSockets then get 405; HTTP/1.1
+// upgrades are unaffected).
+func reexecForExtendedConnect() {
+	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "gateway") {
+		return
+	}
+	godebug := os.Getenv("GODEBUG")
+	if strings.Contains(godebug, "http2xconnect=") {
+		return
+	}
+	if godebug != "" {
+		godebug += ","
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return
+	}
+	env := append(os.Environ(), "GODEBUG="+godebug+"http2xconnect=1")
+	_ = syscall.Exec(exe, os.Args, env)
 }

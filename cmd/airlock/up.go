@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,13 +23,17 @@ func newUpCmd() *cobra.Command {
 		stateDir   string
 		noAuth     bool
 		logLevel   string
+		gwListen   string
+		noGateway  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Run Airlock on this host: lifecycle API, Docker runtime, store",
+		Short: "Run Airlock on this host: lifecycle API, gateway, Docker runtime, store, audit",
 		Long: `Runs the whole Airlock stack in one process on this host: the OpenSandbox lifecycle
 API (default 127.0.0.1:8080, also under /v1) with the Docker runtime and the embedded
-store in the state directory. On first start it generates an API key, stores it in the
+store in the state directory, and the ingress gateway (embedded Caddy, default
+127.0.0.1:8081) that every sandbox endpoint points at. Gateway and lifecycle decisions
+go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' checks it). On first start it generates an API key, stores it in the
 state directory and prints it; later starts reuse it (--no-auth: no key at all).
 
 Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
@@ -52,6 +57,12 @@ Flags override the file.`,
 			}
 			if f.Changed("no-auth") {
 				cfg.NoAuth = noAuth
+			}
+			if f.Changed("gateway-listen") {
+				cfg.Gateway.Listen = gwListen
+			}
+			if f.Changed("no-gateway") {
+				cfg.Gateway.Disabled = noGateway
 			}
 			if f.Changed("log-level") {
 				cfg.LogLevel = logLevel
@@ -78,6 +89,8 @@ Flags override the file.`,
 	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "lifecycle API address")
 	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "directory of the store and the generated API key")
+	f.StringVar(&gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
+	f.BoolVar(&noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
@@ -87,6 +100,15 @@ Flags override the file.`,
 func printBanner(w io.Writer, s *up.Stack) {
 	addr := s.Addr.String()
 	fmt.Fprintf(w, "Airlock is up.\n\n  Lifecycle API: http://%s (also under /v1)\n", addr)
+	if s.Gateway != nil {
+		gw := s.Gateway.Addr()
+		_, port, _ := net.SplitHostPort(gw)
+		fmt.Fprintf(w, "  Gateway:       http://%s  (sandbox ports: http://%s/sandboxes/<id>/proxy/<port>/\n", gw, gw)
+		fmt.Fprintf(w, "                 or http://<port>-<id>.airlock.localhost:%s/ from a browser or curl)\n", port)
+	}
+	if s.Audit != nil {
+		fmt.Fprintf(w, "  Audit log:     %s (airlock audit verify %s)\n", s.AuditDir(), s.AuditDir())
+	}
 	keyArg := ""
 	if s.APIKey != "" {
 		fmt.Fprintf(w, "  OPEN-SANDBOX-API-KEY: %s\n", s.APIKey)

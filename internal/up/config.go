@@ -40,6 +40,11 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	stateDir: /var/lib/airlock
 //	lifecycle:
 //	  maxTimeout: 24h
+//	gateway:
+//	  listen: 127.0.0.1:8081
+//	  baseDomain: sandboxes.example.com   # host-form endpoints; empty: path form
+//	audit:
+//	  dir: /var/lib/airlock/audit
 //	docker:
 //	  network: airlock0
 //	  subnet: 10.213.0.0/16
@@ -61,7 +66,42 @@ type Config struct {
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel  string          `yaml:"logLevel"`
 	Lifecycle LifecycleConfig `yaml:"lifecycle"`
+	Gateway   GatewayConfig   `yaml:"gateway"`
+	Audit     AuditConfig     `yaml:"audit"`
 	Docker    DockerConfig    `yaml:"docker"`
+}
+
+// GatewayConfig configures the embedded ingress gateway (package gateway).
+type GatewayConfig struct {
+	// Disabled turns the gateway off; endpoints then point at lifecycle's server proxy.
+	Disabled bool `yaml:"disabled"`
+	// Listen is the gateway's address; default 127.0.0.1:8081.
+	Listen string `yaml:"listen"`
+	// PublicAddr is the host[:port] clients use to reach the gateway, written into
+	// endpoints; default the bound listen address.
+	PublicAddr string `yaml:"publicAddr"`
+	// BaseDomain, when set, makes endpoints host-form ("<port>-<id>.<baseDomain>"); it
+	// must resolve to the gateway (wildcard DNS). Empty (the default) gives path-form
+	// endpoints ("<publicAddr>/sandboxes/<id>/proxy/<port>"), which every client can
+	// reach: glibc and Node do not resolve *.localhost names.
+	BaseDomain string `yaml:"baseDomain"`
+	// RouteDomains are the base domains host-form requests are accepted under; default
+	// [airlock.localhost] plus BaseDomain (browsers and curl resolve *.localhost to
+	// loopback themselves).
+	RouteDomains []string `yaml:"routeDomains"`
+	// SigningKey signs endpoints minted with ?expires= ("<id>=base64:<secret>"); default
+	// a random key generated once and stored in StateDir/signing-key.
+	SigningKey string `yaml:"signingKey"`
+	// MaxConnsPerSandbox caps requests in flight per sandbox; 0 means 1024.
+	MaxConnsPerSandbox int `yaml:"maxConnsPerSandbox"`
+	// TLS is "" (plain HTTP and h2c, the default) or "internal" (Caddy's local CA).
+	TLS string `yaml:"tls"`
+}
+
+// AuditConfig configures the audit log (package audit).
+type AuditConfig struct {
+	// Dir holds the hash-chained JSON Lines files; default StateDir/audit.
+	Dir string `yaml:"dir"`
 }
 
 // LifecycleConfig tunes the lifecycle server.
@@ -116,6 +156,23 @@ func (c *Config) setDefaults() error {
 	}
 	if c.StateDir == "" {
 		c.StateDir = "/var/lib/airlock"
+	}
+	if c.Gateway.Listen == "" {
+		c.Gateway.Listen = "127.0.0.1:8081"
+	}
+	if c.Gateway.RouteDomains == nil {
+		c.Gateway.RouteDomains = []string{"airlock.localhost"}
+		if c.Gateway.BaseDomain != "" && c.Gateway.BaseDomain != "airlock.localhost" {
+			c.Gateway.RouteDomains = append(c.Gateway.RouteDomains, c.Gateway.BaseDomain)
+		}
+	}
+	switch c.Gateway.TLS {
+	case "", "internal":
+	default:
+		return fmt.Errorf("config: gateway.tls %q: want \"\" or internal", c.Gateway.TLS)
+	}
+	if c.Audit.Dir == "" {
+		c.Audit.Dir = filepath.Join(c.StateDir, "audit")
 	}
 	if c.Docker.ExecdPath == "" {
 		c.Docker.ExecdPath = DefaultExecdPath()

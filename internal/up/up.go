@@ -1,7 +1,7 @@
 // Package up assembles Airlock's components into the one process `airlock up` runs:
-// the embedded store, the Docker runtime, the lifecycle server and its HTTP listener
-// (the gateway and egressd join the same list). Components start in order and stop in
-// reverse; a failed start stops what had started.
+// the embedded store, the audit log, the Docker runtime, the lifecycle server and its
+// HTTP listener, the ingress gateway (embedded Caddy) and egressd. Components start in
+// order and stop in reverse; a failed start stops what had started.
 package up
 
 import (
@@ -17,11 +17,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/gateway"
+	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 )
@@ -41,12 +45,15 @@ type Stack struct {
 
 	// Filled as components start.
 	Store     *lifecycle.Store
+	Audit     *audit.Writer
 	Docker    *docker.Runtime
 	Lifecycle *lifecycle.Server
+	Gateway   *gateway.Server // nil when the gateway is disabled
 	APIKey    string
 	// Addr is the lifecycle API's bound address.
 	Addr net.Addr
 
+	endpoints  atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
 	http       *http.Server
 	components []component
 	started    []component
@@ -63,11 +70,14 @@ func New(cfg Config, log *slog.Logger) (*Stack, error) {
 	s := &Stack{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
 	s.components = []component{
 		{name: "store", start: s.startStore, stop: func(context.Context) error { return s.Store.Close() }},
+		{name: "audit", start: s.startAudit, stop: func(context.Context) error { return s.Audit.Close() }},
 		{name: "docker", start: s.startDocker, stop: func(context.Context) error { return s.Docker.Close() }},
 		{name: "lifecycle", start: s.startLifecycle, stop: func(context.Context) error { return s.Lifecycle.Close() }},
-		// The gateway and egressd start here, after lifecycle (they follow its watch)
-		// and before the listener.
 		{name: "api", start: s.startAPI, stop: s.stopAPI},
+	}
+	// The data plane follows lifecycle's watch stream, so it starts after the listener.
+	if !s.cfg.Gateway.Disabled {
+		s.components = append(s.components, component{name: "gateway", start: s.startGateway, stop: s.stopGateway})
 	}
 	return s, nil
 }
@@ -183,6 +193,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 			MaxTimeout: time.Duration(s.cfg.Lifecycle.MaxTimeout),
 		},
 		ReadyTimeout: time.Duration(s.cfg.Lifecycle.ReadyTimeout),
+		Endpoint:     s.endpoint,
 		Registry:     s.registry,
 		Log:          s.log.With("component", "lifecycle"),
 	})

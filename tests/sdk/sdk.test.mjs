@@ -23,6 +23,7 @@ const RUN = `sdk${process.pid}`;
 let server;
 let stateDir;
 let domain;
+let gateway;
 let apiKey;
 let serverLog = "";
 
@@ -76,8 +77,14 @@ before(async () => {
   stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-sdk-"));
   const port = await freePort();
   domain = `127.0.0.1:${port}`;
+  gateway = `127.0.0.1:${await freePort()}`;
   const cfg = path.join(stateDir, "airlock.yaml");
-  const lines = [`listen: ${domain}`, `stateDir: ${path.join(stateDir, "state")}`];
+  const lines = [
+    `listen: ${domain}`,
+    `stateDir: ${path.join(stateDir, "state")}`,
+    "gateway:",
+    `  listen: ${gateway}`,
+  ];
   if (process.env.AIRLOCK_EXECD) {
     lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
   }
@@ -123,11 +130,11 @@ test("create with metadata and env, then getInfo", async () => {
   assert.ok(info.expiresAt instanceof Date && info.expiresAt > new Date(), "expiresAt is in the future");
 });
 
-test("endpoint points at the server proxy", async () => {
+test("endpoints point through the gateway", async () => {
   const ep = await sbx.getEndpoint(44772);
-  assert.ok(ep.endpoint.endsWith(`/sandboxes/${sbx.id}/proxy/44772`), ep.endpoint);
+  assert.equal(ep.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/44772`);
   const egress = await sbx.getEndpoint(18080);
-  assert.ok(egress.endpoint.endsWith("/18080"), egress.endpoint);
+  assert.equal(egress.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/18080`);
 });
 
 test("foreground command sees the sandbox env", async () => {
