@@ -36,6 +36,8 @@ vet:
 test: prepare build image vet check-generate ## everything: vet, unit, integration, SDK tests
 	@echo "==> go test (unit and integration against real sandboxes)"
 	$(GO) test -count=1 -timeout 40m ./...
+	@echo "==> go test -race (concurrent route table, route parsing, watch stream)"
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 10m ./gateway/routetable/ ./gateway/route/ ./lifecycle/watch/
 	@$(MAKE) --no-print-directory sdk-test
 
 sdk-test: ## the OpenSandbox JavaScript SDK against a real airlock server

@@ -32,6 +32,7 @@ declare -A need=(
   [ip]=iproute2
   [curl]=curl
   [git]=git
+  [gcc]=gcc
 )
 if [ "$want_node" = 1 ]; then
   need[node]=nodejs
