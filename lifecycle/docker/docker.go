@@ -69,7 +69,11 @@ type Config struct {
 	NamePrefix string
 	// DNS, when set, are the sandboxes' resolvers (egressd on the bridge gateway).
 	DNS []netip.Addr
-	Log *slog.Logger
+	// DNSOnGateway makes the network's gateway address (the host's side of the bridge,
+	// where egressd's DNS filter listens) the sandboxes' only resolver; it is known only
+	// after Setup, so it cannot be written into DNS beforehand.
+	DNSOnGateway bool
+	Log          *slog.Logger
 }
 
 // Runtime implements lifecycle.Runtime on a Docker engine.
@@ -213,6 +217,9 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	}
 	for _, a := range r.cfg.DNS {
 		hc.DNS = append(hc.DNS, a)
+	}
+	if r.cfg.DNSOnGateway && r.gateway.IsValid() {
+		hc.DNS = []netip.Addr{r.gateway}
 	}
 	labels := map[string]string{
 		LabelSandboxID: spec.SandboxID,
