@@ -163,8 +163,8 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	s.finish(w, req, m, result, start)
 }
 
-// finish writes m, truncating UDP answers to the client's buffer (the client retries
-// over TCP, RFC 7766), and counts the query.
+// finish counts the query and writes m, truncating UDP answers to the client's buffer
+// (the client retries over TCP, RFC 7766).
 func (s *Server) finish(w dns.ResponseWriter, req, m *dns.Msg, result string, start time.Time) {
 	if _, ok := w.RemoteAddr().(*net.UDPAddr); ok {
 		size := dns.MinMsgSize
@@ -173,11 +173,12 @@ func (s *Server) finish(w dns.ResponseWriter, req, m *dns.Msg, result string, st
 		}
 		m.Truncate(size)
 	}
+	// Counted before the write so that a client that has its answer also sees it counted.
+	s.metrics.queries.WithLabelValues(result).Inc()
+	s.metrics.duration.WithLabelValues(result).Observe(time.Since(start).Seconds())
 	if err := w.WriteMsg(m); err != nil {
 		s.log.Debug("dns write failed", "error", err)
 	}
-	s.metrics.queries.WithLabelValues(result).Inc()
-	s.metrics.duration.WithLabelValues(result).Observe(time.Since(start).Seconds())
 }
 
 // reply starts an answer to req with rcode.

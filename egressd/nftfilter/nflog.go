@@ -2,6 +2,7 @@ package nftfilter
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -36,6 +37,7 @@ type nflogReader struct {
 	conn    *netlink.Conn
 	deliver func(datapath.Event)
 	lost    atomic.Uint64
+	closing atomic.Bool
 	done    chan struct{}
 }
 
@@ -91,12 +93,17 @@ func (r *nflogReader) run() {
 	for {
 		msgs, err := r.conn.Receive()
 		if err != nil {
-			if strings.Contains(err.Error(), "closed") {
+			if r.closing.Load() {
 				return
 			}
-			if strings.Contains(err.Error(), "no buffer space") {
+			if errors.Is(err, unix.ENOBUFS) {
+				// The socket buffer overflowed: the kernel dropped log messages.
 				r.lost.Add(1)
+				continue
 			}
+			// Anything else is unexpected; back off so that a persistent error
+			// cannot spin a core.
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		for _, m := range msgs {
@@ -112,6 +119,7 @@ func (r *nflogReader) run() {
 
 // Close stops the reader.
 func (r *nflogReader) Close() error {
+	r.closing.Store(true)
 	err := r.conn.Close()
 	<-r.done
 	return err
