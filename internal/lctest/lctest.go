@@ -98,6 +98,9 @@ type Options struct {
 	// KeepContainers leaves the containers in place at cleanup (the next harness on the
 	// same StateDir adopts them and cleans up).
 	KeepContainers bool
+	// DNSOnGateway makes the network's gateway address the sandboxes' only resolver
+	// (where an egressd under test serves its DNS filter).
+	DNSOnGateway bool
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -137,6 +140,7 @@ func New(t testing.TB, o Options) *Harness {
 		ExecdPath:        Execd(t),
 		AllowedHostRoots: o.AllowedHostRoots,
 		NamePrefix:       NamePrefix,
+		DNSOnGateway:     o.DNSOnGateway,
 	})
 	if err != nil {
 		t.Fatal(err)

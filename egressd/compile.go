@@ -1,0 +1,112 @@
+package egressd
+
+import (
+	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// compiled is a sandbox's policy in the two forms egressd needs: the decider the DNS
+// filter asks about names, and the address-level policy the datapath enforces.
+type compiled struct {
+	decider *policies.Decider
+	policy  datapath.Policy
+	// rules names the policy rule behind each datapath rule ID (index = ID), for audit.
+	rules []string
+}
+
+// guardRef names the datapath rules that keep special addresses (policies.Classify)
+// out of catch-all allows and an allow default.
+const guardRef = "guard"
+
+// compile turns a decider into the datapath policy with the same meaning
+// (policies package documentation, "Semantics"):
+//   - IPRules in order become datapath rules (one per protocol and port range); a rule
+//     without protocols covers TCP and UDP, a deny rule without protocols every protocol;
+//   - before the first catch-all allow, and before an allow default, deny rules for
+//     every special prefix (private, loopback, link-local, ...) keep them unreachable
+//     unless an explicit earlier rule allows them;
+//   - IPv6 is filtered when the policy has IPv6 rules, blocked otherwise;
+//   - report mode passes and reports what would be dropped.
+//
+// L7 is not set: egressd has no L7 proxy yet (README, "Not yet").
+func compile(d *policies.Decider) compiled {
+	c := compiled{decider: d, rules: []string{""}}
+	guarded := false
+	guard := func() {
+		if guarded {
+			return
+		}
+		guarded = true
+		for _, p := range policies.SpecialPrefixes() {
+			c.add(datapath.Rule{Prefix: p, Action: datapath.ActionDeny}, guardRef)
+		}
+	}
+	for _, r := range d.IPRules() {
+		action := datapath.ActionDeny
+		if r.Action == policies.Allow {
+			action = datapath.ActionAllow
+			if r.CatchAll {
+				guard()
+			}
+		}
+		protos := []datapath.Proto{datapath.ProtoAny}
+		if len(r.Protocols) > 0 || action == datapath.ActionAllow || len(r.Ports) > 0 {
+			protos = protocols(r.Protocols)
+		}
+		ports := []datapath.PortRange{{}}
+		if len(r.Ports) > 0 {
+			ports = ports[:0]
+			for _, p := range r.Ports {
+				ports = append(ports, datapath.PortRange{First: p.First, Last: p.Last})
+			}
+		}
+		for _, proto := range protos {
+			for _, pr := range ports {
+				c.add(datapath.Rule{Prefix: r.Prefix.Masked(), Proto: proto, Ports: pr, Action: action}, r.Rule)
+			}
+		}
+	}
+	c.policy.Default = datapath.ActionDeny
+	if d.DefaultAction() == policies.Allow {
+		guard()
+		c.policy.Default = datapath.ActionAllow
+	}
+	if d.HasIPv6() {
+		c.policy.IPv6 = datapath.IPv6Filter
+	}
+	c.policy.Report = d.Mode() == policies.Report
+	return c
+}
+
+func (c *compiled) add(r datapath.Rule, ref string) {
+	r.ID = uint16(len(c.rules))
+	c.rules = append(c.rules, ref)
+	c.policy.Rules = append(c.policy.Rules, r)
+}
+
+// rule returns the policy rule reference behind a datapath rule ID ("" when unknown).
+func (c *compiled) rule(id uint16) string {
+	if int(id) < len(c.rules) {
+		return c.rules[id]
+	}
+	return ""
+}
+
+// protocols maps a rule's protocols to datapath protocols; none means TCP and UDP.
+func protocols(ps []policies.Protocol) []datapath.Proto {
+	if len(ps) == 0 {
+		return []datapath.Proto{datapath.ProtoTCP, datapath.ProtoUDP}
+	}
+	out := make([]datapath.Proto, 0, len(ps))
+	for _, p := range ps {
+		switch p {
+		case policies.TCP:
+			out = append(out, datapath.ProtoTCP)
+		case policies.UDP:
+			out = append(out, datapath.ProtoUDP)
+		default:
+			out = append(out, datapath.ProtoAny)
+		}
+	}
+	return out
+}

@@ -1,0 +1,246 @@
+// Package egressd is the node's egress daemon (DESIGN.md §5): it follows the lifecycle
+// watch API, attaches the egress datapath (package egressd/enforcer: eBPF, or nftables)
+// to every sandbox of this node, serves the DNS filter (package dnsfilter) that is the
+// sandboxes' only resolver, writes the addresses of allowed answers into the datapath
+// before the answer leaves, applies policy changes to running sandboxes, and audits
+// every DNS decision and every new or dropped connection.
+//
+// Enforcement outlives the daemon: Close (or a crash) leaves every attached sandbox
+// enforced with its last policy and learned entries (fail closed); the next Daemon on
+// the same node adopts that state without a gap and detaches what vanished meanwhile.
+package egressd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/dnsfilter"
+	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// DefaultPolicy is what a sandbox created without a network policy gets: everything
+// allowed except the operator overlay and special addresses, as OpenSandbox does when
+// no networkPolicy is given.
+var DefaultPolicy = json.RawMessage(`{"defaultAction":"allow","egress":[]}`)
+
+// ErrConfig wraps configuration errors from New.
+var ErrConfig = errors.New("egressd: invalid configuration")
+
+// AuditSink receives one record per decision; Append must not block (audit.Writer).
+type AuditSink interface{ Append(audit.Record) }
+
+// Config configures a Daemon.
+type Config struct {
+	// Watch is the lifecycle watch feed (URL of /internal/v1/watch and its credential).
+	Watch watch.ClientConfig
+	// Enforcer configures the datapath (Mode auto, ebpf or nftables). Ignored when
+	// Datapath is set.
+	Enforcer enforcer.Config
+	// Datapath, when set, is used instead of building one from Enforcer; the Daemon
+	// closes it.
+	Datapath datapath.Datapath
+	// DNSListen is the DNS filter's UDP and TCP address, normally the Airlock bridge's
+	// gateway address, port 53 ("172.30.0.1:53").
+	DNSListen string
+	// Resolver is the address sandboxes send DNS to (the only port-53 destination the
+	// datapath lets through); default DNSListen's host.
+	Resolver netip.Addr
+	// Upstreams are the resolvers allowed names are forwarded to ("host:port").
+	Upstreams []string
+	// Overlay is the operator overlay every sandbox policy is compiled under; nil means
+	// policies.BaseOverlay() (cloud metadata, link-local, loopback...). Callers add the
+	// host's addresses and the control plane.
+	Overlay *policies.Overlay
+	// DefaultPolicy is the policy document of sandboxes that have none; nil means
+	// DefaultPolicy (allow, minus the overlay and special addresses).
+	DefaultPolicy json.RawMessage
+	// Node is this node's name; sandboxes of other nodes are ignored. Empty on one host.
+	Node string
+	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
+	// defaults 30 s and 600 s).
+	MinTTL, MaxTTL time.Duration
+	// Audit receives DNS, connection and policy records; nil means none.
+	Audit AuditSink
+	// Registry receives the airlock_egressd_* and airlock_dnsfilter_* metrics.
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
+}
+
+// Daemon is a running egressd. Create it with New, run it with Run, stop it with Close.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	dp       datapath.Datapath
+	dns      *dnsfilter.Server
+	watch    *watch.Client
+	resolver netip.Addr
+	fallback json.RawMessage
+	metrics  *metrics
+
+	// applyMu serialises apply and remove (the watch handler and the retry loop);
+	// mu guards the tables the DNS path reads.
+	applyMu sync.Mutex
+	mu      sync.RWMutex
+	byID    map[string]*sandbox
+	byAddr  map[netip.Addr]*sandbox
+
+	closeOnce sync.Once
+}
+
+// New validates cfg, builds (or takes) the datapath and binds the DNS filter's
+// sockets. It attaches nothing: Run follows the watch.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DNSListen == "" {
+		return nil, fmt.Errorf("%w: DNSListen is required", ErrConfig)
+	}
+	if len(cfg.Upstreams) == 0 {
+		return nil, fmt.Errorf("%w: at least one upstream resolver is required", ErrConfig)
+	}
+	resolver := cfg.Resolver
+	if !resolver.IsValid() {
+		host, _, err := net.SplitHostPort(cfg.DNSListen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: DNSListen %q: %v", ErrConfig, cfg.DNSListen, err)
+		}
+		if resolver, err = netip.ParseAddr(host); err != nil || resolver.IsUnspecified() {
+			return nil, fmt.Errorf("%w: DNSListen %q is not a concrete address; set Resolver", ErrConfig, cfg.DNSListen)
+		}
+	}
+	if cfg.Overlay == nil {
+		cfg.Overlay = policies.BaseOverlay()
+	}
+	fallback := cfg.DefaultPolicy
+	if len(fallback) == 0 {
+		fallback = DefaultPolicy
+	}
+	if _, err := policies.Load("default policy", fallback, policies.CompileOptions{Overlay: cfg.Overlay}); err != nil {
+		return nil, fmt.Errorf("%w: default policy: %v", ErrConfig, err)
+	}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	wc, err := watch.NewClient(cfg.Watch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: watch: %v", ErrConfig, err)
+	}
+	d := &Daemon{
+		cfg: cfg, log: cfg.Logger, watch: wc, resolver: resolver, fallback: fallback, metrics: m,
+		byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{},
+	}
+	d.dp = cfg.Datapath
+	if d.dp == nil {
+		ec := cfg.Enforcer
+		if ec.Logger == nil {
+			ec.Logger = cfg.Logger.With("component", "datapath")
+		}
+		if d.dp, err = enforcer.New(ec); err != nil {
+			return nil, fmt.Errorf("egressd: datapath: %w", err)
+		}
+	}
+	var sink dnsfilter.AuditSink
+	if cfg.Audit != nil {
+		sink = cfg.Audit
+	}
+	d.dns, err = dnsfilter.New(dnsfilter.Config{
+		Addr: cfg.DNSListen, Upstreams: cfg.Upstreams, Lookup: d.lookup, Learn: d.learn,
+		Audit: sink, MinTTL: cfg.MinTTL, MaxTTL: cfg.MaxTTL, Registry: cfg.Registry,
+		Logger: cfg.Logger.With("component", "dnsfilter"),
+	})
+	if err != nil {
+		d.dp.Close()
+		return nil, fmt.Errorf("egressd: dns filter: %w", err)
+	}
+	m.backend(string(d.dp.Backend()))
+	d.log.Info("egressd ready", "backend", d.dp.Backend(), "dns", d.dns.Addr(), "resolver", resolver,
+		"adopted", len(d.dp.Attached()))
+	return d, nil
+}
+
+// Backend names the datapath in use (ebpf or nftables).
+func (d *Daemon) Backend() datapath.Backend { return d.dp.Backend() }
+
+// DNSAddr is the DNS filter's bound address.
+func (d *Daemon) DNSAddr() netip.AddrPort { return d.dns.Addr() }
+
+// Datapath exposes the datapath, for tests and diagnostics.
+func (d *Daemon) Datapath() datapath.Datapath { return d.dp }
+
+// Synced reports whether the first watch snapshot has been applied.
+func (d *Daemon) Synced() bool { return d.watch.Status().Synced }
+
+// Run serves DNS, audits datapath events, retries failed attaches and follows the
+// watch until ctx ends or Close is called. It returns nil on a clean stop.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	dnsErr := make(chan error, 1)
+	wg.Go(func() { dnsErr <- d.dns.Run(ctx) })
+	wg.Go(d.auditEvents)
+	wg.Go(func() { d.retry(ctx) })
+	wg.Go(func() { _ = d.watch.Run(ctx, handler{d}) })
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-dnsErr:
+		if err != nil {
+			err = fmt.Errorf("egressd: dns filter: %w", err)
+		}
+	}
+	cancel()
+	d.Close()
+	wg.Wait()
+	return err
+}
+
+// Close stops DNS and event delivery and releases the datapath's handles. Every
+// attached sandbox stays enforced (fail closed). Safe to call more than once.
+func (d *Daemon) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		err = errors.Join(d.dns.Close(), d.dp.Close())
+	})
+	return err
+}
+
+// retry attaches sandboxes whose attach failed (a veth not yet visible, a transient
+// kernel error) every second until they are attached or gone.
+func (d *Daemon) retry(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.RLock()
+		var todo []watch.Sandbox
+		for _, sb := range d.byID {
+			if !sb.attached {
+				todo = append(todo, sb.view)
+			}
+		}
+		d.mu.RUnlock()
+		for _, v := range todo {
+			d.apply(v)
+		}
+	}
+}

@@ -1,0 +1,206 @@
+package egressd
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/enforcer"
+)
+
+const startPolicy = `{"defaultAction":"deny","egress":[
+ {"action":"allow","target":"allowed.test"},
+ {"action":"allow","target":"198.51.100.0/24"}]}`
+
+// changedPolicy (Airlock form) flips the names and narrows the CIDR to one port.
+const changedPolicy = `{"defaultAction":"deny","egress":[
+ {"action":"allow","target":"denied.test"},
+ {"action":"allow","target":"198.51.100.10","ports":[8080],"protocols":["tcp"]}]}`
+
+// TestEgressdEnforcesRealSandboxes runs the whole suite once per backend: real
+// sandboxes on a real Docker engine, resolving through egressd, reaching servers in a
+// namespace routed from the host.
+func TestEgressdEnforcesRealSandboxes(t *testing.T) {
+	w := newWorld(t)
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) { w.suite(t, mode) })
+	}
+}
+
+func (w *world) suite(t *testing.T, mode enforcer.Mode) {
+	pins := pinRoot(t)
+	d, stop := w.daemon(t, mode, pins)
+	sb, x := w.create(t, startPolicy)
+	waitAttached(t, d, sb.ID, true)
+
+	t.Run("allowed name resolves and connects", func(t *testing.T) {
+		if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
+			t.Fatalf("allowed.test = %q", got)
+		}
+		w.waitAudit(t, sb.ID, "dns allow allowed.test", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.DstHost == "allowed.test" && r.Action == "allow"
+		})
+		w.waitAudit(t, sb.ID, "new flow to allowed.test", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "allow" && r.DstIP == allowedIP.String() && r.DstPort == 80
+		})
+	})
+	t.Run("denied name is NXDOMAIN and its address unreachable", func(t *testing.T) {
+		if code, out := sh(t, x, "getent hosts denied.test"); code == 0 {
+			t.Fatalf("denied.test resolved: %s", out)
+		}
+		if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
+			t.Fatalf("dialling the never-resolved address worked: %q", got)
+		}
+		w.waitAudit(t, sb.ID, "dns deny denied.test", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.DstHost == "denied.test" && r.Action == "deny"
+		})
+		w.waitAudit(t, sb.ID, "drop to the never-resolved address", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.DstIP == deniedIP.String()
+		})
+	})
+	t.Run("CIDR rule", func(t *testing.T) {
+		if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+			t.Fatalf("CIDR-allowed server = %q", got)
+		}
+	})
+	t.Run("bypass attempts are blocked and audited", func(t *testing.T) {
+		// Another resolver, UDP and TCP: the rogue resolver sits inside the allowed CIDR.
+		py := `import socket,sys
+q=bytes.fromhex('abcd01000001000000000000')+b'\x06denied\x04test\x00\x00\x01\x00\x01'
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(2)
+s.sendto(q,('%s',53))
+try:
+    s.recvfrom(512);print('answered')
+except Exception as e:
+    print('blocked')`
+		if _, out := sh(t, x, "python3 -c \""+strings.ReplaceAll(fmt.Sprintf(py, cidrIP), `"`, `\"`)+"\""); out != "blocked" {
+			t.Errorf("UDP query to another resolver: %s", out)
+		}
+		if got := curl(t, x, "telnet://"+cidrIP.String()+":53"); got != "" {
+			t.Errorf("TCP 53 to another resolver connected")
+		}
+		if got := curl(t, x, "http://"+cidrIP.String()+":853/"); got != "" {
+			t.Errorf("DoT port 853 reachable: %q", got)
+		}
+		if got := curl(t, x, "http://169.254.169.254/"); got != "" {
+			t.Errorf("cloud metadata reachable: %q", got)
+		}
+		if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
+			t.Errorf("the host is reachable: %q", got)
+		}
+		// Rebinding: an allowed-by-CIDR-free name answering a private address is dropped.
+		if code, out := sh(t, x, "getent hosts rebind.test"); code == 0 {
+			t.Errorf("rebind.test resolved: %s", out)
+		}
+		// TXT (not in the default query types), asked of the real resolver directly.
+		txt := `import socket
+q=bytes.fromhex('abce01000001000000000000')+b'\x07allowed\x04test\x00\x00\x10\x00\x01'
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3)
+s.sendto(q,('%s',53))
+print(s.recvfrom(512)[0][3]&15)`
+		if code, out := sh(t, x, "python3 -c \""+fmt.Sprintf(txt, w.gw)+"\""); code != 0 || (out != "4" && out != "5") {
+			t.Errorf("TXT query: exit %d rcode %q, want NOTIMP (4) or REFUSED (5)", code, out)
+		}
+		// Root inside the sandbox cannot open raw sockets or change routes (caps dropped).
+		if code, out := sh(t, x, `python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)" 2>&1; echo rc=$?`); !strings.Contains(out, "rc=1") {
+			t.Errorf("raw socket opened as root: exit %d %s", code, out)
+		}
+		if _, out := sh(t, x, `python3 -c "
+import fcntl, socket, struct
+s = socket.socket()
+try:
+    fcntl.ioctl(s, 0x890C, b'\0' * 120)  # SIOCADDRT needs CAP_NET_ADMIN
+    print('changed')
+except PermissionError:
+    print('denied')
+except OSError as e:
+    print('denied' if e.errno == 1 else 'errno %d' % e.errno)"`); out != "denied" {
+			t.Errorf("route change as root: %s", out)
+		}
+		for _, c := range []struct {
+			what   string
+			port   int
+			reason string
+		}{{"udp 53 to another resolver", 53, "dns_not_resolver"}, {"dot", 853, "dot"}} {
+			w.waitAudit(t, sb.ID, c.what, func(r audit.Record) bool {
+				return r.Source == audit.SourceBPF && r.Action == "deny" && r.DstPort == c.port && r.Reason == c.reason
+			})
+		}
+		w.waitAudit(t, sb.ID, "metadata drop", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.DstIP == "169.254.169.254"
+		})
+		w.waitAudit(t, sb.ID, "TXT denial", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.QType == "TXT" && r.Action == "deny"
+		})
+	})
+	t.Run("policy change on a running sandbox", func(t *testing.T) {
+		before := curl(t, x, "http://allowed.test/") // learned, flow established then closed
+		if before != "allowed" {
+			t.Fatalf("allowed.test before the change = %q", before)
+		}
+		if _, err := w.h.Server.SetPolicy(sb.ID, []byte(changedPolicy)); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for curl(t, x, "http://denied.test/") != "denied" {
+			if time.Now().After(deadline) {
+				t.Fatal("denied.test still unreachable after the policy change")
+			}
+		}
+		if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
+			t.Errorf("the formerly learned address of allowed.test is still reachable: %q", got)
+		}
+		if code, _ := sh(t, x, "getent hosts allowed.test"); code == 0 {
+			t.Errorf("allowed.test still resolves after the change")
+		}
+		if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+			t.Errorf("port rule: 8080 = %q", got)
+		}
+		if got := curl(t, x, "http://"+cidrIP.String()+":8081/"); got != "" {
+			t.Errorf("port rule: 8081 reachable: %q", got)
+		}
+	})
+	t.Run("fail closed while egressd is stopped, adopted on restart", func(t *testing.T) {
+		if curl(t, x, "http://denied.test/") != "denied" { // learn denied.test again
+			t.Fatal("denied.test unreachable before the stop")
+		}
+		stop()
+		if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
+			t.Errorf("a denied address became reachable with egressd stopped: %q", got)
+		}
+		if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "denied" {
+			t.Errorf("a learned address stopped working with egressd stopped: %q", got)
+		}
+		d2, _ := w.daemon(t, mode, pins)
+		found := false
+		for _, id := range d2.Datapath().Attached() {
+			found = found || id == sb.ID
+		}
+		if !found {
+			t.Fatalf("restarted egressd did not adopt %s: %v", sb.ID, d2.Datapath().Attached())
+		}
+		waitAttached(t, d2, sb.ID, true)
+		if got := curl(t, x, "http://denied.test/"); got != "denied" {
+			t.Errorf("after restart denied.test (allowed by the changed policy) = %q", got)
+		}
+		d = d2
+	})
+	t.Run("delete removes everything", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := w.api.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		waitAttached(t, d, sb.ID, false)
+		st, err := d.Datapath().Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Sandboxes) != 0 {
+			t.Errorf("datapath still holds %d sandboxes: %+v", len(st.Sandboxes), st.Sandboxes)
+		}
+	})
+}

@@ -1,0 +1,330 @@
+package egressd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/dnsfilter"
+	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// sandbox is what egressd holds for one sandbox of this node.
+type sandbox struct {
+	view     watch.Sandbox
+	addrs    []netip.Addr
+	c        compiled
+	attached bool
+	// learned maps each learned address to the names it was learned through and
+	// when it expires, so a policy change can forget what the new policy denies.
+	learned map[netip.Addr]learnedAddr
+}
+
+type learnedAddr struct {
+	names []string
+	until time.Time
+}
+
+// maxLearnedTracked bounds the learned-address bookkeeping per sandbox; expired
+// entries are pruned first.
+const maxLearnedTracked = 4096
+
+// handler adapts the Daemon to watch.Handler.
+type handler struct{ d *Daemon }
+
+func (h handler) Upsert(s watch.Sandbox, _ uint64) { h.d.apply(s) }
+func (h handler) Delete(id string, _ uint64)       { h.d.remove(id, "deleted") }
+
+// Replace applies a snapshot: every listed sandbox is applied; every sandbox egressd
+// holds or the datapath has attached (adopted from a previous process) that is not
+// listed is detached.
+func (h handler) Replace(all []watch.Sandbox, _ uint64) {
+	d := h.d
+	keep := map[string]bool{}
+	for _, s := range all {
+		keep[s.ID] = true
+		d.apply(s)
+	}
+	d.mu.RLock()
+	var gone []string
+	for id := range d.byID {
+		if !keep[id] {
+			gone = append(gone, id)
+		}
+	}
+	d.mu.RUnlock()
+	for _, id := range d.dp.Attached() {
+		if !keep[id] {
+			gone = append(gone, id)
+		}
+	}
+	for _, id := range gone {
+		d.remove(id, "not in the lifecycle snapshot")
+	}
+}
+
+// enforceable reports whether s is a sandbox of this node whose traffic needs a filter:
+// it has an address and a process.
+func (d *Daemon) enforceable(s watch.Sandbox) bool {
+	if s.Node != "" && d.cfg.Node != "" && s.Node != d.cfg.Node {
+		return false
+	}
+	switch s.State {
+	case "Terminated", "Failed":
+		return false
+	}
+	return s.Address.IsValid() && (s.Runtime.Pid > 0 || s.Runtime.HostInterface != "")
+}
+
+// apply brings the datapath and the DNS directory in line with s: attach a new
+// sandbox, update a changed policy, detach one that stopped.
+func (d *Daemon) apply(s watch.Sandbox) {
+	if !d.enforceable(s) {
+		d.remove(s.ID, "state "+s.State)
+		return
+	}
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	d.mu.RLock()
+	old := d.byID[s.ID]
+	d.mu.RUnlock()
+	addrs := []netip.Addr{s.Address}
+	if s.Address6.IsValid() {
+		addrs = append(addrs, s.Address6)
+	}
+	samePolicy := old != nil && old.view.PolicyVersion == s.PolicyVersion && bytes.Equal(old.view.Policy, s.Policy)
+	if old != nil && old.attached && samePolicy && slices.Equal(old.addrs, addrs) {
+		d.mu.Lock()
+		old.view = s // state or expiry changed: nothing to enforce differently
+		d.mu.Unlock()
+		return
+	}
+	c := compiled{}
+	if old != nil && samePolicy {
+		c = old.c
+	} else {
+		c = d.compile(s)
+	}
+	sb := &sandbox{view: s, addrs: addrs, c: c, learned: map[netip.Addr]learnedAddr{}}
+	if old != nil {
+		sb.learned = old.learned
+	}
+	switch {
+	case old != nil && old.attached && slices.Equal(old.addrs, addrs):
+		if err := d.dp.Update(s.ID, c.policy); err != nil {
+			d.log.Error("policy update failed; the previous policy stays in force", "sandbox_id", s.ID, "error", err)
+			d.metrics.errors.WithLabelValues("update").Inc()
+			return
+		}
+		sb.attached = true
+		d.forgetDenied(sb)
+		d.metrics.updates.Inc()
+		d.log.Info("policy updated", "sandbox_id", s.ID, "policy_version", s.PolicyVersion)
+	default:
+		ifindex, ifname, err := hostVeth(s.Runtime.Pid, s.Runtime.HostInterface)
+		if err == nil {
+			err = d.dp.Attach(datapath.Spec{
+				ID: s.ID, HostIfindex: ifindex, HostIfname: ifname, Addrs: addrs,
+				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy,
+			})
+		}
+		if err != nil {
+			if old == nil || old.attached {
+				d.log.Error("attach failed; retrying", "sandbox_id", s.ID, "error", err)
+			}
+			d.metrics.errors.WithLabelValues("attach").Inc()
+		} else {
+			sb.attached = true
+			d.forgetDenied(sb)
+			d.log.Info("sandbox attached", "sandbox_id", s.ID, "veth", ifname, "backend", d.dp.Backend(),
+				"policy_version", s.PolicyVersion)
+		}
+	}
+	d.mu.Lock()
+	if old != nil {
+		for _, a := range old.addrs {
+			if d.byAddr[a] == old {
+				delete(d.byAddr, a)
+			}
+		}
+	}
+	d.byID[s.ID] = sb
+	if sb.attached {
+		// Only an enforced sandbox gets answers: learning for an unattached one would
+		// have nowhere to go.
+		for _, a := range addrs {
+			d.byAddr[a] = sb
+		}
+	}
+	d.metrics.sandboxes.Set(float64(len(d.byID)))
+	d.mu.Unlock()
+}
+
+// compile compiles s's policy document under the overlay; a sandbox without one gets
+// the default policy, a sandbox whose document does not compile gets deny-all (fail
+// closed; lifecycle validates documents, so this means a version skew).
+func (d *Daemon) compile(s watch.Sandbox) compiled {
+	opts := policies.CompileOptions{Overlay: d.cfg.Overlay, Version: s.PolicyVersion}
+	doc := []byte(s.Policy)
+	if len(bytes.TrimSpace(doc)) == 0 || string(bytes.TrimSpace(doc)) == "null" {
+		doc = d.fallback
+	}
+	dec, err := policies.Load(s.ID, doc, opts)
+	if err != nil {
+		d.log.Error("sandbox policy does not compile; denying all egress", "sandbox_id", s.ID, "error", err)
+		d.metrics.errors.WithLabelValues("policy").Inc()
+		dec, _ = policies.Load(s.ID, []byte(`{"defaultAction":"deny","egress":[]}`), opts)
+	}
+	return compile(dec)
+}
+
+// forgetDenied drops learned addresses none of whose names the sandbox's (new) policy
+// still allows, cutting their established flows (datapath.Forget).
+func (d *Daemon) forgetDenied(sb *sandbox) {
+	d.mu.Lock() // sb.learned is shared with the entry the DNS path still sees
+	defer d.mu.Unlock()
+	now := time.Now()
+	for a, l := range sb.learned {
+		if now.After(l.until) {
+			delete(sb.learned, a)
+			continue
+		}
+		allowed := false
+		for _, n := range l.names {
+			if sb.c.decider.DecideName(n, 0, "").Allowed() && sb.c.decider.DecideLearned(n, a, 0, "").Allowed() {
+				allowed = true
+				break
+			}
+		}
+		if !allowed {
+			if err := d.dp.Forget(sb.view.ID, a); err != nil && !errors.Is(err, datapath.ErrUnknownSandbox) {
+				d.log.Warn("forget failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+			}
+			delete(sb.learned, a)
+		}
+	}
+}
+
+// remove detaches id (every hook, map entry, rule and set of it) and drops it from the
+// DNS directory. Unknown ids are ignored.
+func (d *Daemon) remove(id, why string) {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	d.mu.Lock()
+	sb := d.byID[id]
+	if sb != nil {
+		for _, a := range sb.addrs {
+			if d.byAddr[a] == sb {
+				delete(d.byAddr, a)
+			}
+		}
+		delete(d.byID, id)
+	}
+	d.metrics.sandboxes.Set(float64(len(d.byID)))
+	d.mu.Unlock()
+	err := d.dp.Detach(id)
+	switch {
+	case err == nil:
+		d.log.Info("sandbox detached", "sandbox_id", id, "why", why)
+	case errors.Is(err, datapath.ErrUnknownSandbox):
+	default:
+		d.log.Error("detach failed", "sandbox_id", id, "error", err)
+		d.metrics.errors.WithLabelValues("detach").Inc()
+	}
+}
+
+// lookup is the DNS filter's directory: source address → sandbox. No I/O.
+func (d *Daemon) lookup(src netip.Addr) (dnsfilter.Sandbox, bool) {
+	d.mu.RLock()
+	sb := d.byAddr[src.Unmap()]
+	d.mu.RUnlock()
+	if sb == nil {
+		return dnsfilter.Sandbox{}, false
+	}
+	return dnsfilter.Sandbox{ID: sb.view.ID, Policy: sb.c.decider}, true
+}
+
+// learn is the DNS filter's learning hook: the answer's addresses are programmed into
+// the datapath before the answer is written.
+func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
+	for _, a := range l.Addrs {
+		if err := d.dp.Learn(l.SandboxID, a, l.TTL); err != nil {
+			d.metrics.learns.WithLabelValues("error").Inc()
+			return err
+		}
+	}
+	d.metrics.learns.WithLabelValues("ok").Add(float64(len(l.Addrs)))
+	until := time.Now().Add(l.TTL)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sb := d.byID[l.SandboxID]
+	if sb == nil {
+		return nil
+	}
+	if len(sb.learned) >= maxLearnedTracked {
+		now := time.Now()
+		for a, e := range sb.learned {
+			if now.After(e.until) {
+				delete(sb.learned, a)
+			}
+		}
+	}
+	for _, a := range l.Addrs {
+		e := sb.learned[a]
+		if !slices.Contains(e.names, l.Name) && len(e.names) < 8 {
+			e.names = append(e.names, l.Name)
+		}
+		if until.After(e.until) {
+			e.until = until
+		}
+		if len(sb.learned) < maxLearnedTracked || len(e.names) > 1 {
+			sb.learned[a] = e
+		}
+	}
+	return nil
+}
+
+// auditEvents turns datapath events into audit records until the datapath closes
+// its event channel.
+func (d *Daemon) auditEvents() {
+	backend := string(d.dp.Backend())
+	for ev := range d.dp.Events() {
+		d.metrics.events.WithLabelValues(ev.Kind.String()).Inc()
+		if d.cfg.Audit == nil {
+			continue
+		}
+		rec := audit.Record{
+			Time: ev.Time, SandboxID: ev.Sandbox, Source: audit.SourceBPF, Proto: ev.Proto.String(),
+			Src: ev.Src.String(), DstIP: ev.Dst.Addr().String(), DstPort: int(ev.Dst.Port()),
+			Reason: ev.Reason.String(), Extra: map[string]any{"backend": backend},
+		}
+		switch ev.Kind {
+		case datapath.KindFlow:
+			rec.Action = string(policies.Allow)
+		case datapath.KindWouldDrop:
+			rec.Action, rec.WouldDeny = string(policies.Allow), true
+		default:
+			rec.Action = string(policies.Deny)
+		}
+		d.mu.RLock()
+		if sb := d.byID[ev.Sandbox]; sb != nil {
+			if ev.Kind == datapath.KindFlow && sb.c.decider.AuditLevel() == policies.AuditDenied {
+				d.mu.RUnlock()
+				continue
+			}
+			rec.Mode, rec.PolicyVersion = string(sb.c.decider.Mode()), sb.view.PolicyVersion
+			rec.Rule = sb.c.rule(ev.Rule)
+			if l, ok := sb.learned[ev.Dst.Addr()]; ok && len(l.names) > 0 {
+				rec.DstHost = l.names[0]
+			}
+		}
+		d.mu.RUnlock()
+		d.cfg.Audit.Append(rec)
+	}
+}

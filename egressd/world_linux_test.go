@@ -1,0 +1,292 @@
+package egressd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
+	"github.com/airlockdev/airlock/egressd/enforcer"
+	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
+	"github.com/airlockdev/airlock/sdk"
+)
+
+func TestMain(m *testing.M) {
+	lctest.Network = "altest-eg0"
+	os.Exit(m.Run())
+}
+
+// The "internet" the sandboxes try to reach: a network namespace routed from the host
+// (documentation prefixes, which policies classify as public), with these servers.
+var (
+	allowedIP = netip.MustParseAddr("203.0.113.10") // allowed.test
+	deniedIP  = netip.MustParseAddr("203.0.113.20") // denied.test
+	cidrIP    = netip.MustParseAddr("198.51.100.10") // reached by a CIDR rule; also a rogue resolver
+)
+
+// world is everything one egressd test run needs: a lifecycle server on a real Docker
+// engine whose sandboxes resolve through the bridge gateway, the internet namespace,
+// a fake upstream resolver on loopback and an audit log.
+type world struct {
+	h        *lctest.Harness
+	gw       netip.Addr
+	upstream string
+	auditDir string
+	audit    *audit.Writer
+	hostPort int // a TCP listener on the bridge gateway address (the host)
+	api      *sdk.Client
+}
+
+func newWorld(t *testing.T) *world {
+	testenv.NeedRoot(t)
+	testenv.NeedBPF(t)
+	h := lctest.New(t, lctest.Options{DNSOnGateway: true})
+	_, _, gw := h.Runtime.Network()
+	w := &world{h: h, gw: gw}
+	w.internet(t)
+	w.upstream = fakeUpstream(t)
+	w.auditDir = t.TempDir()
+	aw, err := audit.New(audit.Config{Dir: w.auditDir, SyncInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { aw.Close() })
+	w.audit = aw
+	l, err := net.Listen("tcp", netip.AddrPortFrom(gw, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go http.Serve(l, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "host") }))
+	w.hostPort = l.Addr().(*net.TCPAddr).Port
+	if w.api, err = sdk.New(sdk.Config{BaseURL: h.HTTP.URL}); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// internet creates the namespace, a veth to it from the host, routes for the two
+// documentation prefixes through it, and the servers.
+func (w *world) internet(t *testing.T) {
+	ns := datapathtest.NewNetns(t, "aleg")
+	host, peer := "alegh0", "alegn0"
+	exec.Command("ip", "link", "del", host).Run() // a leftover from a killed run
+	datapathtest.IP(t, "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns.Name)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", host).Run() })
+	datapathtest.IP(t, "addr", "add", "10.251.0.1/30", "dev", host)
+	datapathtest.IP(t, "link", "set", host, "up")
+	datapathtest.IP(t, "-n", ns.Name, "addr", "add", "10.251.0.2/30", "dev", peer)
+	datapathtest.IP(t, "-n", ns.Name, "link", "set", peer, "up")
+	for _, a := range []netip.Addr{allowedIP, deniedIP, cidrIP} {
+		datapathtest.IP(t, "-n", ns.Name, "addr", "add", a.String()+"/32", "dev", "lo")
+	}
+	datapathtest.IP(t, "-n", ns.Name, "route", "add", "default", "via", "10.251.0.1")
+	datapathtest.IP(t, "route", "add", "203.0.113.0/24", "via", "10.251.0.2")
+	datapathtest.IP(t, "route", "add", "198.51.100.0/24", "via", "10.251.0.2")
+	serve := func(addr, body string) {
+		l, err := ns.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("listen %s: %v", addr, err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go http.Serve(l, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, body) }))
+	}
+	serve(allowedIP.String()+":80", "allowed")
+	serve(deniedIP.String()+":80", "denied")
+	serve(cidrIP.String()+":8080", "cidr")
+	serve(cidrIP.String()+":8081", "cidr-8081")
+	serve(cidrIP.String()+":853", "dot")
+	serve(cidrIP.String()+":53", "tcp-dns")
+	// A rogue resolver that answers everything: reaching it would bypass the filter.
+	pc, err := ns.ListenPacket("udp", cidrIP.String()+":53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go dns.ActivateAndServe(nil, pc, dns.HandlerFunc(answerAll(deniedIP)))
+}
+
+// fakeUpstream starts the upstream resolver egressd forwards to, on loopback.
+func fakeUpstream(t *testing.T) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]netip.Addr{
+		"allowed.test.": allowedIP, "denied.test.": deniedIP, "other.test.": deniedIP,
+		"rebind.test.": netip.MustParseAddr("10.0.0.1"),
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		a, ok := names[strings.ToLower(q.Question[0].Name)]
+		switch {
+		case !ok:
+			m.Rcode = dns.RcodeNameError
+		case q.Question[0].Qtype == dns.TypeA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA,
+				Class: dns.ClassINET, Ttl: 300}, A: a.AsSlice()})
+		}
+		rw.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+func answerAll(a netip.Addr) func(dns.ResponseWriter, *dns.Msg) {
+	return func(rw dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA,
+			Class: dns.ClassINET, Ttl: 300}, A: a.AsSlice()})
+		rw.WriteMsg(m)
+	}
+}
+
+// daemon starts egressd on the world with the given backend and pin root.
+func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string) (*Daemon, func()) {
+	t.Helper()
+	ov := policies.BaseOverlay()
+	ov.DenyAddrs(w.gw)
+	d, err := New(Config{
+		Watch:     watch.ClientConfig{URL: w.h.HTTP.URL + "/internal/v1/watch"},
+		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}},
+		DNSListen: netip.AddrPortFrom(w.gw, 53).String(),
+		Upstreams: []string{w.upstream},
+		Overlay:   ov,
+		Audit:     w.audit,
+		Registry:  prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Backend(); string(got) != string(mode) {
+		d.Close()
+		t.Fatalf("backend = %s, want %s", got, mode)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return d, stop
+}
+
+// create makes a sandbox with policy (nil: none) and waits until execd answers.
+func (w *world) create(t *testing.T, policy string) (*sdk.Sandbox, *sdk.Execd) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req := sdk.CreateRequest{Image: w.h.Image, Timeout: 10 * time.Minute}
+	if policy != "" {
+		req.NetworkPolicy = json.RawMessage(policy)
+	}
+	sb, err := w.api.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := w.api.Execd(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sb, x
+}
+
+// sh runs a shell command in the sandbox and returns its exit code and stdout.
+func sh(t *testing.T, x *sdk.Execd, cmd string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ex, err := x.Run(ctx, sdk.Command{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return ex.ExitCode(), strings.TrimSpace(strings.Join(ex.Stdout, "\n"))
+}
+
+// curl fetches url from the sandbox; it returns the body, or "" when the request failed.
+func curl(t *testing.T, x *sdk.Execd, url string) string {
+	t.Helper()
+	code, out := sh(t, x, "curl -sS -m 3 "+url)
+	if code != 0 {
+		return ""
+	}
+	return out
+}
+
+// waitAttached waits until the datapath enforces id (want true) or no longer does.
+func waitAttached(t *testing.T, d *Daemon, id string, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := false
+		for _, a := range d.Datapath().Attached() {
+			got = got || a == id
+		}
+		d.mu.RLock()
+		sb := d.byID[id]
+		inDir := sb != nil && sb.attached
+		d.mu.RUnlock()
+		if got == want && inDir == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s attached=%v (directory %v), want %v", id, got, inDir, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitAudit waits for an audit record of sandbox id matching pred.
+func (w *world) waitAudit(t *testing.T, id, what string, pred func(audit.Record) bool) audit.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		recs, _, err := audit.Query(w.auditDir, audit.Filter{SandboxID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if pred(r) {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit record for %s (%d records of %s)", what, len(recs), id)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func pinRoot(t *testing.T) string {
+	var b [4]byte
+	rand.Read(b[:])
+	p := filepath.Join("/sys/fs/bpf", "airlock-egtest-"+hex.EncodeToString(b[:]))
+	t.Cleanup(func() { os.RemoveAll(p) })
+	return p
+}
