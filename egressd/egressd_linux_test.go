@@ -31,10 +31,10 @@ func TestEgressdEnforcesRealSandboxes(t *testing.T) {
 }
 
 func (w *world) suite(t *testing.T, mode enforcer.Mode) {
+	outer := t // daemons live as long as the suite, not one subtest
 	pins := pinRoot(t)
 	d, stop := w.daemon(t, mode, pins)
-	sb, x := w.create(t, startPolicy)
-	waitAttached(t, d, sb.ID, true)
+	sb, x := w.create(t, d, startPolicy)
 
 	t.Run("allowed name resolves and connects", func(t *testing.T) {
 		if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
@@ -174,7 +174,7 @@ except OSError as e:
 		if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "denied" {
 			t.Errorf("a learned address stopped working with egressd stopped: %q", got)
 		}
-		d2, _ := w.daemon(t, mode, pins)
+		d2, _ := w.daemon(outer, mode, pins)
 		found := false
 		for _, id := range d2.Datapath().Attached() {
 			found = found || id == sb.ID

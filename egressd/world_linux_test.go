@@ -194,8 +194,11 @@ func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string) (*Daemo
 	return d, stop
 }
 
-// create makes a sandbox with policy (nil: none) and waits until execd answers.
-func (w *world) create(t *testing.T, policy string) (*sdk.Sandbox, *sdk.Execd) {
+// create makes a sandbox with policy ("": none), waits until d enforces it, then until
+// execd answers. Waiting for enforcement first keeps every connection the test opens
+// to the sandbox younger than its filter (the nftables backend recognises replies to
+// inbound connections by the SYN-ACK it saw, see egressd/nftfilter/README.md).
+func (w *world) create(t *testing.T, d *Daemon, policy string) (*sdk.Sandbox, *sdk.Execd) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -207,6 +210,7 @@ func (w *world) create(t *testing.T, policy string) (*sdk.Sandbox, *sdk.Execd) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitAttached(t, d, sb.ID, true)
 	x, err := w.api.Execd(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)

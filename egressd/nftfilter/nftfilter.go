@@ -165,6 +165,7 @@ func (f *Filter) sandboxSets(id string) []*nftables.Set {
 			&nftables.Set{Table: f.table, Name: resSet(fm, id), KeyType: addr},
 			&nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addr, HasTimeout: true, Size: datapath.MaxLearnedPerSbx},
 			&nftables.Set{Table: f.table, Name: flowSet(fm, id), KeyType: flowType, Concatenation: true, HasTimeout: true, Dynamic: true, Timeout: f.cfg.FlowIdle, Size: 65535},
+			&nftables.Set{Table: f.table, Name: inSet(fm, id), KeyType: flowType, Concatenation: true, HasTimeout: true, Dynamic: true, Timeout: f.cfg.FlowIdle, Size: 65535},
 		)
 	}
 	return out
@@ -224,6 +225,14 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 					if err := f.conn.SetAddElements(st, elems); err != nil {
 						return err
 					}
+				}
+			}
+		}
+		// Sets added by a later version (inbound flows) are created when missing.
+		for _, st := range f.sandboxSets(id) {
+			if strings.HasPrefix(st.Name, "in") {
+				if err := f.conn.AddSet(st, nil); err != nil {
+					return fmt.Errorf("set %s: %w", st.Name, err)
 				}
 			}
 		}

@@ -16,6 +16,10 @@ func srcSet(f fam, id string) string   { return "src" + f.suffix + "_" + id }
 func resSet(f fam, id string) string   { return "res" + f.suffix + "_" + id }
 func learnSet(f fam, id string) string { return "learn" + f.suffix + "_" + id }
 func flowSet(f fam, id string) string  { return "flow" + f.suffix + "_" + id }
+
+// inSet holds the flows of inbound connections (the sandbox's SYN-ACK recorded them):
+// a policy change never cuts them, they are replies to a client (the gateway).
+func inSet(f fam, id string) string { return "in" + f.suffix + "_" + id }
 func dropCounter(id string) string     { return "drops_" + id }
 func flowCounter(id string) string     { return "flows_" + id }
 
@@ -64,7 +68,9 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 		add(nfproto(fm), flowKey(fm), one(&expr.Lookup{SourceRegister: regCat, SetName: flowSet(fm, id)}),
 			one(addFlow(flowSet(fm, id), f.cfg.FlowIdle), accept))
 		add(nfproto(fm), l4proto(fm.icmp), icmpType(fm.echoReply, fm.echoReply), one(accept))
-		add(nfproto(fm), l4proto(protoTC), tcpFlags(0x12, 0x12), flowKey(fm), one(addFlow(flowSet(fm, id), f.cfg.FlowIdle), accept))
+		add(nfproto(fm), flowKey(fm), one(&expr.Lookup{SourceRegister: regCat, SetName: inSet(fm, id)}),
+			one(addFlow(inSet(fm, id), f.cfg.FlowIdle), accept))
+		add(nfproto(fm), l4proto(protoTC), tcpFlags(0x12, 0x12), flowKey(fm), one(addFlow(inSet(fm, id), f.cfg.FlowIdle), accept))
 		// 6. static rules, in order
 		for _, r := range p.Rules {
 			if r.Prefix.Addr().Is4() != (fm == v4) {
