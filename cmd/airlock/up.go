@@ -25,14 +25,20 @@ func newUpCmd() *cobra.Command {
 		logLevel   string
 		gwListen   string
 		noGateway  bool
+		noEgress   bool
+		egressMode string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Run Airlock on this host: lifecycle API, gateway, Docker runtime, store, audit",
+		Short: "Run Airlock on this host: lifecycle API, gateway, egress firewall, Docker runtime, store, audit",
 		Long: `Runs the whole Airlock stack in one process on this host: the OpenSandbox lifecycle
 API (default 127.0.0.1:8080, also under /v1) with the Docker runtime and the embedded
 store in the state directory, and the ingress gateway (embedded Caddy, default
-127.0.0.1:8081) that every sandbox endpoint points at. Gateway and lifecycle decisions
+127.0.0.1:8081) that every sandbox endpoint points at, and the egress daemon: the DNS
+filter on the Airlock bridge (the sandboxes' only resolver) and the eBPF datapath
+(nftables where eBPF cannot attach) on every sandbox's veth, enforcing the
+networkPolicy given at creation (none: everything but the host, the control plane,
+cloud metadata and private addresses). Gateway, DNS and connection decisions
 go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' checks it). On first start it generates an API key, stores it in the
 state directory and prints it; later starts reuse it (--no-auth: no key at all).
 
@@ -64,6 +70,12 @@ Flags override the file.`,
 			if f.Changed("no-gateway") {
 				cfg.Gateway.Disabled = noGateway
 			}
+			if f.Changed("no-egress") {
+				cfg.Egress.Disabled = noEgress
+			}
+			if f.Changed("egress-mode") {
+				cfg.Egress.Mode = egressMode
+			}
 			if f.Changed("log-level") {
 				cfg.LogLevel = logLevel
 			}
@@ -91,6 +103,8 @@ Flags override the file.`,
 	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "directory of the store and the generated API key")
 	f.StringVar(&gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
 	f.BoolVar(&noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
+	f.BoolVar(&noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
+	f.StringVar(&egressMode, "egress-mode", "auto", "egress datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
@@ -105,6 +119,11 @@ func printBanner(w io.Writer, s *up.Stack) {
 		_, port, _ := net.SplitHostPort(gw)
 		fmt.Fprintf(w, "  Gateway:       http://%s  (sandbox ports: http://%s/sandboxes/<id>/proxy/<port>/\n", gw, gw)
 		fmt.Fprintf(w, "                 or http://<port>-<id>.airlock.localhost:%s/ from a browser or curl)\n", port)
+	}
+	if s.Egress != nil {
+		fmt.Fprintf(w, "  Egress:        %s datapath, DNS filter on %s (policy: networkPolicy at create)\n", s.Egress.Backend(), s.Egress.DNSAddr())
+	} else {
+		fmt.Fprintf(w, "  Egress:        NOT ENFORCED (--no-egress): sandboxes reach whatever this host reaches\n")
 	}
 	if s.Audit != nil {
 		fmt.Fprintf(w, "  Audit log:     %s (airlock audit verify %s)\n", s.AuditDir(), s.AuditDir())

@@ -45,6 +45,9 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	  baseDomain: sandboxes.example.com   # host-form endpoints; empty: path form
 //	audit:
 //	  dir: /var/lib/airlock/audit
+//	egress:
+//	  mode: auto                          # auto | ebpf | nftables
+//	  upstreams: [192.0.2.53]             # default: the host's /etc/resolv.conf
 //	docker:
 //	  network: airlock0
 //	  subnet: 10.213.0.0/16
@@ -68,6 +71,7 @@ type Config struct {
 	Lifecycle LifecycleConfig `yaml:"lifecycle"`
 	Gateway   GatewayConfig   `yaml:"gateway"`
 	Audit     AuditConfig     `yaml:"audit"`
+	Egress    EgressConfig    `yaml:"egress"`
 	Docker    DockerConfig    `yaml:"docker"`
 }
 
@@ -173,6 +177,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Audit.Dir == "" {
 		c.Audit.Dir = filepath.Join(c.StateDir, "audit")
+	}
+	if err := c.Egress.setDefaults(); err != nil {
+		return err
 	}
 	if c.Docker.ExecdPath == "" {
 		c.Docker.ExecdPath = DefaultExecdPath()

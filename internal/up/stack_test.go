@@ -2,19 +2,24 @@ package up
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/sdk"
-	"net"
-	"os"
-	"path/filepath"
-	"strings"
-	"testing"
 
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -37,7 +42,8 @@ func TestStartFailureStopsInReverse(t *testing.T) {
 	}
 	defer busy.Close()
 	dir := t.TempDir()
-	cfg := Config{Listen: busy.Addr().String(), StateDir: dir, Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t)}}
+	cfg := Config{Listen: busy.Addr().String(), StateDir: dir, Egress: EgressConfig{Disabled: true},
+		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t)}}
 	s, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +85,7 @@ func TestStackThroughGateway(t *testing.T) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: dir,
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
+		Egress:  EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)}},
 		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	s, err := New(cfg, nil)
@@ -172,8 +179,53 @@ func TestStackThroughGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every gateway decision is in the hash-chained audit log.
+	// Egress: the networkPolicy given at creation is enforced by the embedded egressd.
+	pol := json.RawMessage(`{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`)
+	sb2, err := c.Create(ctx, sdk.CreateRequest{Image: img, NetworkPolicy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x2, err := c.Execd(ctx, sb2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x2.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(s.Egress.Datapath().Attached(), sb2.ID) {
+		t.Errorf("egressd has not attached %s: %v", sb2.ID, s.Egress.Datapath().Attached())
+	}
+	for name, want := range map[string]string{"allowed.test": "203.0.113.10", "denied.test": ""} {
+		ex, err := x2.Run(ctx, sdk.Command{Command: "getent hosts " + name + " | cut -d' ' -f1"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(ex.Stdout, ""); got != want {
+			t.Errorf("%s resolves to %q in the sandbox, want %q", name, got, want)
+		}
+	}
 	deadline := time.Now().Add(10 * time.Second)
+	for {
+		recs, _, err := audit.Query(cfg.StateDir+"/audit", audit.Filter{SandboxID: sb2.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(recs, func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.DstHost == "denied.test" && r.Action == "deny"
+		}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no DNS denial audited for %s: %+v", sb2.ID, recs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.Kill(ctx, sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every gateway decision is in the hash-chained audit log.
+	deadline = time.Now().Add(10 * time.Second)
 	for s.Audit.Synced() == 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -184,4 +236,38 @@ func TestStackThroughGateway(t *testing.T) {
 	if len(recs) == 0 || recs[0].Source != audit.SourceGateway {
 		t.Errorf("audit records for %s: %+v", sb.ID, recs)
 	}
+}
+
+// fakeResolver is the upstream the embedded egressd forwards to: loopback only,
+// allowed.test and denied.test exist, everything else is NXDOMAIN.
+func fakeResolver(t *testing.T) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		ip := map[string]net.IP{"allowed.test.": {203, 0, 113, 10}, "denied.test.": {203, 0, 113, 20}}[strings.ToLower(q.Question[0].Name)]
+		switch {
+		case ip == nil:
+			m.Rcode = dns.RcodeNameError
+		case q.Question[0].Qtype == dns.TypeA:
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: ip}}
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// testPinRoot is a bpffs directory of the test's own for the eBPF datapath.
+func testPinRoot(t *testing.T) string {
+	testenv.NeedBPF(t)
+	var b [4]byte
+	rand.Read(b[:])
+	p := filepath.Join("/sys/fs/bpf", "airlock-uptest-"+hex.EncodeToString(b[:]))
+	t.Cleanup(func() { os.RemoveAll(p) })
+	return p
 }

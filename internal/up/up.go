@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
@@ -49,14 +50,16 @@ type Stack struct {
 	Docker    *docker.Runtime
 	Lifecycle *lifecycle.Server
 	Gateway   *gateway.Server // nil when the gateway is disabled
+	Egress    *egressd.Daemon // nil when egress enforcement is disabled
 	APIKey    string
 	// Addr is the lifecycle API's bound address.
 	Addr net.Addr
 
-	endpoints  atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
-	http       *http.Server
-	components []component
-	started    []component
+	endpoints    atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
+	stopEgressFn func()
+	http         *http.Server
+	components   []component
+	started      []component
 }
 
 // New checks cfg and lays out the components; it starts nothing.
@@ -78,6 +81,9 @@ func New(cfg Config, log *slog.Logger) (*Stack, error) {
 	// The data plane follows lifecycle's watch stream, so it starts after the listener.
 	if !s.cfg.Gateway.Disabled {
 		s.components = append(s.components, component{name: "gateway", start: s.startGateway, stop: s.stopGateway})
+	}
+	if !s.cfg.Egress.Disabled {
+		s.components = append(s.components, component{name: "egress", start: s.startEgress, stop: s.stopEgress})
 	}
 	return s, nil
 }
@@ -174,6 +180,7 @@ func (s *Stack) startDocker(ctx context.Context) error {
 		OCIRuntime:       s.cfg.Docker.OCIRuntime,
 		AllowedHostRoots: s.cfg.Docker.AllowedHostRoots,
 		NamePrefix:       s.cfg.Docker.NamePrefix,
+		DNSOnGateway:     !s.cfg.Egress.Disabled,
 		Log:              s.log.With("component", "docker"),
 	})
 	if err != nil {

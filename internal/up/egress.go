@@ -1,0 +1,157 @@
+package up
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// EgressConfig configures the embedded egress daemon (package egressd).
+type EgressConfig struct {
+	// Disabled turns egress enforcement off: sandboxes then use Docker's resolvers and
+	// reach whatever the host reaches. Say so loudly to whoever runs agents.
+	Disabled bool `yaml:"disabled"`
+	// Mode picks the datapath: auto (default: eBPF, nftables when eBPF cannot attach),
+	// ebpf or nftables.
+	Mode string `yaml:"mode"`
+	// Upstreams are the resolvers allowed names are forwarded to ("host:port" or
+	// "host"); default the nameservers of the host's /etc/resolv.conf.
+	Upstreams []string `yaml:"upstreams"`
+	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
+	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
+	PinRoot string `yaml:"pinRoot"`
+}
+
+func (c *EgressConfig) setDefaults() error {
+	switch enforcer.Mode(c.Mode) {
+	case "":
+		c.Mode = string(enforcer.ModeAuto)
+	case enforcer.ModeAuto, enforcer.ModeEBPF, enforcer.ModeNFTables:
+	default:
+		return fmt.Errorf("config: egress.mode %q: want auto, ebpf or nftables", c.Mode)
+	}
+	for i, u := range c.Upstreams {
+		if _, _, err := net.SplitHostPort(u); err != nil {
+			if _, err := netip.ParseAddr(u); err != nil {
+				return fmt.Errorf("config: egress.upstreams[%d] %q: want an address or address:port", i, u)
+			}
+			c.Upstreams[i] = net.JoinHostPort(u, "53")
+		}
+	}
+	return nil
+}
+
+// hostResolvers reads the nameservers of /etc/resolv.conf as "addr:53".
+func hostResolvers(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fields[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a.WithZone(""), 53).String())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no nameserver in %s; set egress.upstreams", path)
+	}
+	return out, sc.Err()
+}
+
+// hostAddrs lists this host's interface addresses (the overlay denies them: a sandbox
+// must not reach the host's services, the control plane included).
+func hostAddrs() []netip.Addr {
+	var out []netip.Addr
+	ifs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	for _, a := range ifs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
+
+// startEgress runs egressd in this process: its DNS filter on the Airlock bridge's
+// gateway address (the sandboxes' only resolver, docker.Config.DNSOnGateway), its
+// datapath on every sandbox's veth, following lifecycle's watch over loopback. It
+// waits for the first snapshot so that sandboxes adopted at start are enforced when
+// `airlock up` reports ready.
+func (s *Stack) startEgress(ctx context.Context) error {
+	e := s.cfg.Egress
+	upstreams := e.Upstreams
+	if len(upstreams) == 0 {
+		var err error
+		if upstreams, err = hostResolvers("/etc/resolv.conf"); err != nil {
+			return err
+		}
+	}
+	_, _, gw := s.Docker.Network()
+	if !gw.IsValid() {
+		return fmt.Errorf("the Docker network has no gateway address for the DNS filter")
+	}
+	ov := policies.BaseOverlay()
+	ov.DenyAddrs(hostAddrs()...)
+	hdr := http.Header{}
+	if s.APIKey != "" {
+		hdr.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
+	}
+	d, err := egressd.New(egressd.Config{
+		Watch:     watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
+		Enforcer:  enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
+		DNSListen: netip.AddrPortFrom(gw, 53).String(),
+		Upstreams: upstreams,
+		Overlay:   ov,
+		Audit:     s.Audit,
+		Registry:  s.registry,
+		Logger:    s.log.With("component", "egressd"),
+	})
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Run(runCtx); err != nil {
+			s.log.Error("egressd stopped", "err", err)
+		}
+	}()
+	s.Egress = d
+	s.stopEgressFn = func() { cancel(); <-done }
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.Synced() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !d.Synced() {
+		s.log.Warn("egressd has not received the sandbox list yet; it keeps trying")
+	}
+	return nil
+}
+
+func (s *Stack) stopEgress(context.Context) error {
+	if s.stopEgressFn != nil {
+		s.stopEgressFn()
+	}
+	return nil
+}
