@@ -3,6 +3,7 @@ package egressd
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -141,8 +142,13 @@ except OSError as e:
 		if before != "allowed" {
 			t.Fatalf("allowed.test before the change = %q", before)
 		}
-		if _, err := w.h.Server.SetPolicy(sb.ID, []byte(changedPolicy)); err != nil {
+		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(changedPolicy))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("PUT /policy: %d", resp.StatusCode)
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for curl(t, x, "http://denied.test/") != "denied" {

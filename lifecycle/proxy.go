@@ -96,6 +96,10 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prefix := "/sandboxes/" + id + "/proxy/" + r.PathValue("port")
+	if port == EgressPort {
+		s.handleEgressAPI(w, r, id, "/"+r.PathValue("rest"))
+		return
+	}
 	rest := r.URL.EscapedPath()
 	if i := strings.Index(rest, prefix); i >= 0 {
 		rest = rest[i+len(prefix):]

@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/airlockdev/airlock/audit"
 	"log/slog"
 	"net"
 	"net/http"
@@ -62,6 +63,11 @@ type Config struct {
 	// Registry receives the metrics (namespace airlock, subsystem lifecycle); nil means
 	// none are registered.
 	Registry prometheus.Registerer
+	// Audit receives a record (source policy) for every policy change; nil means none.
+	Audit interface{ Append(audit.Record) }
+	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;
+	// empty answers that route 501.
+	AuditDir string
 	Log      *slog.Logger
 }
 

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/airlockdev/airlock/policies"
 	"math"
 	"math/big"
 	"path"
@@ -305,30 +306,12 @@ func validateVolumes(vols []Volume) error {
 	return nil
 }
 
-// validatePolicy checks the OpenSandbox networkPolicy shape
-// ({defaultAction, egress:[{action, target}]}); the policies package owns the full
-// semantics, lifecycle only refuses what is malformed.
+// validatePolicy checks a create request's networkPolicy with policies.Parse, the one
+// validation function the CLI, lifecycle and egressd share (OpenSandbox
+// {defaultAction, egress:[{action, target}]} or the Airlock form).
 func validatePolicy(raw json.RawMessage) error {
-	var p struct {
-		DefaultAction string `json:"defaultAction"`
-		Egress        []struct {
-			Action string `json:"action"`
-			Target string `json:"target"`
-		} `json:"egress"`
-	}
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return fmt.Errorf("%w: networkPolicy: %v", ErrInvalidRequest, err)
-	}
-	if p.DefaultAction != "" && p.DefaultAction != "allow" && p.DefaultAction != "deny" {
-		return fmt.Errorf("%w: networkPolicy.defaultAction must be allow or deny", ErrInvalidRequest)
-	}
-	for i, r := range p.Egress {
-		if r.Action != "allow" && r.Action != "deny" {
-			return fmt.Errorf("%w: networkPolicy.egress[%d].action must be allow or deny", ErrInvalidRequest, i)
-		}
-		if strings.TrimSpace(r.Target) == "" {
-			return fmt.Errorf("%w: networkPolicy.egress[%d].target is empty", ErrInvalidRequest, i)
-		}
+	if _, err := policies.Parse("networkPolicy", raw); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
@@ -101,6 +102,10 @@ type Options struct {
 	// DNSOnGateway makes the network's gateway address the sandboxes' only resolver
 	// (where an egressd under test serves its DNS filter).
 	DNSOnGateway bool
+	// Audit and AuditDir are passed to lifecycle.Config (policy-change records, the
+	// audit query route).
+	Audit    interface{ Append(audit.Record) }
+	AuditDir string
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -159,6 +164,8 @@ func New(t testing.TB, o Options) *Harness {
 		ResyncInterval: o.ResyncInterval,
 		ReadyTimeout:   60 * time.Second,
 		Endpoint:       o.Endpoint,
+		Audit:          o.Audit,
+		AuditDir:       o.AuditDir,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -201,6 +201,8 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		},
 		ReadyTimeout: time.Duration(s.cfg.Lifecycle.ReadyTimeout),
 		Endpoint:     s.endpoint,
+		Audit:        s.Audit,
+		AuditDir:     s.cfg.Audit.Dir,
 		Registry:     s.registry,
 		Log:          s.log.With("component", "lifecycle"),
 	})

@@ -1,0 +1,301 @@
+package lifecycle
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// EgressPort is the sandbox port of the OpenSandbox egress API (egress-api.yaml):
+// lifecycle answers its /policy itself, there is no sidecar.
+const EgressPort = 18080
+
+// PolicyResponse is the answer of Airlock's own policy API
+// (GET/PUT/PATCH/DELETE /v1/sandboxes/{id}/policy).
+type PolicyResponse struct {
+	SandboxID string `json:"sandboxId"`
+	// Version increases with every change (the data plane applies versions in order).
+	Version uint64 `json:"version"`
+	// Policy is the stored document (Airlock JSON form); null when the sandbox has
+	// none and the operator's default applies.
+	Policy json.RawMessage `json:"policy"`
+	// NetworkPolicy is the same policy in the OpenSandbox shape; Lossless is false when
+	// it uses Airlock extensions (ports, protocols, DNS options, mode) that the
+	// OpenSandbox shape cannot carry.
+	NetworkPolicy *policies.NetworkPolicy `json:"networkPolicy,omitempty"`
+	Lossless      bool                    `json:"lossless"`
+}
+
+// AuditResponse is the answer of GET /v1/sandboxes/{id}/audit.
+type AuditResponse struct {
+	Records []audit.Record `json:"records"`
+	// More is true when records beyond limit exist: ask again with after=<last seq>.
+	More bool `json:"more"`
+}
+
+func (s *Server) policyRoutes() {
+	m := s.mux
+	m.HandleFunc("GET /sandboxes/{id}/policy", s.handleGetPolicy)
+	m.HandleFunc("PUT /sandboxes/{id}/policy", s.handlePutPolicy)
+	m.HandleFunc("PATCH /sandboxes/{id}/policy", s.handlePatchPolicy)
+	m.HandleFunc("DELETE /sandboxes/{id}/policy", s.handleDeletePolicy)
+	m.HandleFunc("GET /sandboxes/{id}/audit", s.handleAudit)
+}
+
+// parsedPolicy returns the sandbox's policy parsed (nil when it has none).
+func (s *Server) parsedPolicy(id string) (*policies.Policy, uint64, error) {
+	raw, v, err := s.Policy(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, v, nil
+	}
+	p, err := policies.Parse(id, raw)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stored policy of %s: %w", id, err)
+	}
+	return p, v, nil
+}
+
+// storePolicy persists p (Airlock JSON form) as the sandbox's new policy and audits
+// the change.
+func (s *Server) storePolicy(r *http.Request, id string, p *policies.Policy, change string) (uint64, error) {
+	doc, err := json.Marshal(p)
+	if err != nil {
+		return 0, err
+	}
+	v, err := s.SetPolicy(id, doc)
+	if err != nil {
+		return 0, err
+	}
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Append(audit.Record{
+			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
+			Action: string(policies.Allow), Reason: "policy changed: " + change, PolicyVersion: v,
+			Extra: map[string]any{"change": change, "route": r.Method + " " + r.URL.Path},
+		})
+	}
+	s.log.Info("policy changed", "sandbox_id", id, "change", change, "policy_version", v)
+	return v, nil
+}
+
+func (s *Server) writePolicy(w http.ResponseWriter, r *http.Request, id string) {
+	p, v, err := s.parsedPolicy(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	resp := PolicyResponse{SandboxID: id, Version: v, Policy: json.RawMessage("null")}
+	if p != nil {
+		resp.Policy, _ = json.Marshal(p)
+		np, lossless := policies.ToNetworkPolicy(p)
+		resp.NetworkPolicy, resp.Lossless = &np, lossless
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
+	s.writePolicy(w, r, r.PathValue("id"))
+}
+
+// handlePutPolicy replaces the policy with the body: an Airlock policy (YAML or JSON)
+// or an OpenSandbox networkPolicy. A malformed document is 400 with line and reason,
+// and changes nothing.
+func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	body, err := readBody(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if _, _, err := s.Policy(id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, err := policies.Parse("request body", body)
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("%w: %v", ErrInvalidRequest, err))
+		return
+	}
+	if _, err := s.storePolicy(r, id, p, "put"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writePolicy(w, r, id)
+}
+
+// handlePatchPolicy merges a JSON array of rules (OpenSandbox PATCH /policy
+// semantics: incoming rules first, an incoming target replaces the existing rule).
+func (s *Server) handlePatchPolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := s.patchPolicy(r, id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writePolicy(w, r, id)
+}
+
+// handleDeletePolicy removes the rules whose targets the JSON array names.
+func (s *Server) handleDeletePolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := s.removeTargets(r, id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writePolicy(w, r, id)
+}
+
+func (s *Server) patchPolicy(r *http.Request, id string) (*policies.Policy, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	cur, _, err := s.parsedPolicy(id)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := policies.ParseRules("request body", body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	p, err := policies.Patch(cur, rules)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	if _, err := s.storePolicy(r, id, p, "patch"); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (s *Server) removeTargets(r *http.Request, id string) (*policies.Policy, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	cur, _, err := s.parsedPolicy(id)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := policies.ParseTargets("request body", body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	if cur == nil {
+		return nil, nil // nothing to remove from; idempotent as the spec says
+	}
+	p, err := policies.RemoveTargets(cur, targets)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	if _, err := s.storePolicy(r, id, p, "delete"); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// handleEgressAPI answers the OpenSandbox egress API (egress-api.yaml, /policy) for
+// sandbox port 18080 reached through the server proxy: GET returns the policy status,
+// PATCH merges rules, DELETE removes targets; every change is persisted and published
+// to the data plane like PUT /v1/sandboxes/{id}/policy.
+func (s *Server) handleEgressAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
+	if rest != "/policy" {
+		s.fail(w, r, fmt.Errorf("%w: the egress API serves /policy only", ErrNoRoute))
+		return
+	}
+	var err error
+	switch r.Method {
+	case http.MethodGet:
+	case http.MethodPatch:
+		_, err = s.patchPolicy(r, id)
+	case http.MethodDelete:
+		_, err = s.removeTargets(r, id)
+	default:
+		w.Header().Set("Allow", "GET, PATCH, DELETE")
+		s.fail(w, r, fmt.Errorf("%w: %s /policy", ErrNoRoute, r.Method))
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	p, _, err := s.parsedPolicy(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, policies.Status(p, "dns+datapath"))
+}
+
+// handleAudit answers GET /v1/sandboxes/{id}/audit?since=&until=&after=&limit= from the
+// audit log: since and until are RFC 3339 times (since ≤ time < until), after a seq
+// to continue from, limit at most 10000 (default 1000).
+func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if s.cfg.AuditDir == "" {
+		s.fail(w, r, fmt.Errorf("%w: no audit log is configured", ErrNotImplemented))
+		return
+	}
+	q := r.URL.Query()
+	f := audit.Filter{SandboxID: id, Limit: 1000}
+	for _, tf := range []struct {
+		name string
+		dst  *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := q.Get(tf.name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				s.fail(w, r, fmt.Errorf("%w: %s must be an RFC 3339 time (2026-11-22T18:00:00Z)", ErrInvalidRequest, tf.name))
+				return
+			}
+			*tf.dst = t
+		}
+	}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			s.fail(w, r, fmt.Errorf("%w: after must be a record seq", ErrInvalidRequest))
+			return
+		}
+		f.AfterSeq = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			s.fail(w, r, fmt.Errorf("%w: limit must be from 1 to 10000", ErrInvalidRequest))
+			return
+		}
+		f.Limit = n
+	}
+	recs, more, err := audit.Query(s.cfg.AuditDir, f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if recs == nil {
+		recs = []audit.Record{}
+	}
+	writeJSON(w, http.StatusOK, AuditResponse{Records: recs, More: more})
+}
+
+// readBody reads a request body of at most maxBody bytes.
+func readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	if len(b) > maxBody {
+		return nil, fmt.Errorf("%w: the body exceeds %d bytes", ErrInvalidJSON, maxBody)
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: the body is empty", ErrInvalidJSON)
+	}
+	return b, nil
+}
