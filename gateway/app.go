@@ -73,6 +73,11 @@ type App struct {
 	// Renew enables renew-on-access intents to lifecycle for sandboxes that opted in.
 	Renew *RenewConfig `json:"renew,omitempty"`
 
+	// EgressAPI, when set, sends requests for sandbox port 18080 (the OpenSandbox egress
+	// API, egress-api.yaml) to lifecycle, which answers /policy itself: Airlock runs no
+	// sidecar in the sandbox. Access checks of the sandbox's port apply first.
+	EgressAPI *EgressAPIConfig `json:"egress_api,omitempty"`
+
 	// TombstoneTTL is how long a deleted sandbox answers 410 Gone instead of 404;
 	// default 1h.
 	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
@@ -113,6 +118,18 @@ type SigningKey struct {
 }
 
 // RenewConfig configures renew-on-access intents.
+// EgressAPIConfig names lifecycle's server proxy for port 18080.
+type EgressAPIConfig struct {
+	// Dial is lifecycle's host:port; the request goes to
+	// /sandboxes/<id>/proxy/18080/<path> there.
+	Dial string `json:"dial"`
+	// Headers are added to the forwarded request, for example OPEN-SANDBOX-API-KEY.
+	Headers http.Header `json:"headers,omitempty"`
+}
+
+// EgressAPIPort is the sandbox port of the OpenSandbox egress API.
+const EgressAPIPort = 18080
+
 type RenewConfig struct {
 	// URL receives POST {"expiresAt": "<RFC 3339>"}; "{id}" is replaced by the sandbox id,
 	// for example http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration.

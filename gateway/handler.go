@@ -144,6 +144,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r.Header["X-Forwarded-Prefix"] = []string{dec.cand.Prefix}
 	}
 
+	// The egress API port is lifecycle's (App.EgressAPI), with the operator's credential.
+	if eg := h.app.EgressAPI; eg != nil && dec.cand.Port == EgressAPIPort {
+		setEscapedPath(r.URL, "/sandboxes/"+dec.sb.ID+"/proxy/18080"+r.URL.EscapedPath())
+		for k, v := range eg.Headers {
+			r.Header[http.CanonicalHeaderKey(k)] = v
+		}
+		dec.dial = eg.Dial
+	}
+
 	// The request ends when the client goes or the sandbox is deleted.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()

@@ -76,6 +76,10 @@ type Config struct {
 	// http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration with OPEN-SANDBOX-API-KEY.
 	RenewURL    string
 	RenewHeader http.Header
+	// EgressAPIDial (lifecycle's host:port) and EgressAPIHeader send sandbox port 18080
+	// to lifecycle's egress API (App.EgressAPI).
+	EgressAPIDial   string
+	EgressAPIHeader http.Header
 	// IdleTimeout closes idle client connections; default 620s (above common load
 	// balancers' 600s).
 	IdleTimeout time.Duration
@@ -194,6 +198,9 @@ func (s *Server) appConfig() App {
 	}
 	if c.RenewURL != "" {
 		app.Renew = &RenewConfig{URL: c.RenewURL, Headers: c.RenewHeader}
+	}
+	if c.EgressAPIDial != "" {
+		app.EgressAPI = &EgressAPIConfig{Dial: c.EgressAPIDial, Headers: c.EgressAPIHeader}
 	}
 	return app
 }

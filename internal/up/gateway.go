@@ -89,6 +89,8 @@ func (s *Stack) startGateway(context.Context) error {
 		MaxConnsPerSandbox: g.MaxConnsPerSandbox,
 		RenewURL:           api + "/v1/sandboxes/{id}/renew-expiration",
 		RenewHeader:        hdr,
+		EgressAPIDial:      loopbackAddr(s.Addr),
+		EgressAPIHeader:    hdr,
 		TLS:                gateway.TLSMode(g.TLS),
 		DataDir:            filepath.Join(s.cfg.StateDir, "caddy"),
 		Audit:              s.Audit,
@@ -113,12 +115,9 @@ func (s *Stack) startGateway(context.Context) error {
 // endpoint is lifecycle's EndpointFunc: through the gateway once it runs (path form, or
 // host form under gateway.baseDomain), lifecycle's own server proxy before that or when
 // the gateway is disabled.
-//
-// The egress API port (18080) always goes to lifecycle's server proxy: lifecycle
-// answers /policy itself (there is no sidecar in the sandbox), with the API key.
 func (s *Stack) endpoint(er lifecycle.EndpointRequest) (string, error) {
 	e := s.endpoints.Load()
-	if e == nil || (er.Port == lifecycle.EgressPort && er.Expires == nil) {
+	if e == nil {
 		if er.Expires != nil {
 			return "", fmt.Errorf("%w: signed endpoints need the gateway", lifecycle.ErrInvalidRequest)
 		}

@@ -220,6 +220,29 @@ func TestStackThroughGateway(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The OpenSandbox egress API (port 18080) through the gateway: lifecycle answers.
+	egressURL := "http://" + gw + "/sandboxes/" + sb2.ID + "/proxy/18080/policy"
+	preq, _ := http.NewRequest(http.MethodPatch, egressURL, strings.NewReader(`[{"action":"allow","target":"*.npmjs.org"}]`))
+	if resp, err := http.DefaultClient.Do(preq); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("PATCH %s: %d", egressURL, resp.StatusCode)
+	}
+	resp, err = http.Get(egressURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Status string `json:"status"`
+		Policy struct {
+			Egress []struct{ Action, Target string } `json:"egress"`
+		} `json:"policy"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || st.Status != "ok" || len(st.Policy.Egress) != 2 || st.Policy.Egress[0].Target != "*.npmjs.org" {
+		t.Errorf("GET %s: %+v %v", egressURL, st, err)
+	}
 	if err := c.Kill(ctx, sb2.ID); err != nil {
 		t.Fatal(err)
 	}
