@@ -5,6 +5,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import dgram from "node:dgram";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import os from "node:os";
@@ -26,6 +27,38 @@ let domain;
 let gateway;
 let apiKey;
 let serverLog = "";
+let resolver;
+
+// fakeResolver is the upstream DNS server egressd forwards to, on loopback: A records
+// for allowed.test and denied.test, NXDOMAIN for every other name. No query leaves
+// this machine.
+function fakeResolver() {
+  const names = { "allowed.test": [203, 0, 113, 10], "denied.test": [203, 0, 113, 20] };
+  return new Promise((resolve) => {
+    const s = dgram.createSocket("udp4");
+    s.on("message", (q, rinfo) => {
+      let i = 12;
+      const labels = [];
+      while (q[i] !== 0) {
+        labels.push(q.subarray(i + 1, i + 1 + q[i]).toString());
+        i += q[i] + 1;
+      }
+      const qEnd = i + 5; // zero label, qtype, qclass
+      const qtype = q.readUInt16BE(i + 1);
+      const ip = names[labels.join(".").toLowerCase()];
+      const hdr = Buffer.from(q.subarray(0, 12));
+      hdr.writeUInt16BE(ip ? 0x8180 : 0x8183, 2); // response, RD, RA; rcode 0 or 3
+      const answer = ip && qtype === 1;
+      hdr.writeUInt16BE(answer ? 1 : 0, 6);
+      hdr.writeUInt16BE(0, 8);
+      hdr.writeUInt16BE(0, 10);
+      const parts = [hdr, q.subarray(12, qEnd)];
+      if (answer) parts.push(Buffer.from([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, ...ip]));
+      s.send(Buffer.concat(parts), rinfo.port, rinfo.address);
+    });
+    s.bind(0, "127.0.0.1", () => resolve(s));
+  });
+}
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -78,12 +111,16 @@ before(async () => {
   const port = await freePort();
   domain = `127.0.0.1:${port}`;
   gateway = `127.0.0.1:${await freePort()}`;
+  resolver = await fakeResolver();
   const cfg = path.join(stateDir, "airlock.yaml");
   const lines = [
     `listen: ${domain}`,
     `stateDir: ${path.join(stateDir, "state")}`,
     "gateway:",
     `  listen: ${gateway}`,
+    "egress:",
+    `  upstreams: [127.0.0.1:${resolver.address().port}]`,
+    `  pinRoot: /sys/fs/bpf/airlock-sdktest-${process.pid}`,
   ];
   if (process.env.AIRLOCK_EXECD) {
     lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
@@ -108,6 +145,8 @@ after(async () => {
     await exited;
   }
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
+  rmSync(`/sys/fs/bpf/airlock-sdktest-${process.pid}`, { recursive: true, force: true });
+  if (resolver) resolver.close();
 });
 
 let sbx;
@@ -221,6 +260,44 @@ test("kill removes the sandbox", async () => {
   await sbx.kill();
   await assert.rejects(sbx.getInfo(), (err) => err instanceof SandboxException && err.statusCode === 404);
   await sbx.close();
+});
+
+test("networkPolicy at create is enforced; the egress API changes it at runtime", async () => {
+  const pol = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    metadata: { suite: RUN, role: "egress" },
+    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: "allowed.test" }] },
+    timeoutSeconds: 600,
+    readyTimeoutSeconds: 60,
+  });
+  try {
+    const resolve = async (name) =>
+      (await pol.commands.run(`getent hosts ${name} | cut -d' ' -f1`)).logs.stdout.map((m) => m.text).join("");
+    assert.equal(await resolve("allowed.test"), "203.0.113.10");
+    assert.equal(await resolve("denied.test"), "", "a name the policy denies does not resolve");
+
+    const before = await pol.getEgressPolicy();
+    assert.equal(before.defaultAction, "deny");
+    assert.deepEqual(before.egress.map((r) => r.target), ["allowed.test"]);
+
+    await pol.patchEgressRules([{ action: "allow", target: "denied.test" }]);
+    const patched = await pol.getEgressPolicy();
+    assert.deepEqual(patched.egress.map((r) => r.target), ["denied.test", "allowed.test"]);
+    let got = "";
+    for (let i = 0; i < 50 && got === ""; i++) {
+      got = await resolve("denied.test"); // egressd applies the new version within ms
+    }
+    assert.equal(got, "203.0.113.20", "the patched rule is enforced");
+
+    await pol.deleteEgressRules(["allowed.test"]);
+    const after = await pol.getEgressPolicy();
+    assert.deepEqual(after.egress.map((r) => r.target), ["denied.test"]);
+    assert.equal(await resolve("allowed.test"), "", "a removed rule no longer resolves");
+  } finally {
+    await pol.kill();
+    await pol.close();
+  }
 });
 
 test("connect to a missing id fails with the request id echoed", async () => {
