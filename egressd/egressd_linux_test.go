@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/nftables"
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/enforcer"
@@ -209,4 +214,116 @@ except OSError as e:
 			t.Errorf("datapath still holds %d sandboxes: %+v", len(st.Sandboxes), st.Sandboxes)
 		}
 	})
+}
+
+// TestEgressdCleanup creates and deletes many sandboxes per backend and checks that
+// nothing of theirs remains: no attached sandbox, no datapath table entry, no pinned
+// link (eBPF), no chain or set (nftables).
+func TestEgressdCleanup(t *testing.T) {
+	w := newWorld(t)
+	n := 50
+	if testing.Short() {
+		n = 10
+	}
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			pins := pinRoot(t)
+			d, _ := w.daemon(t, mode, pins)
+			ids := make(chan string, n)
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 4)
+			for range n {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					sb, _ := w.create(t, d, startPolicy)
+					ids <- sb.ID
+				})
+			}
+			wg.Wait()
+			close(ids)
+			var all []string
+			for id := range ids {
+				all = append(all, id)
+			}
+			if got := len(d.Datapath().Attached()); got != n {
+				t.Fatalf("%d sandboxes attached, want %d", got, n)
+			}
+			if seen := leftovers(t, mode, pins, all); len(seen) < n {
+				t.Fatalf("the leftover check sees %d objects of %d attached sandboxes: %v", len(seen), n, seen)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			for _, id := range all {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					if err := w.api.Kill(ctx, id); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			for _, id := range all {
+				waitAttached(t, d, id, false)
+			}
+			st, err := d.Datapath().Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.Sandboxes) != 0 {
+				t.Errorf("datapath still holds %d sandboxes", len(st.Sandboxes))
+			}
+			left := leftovers(t, mode, pins, all)
+			if len(left) != 0 {
+				t.Errorf("left behind after deleting %d sandboxes: %v", n, left)
+			}
+		})
+	}
+}
+
+// leftovers lists the kernel objects that still name one of ids (nftables) or any
+// pinned link (eBPF: links are pinned per attached veth).
+func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []string {
+	var out []string
+	if mode == enforcer.ModeEBPF {
+		ents, err := os.ReadDir(filepath.Join(pins, "links"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			out = append(out, "pinned link "+e.Name())
+		}
+		return out
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := &nftables.Table{Family: nftables.TableFamilyINet, Name: "airlock"}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets, err := c.GetSets(tab)
+	if err != nil && !strings.Contains(err.Error(), "no such file") {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, ch := range chains {
+		if ch.Table.Name == "airlock" {
+			names = append(names, "chain "+ch.Name)
+		}
+	}
+	for _, s := range sets {
+		names = append(names, "set "+s.Name)
+	}
+	for _, name := range names {
+		for _, id := range ids {
+			if strings.HasSuffix(name, "_"+id) {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
 }

@@ -21,9 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
+	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/watch"
@@ -39,8 +39,8 @@ func TestMain(m *testing.M) {
 // The "internet" the sandboxes try to reach: a network namespace routed from the host
 // (documentation prefixes, which policies classify as public), with these servers.
 var (
-	allowedIP = netip.MustParseAddr("203.0.113.10") // allowed.test
-	deniedIP  = netip.MustParseAddr("203.0.113.20") // denied.test
+	allowedIP = netip.MustParseAddr("203.0.113.10")  // allowed.test
+	deniedIP  = netip.MustParseAddr("203.0.113.20")  // denied.test
 	cidrIP    = netip.MustParseAddr("198.51.100.10") // reached by a CIDR rule; also a rogue resolver
 )
 

@@ -20,8 +20,8 @@ func flowSet(f fam, id string) string  { return "flow" + f.suffix + "_" + id }
 // inSet holds the flows of inbound connections (the sandbox's SYN-ACK recorded them):
 // a policy change never cuts them, they are replies to a client (the gateway).
 func inSet(f fam, id string) string { return "in" + f.suffix + "_" + id }
-func dropCounter(id string) string     { return "drops_" + id }
-func flowCounter(id string) string     { return "flows_" + id }
+func dropCounter(id string) string  { return "drops_" + id }
+func flowCounter(id string) string  { return "flows_" + id }
 
 // logPrefix encodes an event for the NFLOG reader: "al <kind> <reason> <rule> <id>".
 func logPrefix(kind datapath.Kind, reason datapath.Reason, rule uint16, id string) string {
