@@ -26,7 +26,7 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
-		newGatewayCmd(),
+		newGatewayCmd(), newEgressdCmd(),
 		newUpCmd(), newSandboxCmd(),
 		newPolicyCmd(),
 		newAuditCmd(),

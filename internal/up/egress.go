@@ -1,14 +1,11 @@
 package up
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"strings"
 	"time"
 
 	egressbpf "github.com/airlockdev/airlock/ebpf"
@@ -53,45 +50,6 @@ func (c *EgressConfig) setDefaults() error {
 	return nil
 }
 
-// hostResolvers reads the nameservers of /etc/resolv.conf as "addr:53".
-func hostResolvers(path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "nameserver" {
-			if a, err := netip.ParseAddr(fields[1]); err == nil {
-				out = append(out, netip.AddrPortFrom(a.WithZone(""), 53).String())
-			}
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no nameserver in %s; set egress.upstreams", path)
-	}
-	return out, sc.Err()
-}
-
-// hostAddrs lists this host's interface addresses (the overlay denies them: a sandbox
-// must not reach the host's services, the control plane included).
-func hostAddrs() []netip.Addr {
-	var out []netip.Addr
-	ifs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	for _, a := range ifs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
-			out = append(out, p.Addr())
-		}
-	}
-	return out
-}
-
 // startEgress runs egressd in this process: its DNS filter on the Airlock bridge's
 // gateway address (the sandboxes' only resolver, docker.Config.DNSOnGateway), its
 // datapath on every sandbox's veth, following lifecycle's watch over loopback. It
@@ -102,7 +60,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 	upstreams := e.Upstreams
 	if len(upstreams) == 0 {
 		var err error
-		if upstreams, err = hostResolvers("/etc/resolv.conf"); err != nil {
+		if upstreams, err = egressd.HostResolvers("/etc/resolv.conf"); err != nil {
 			return err
 		}
 	}
@@ -111,7 +69,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		return fmt.Errorf("the Docker network has no gateway address for the DNS filter")
 	}
 	ov := policies.BaseOverlay()
-	ov.DenyAddrs(hostAddrs()...)
+	ov.DenyAddrs(egressd.HostAddrs()...)
 	hdr := http.Header{}
 	if s.APIKey != "" {
 		hdr.Set("OPEN-SANDBOX-API-KEY", s.APIKey)

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/airlockdev/airlock/audit"
+	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
+)
+
+func newEgressdCmd() *cobra.Command {
+	var (
+		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, node string
+		auditDir, metricsListen, logLevel                          string
+		upstreams, denyAddrs                                       []string
+	)
+	cmd := &cobra.Command{
+		Use:   "egressd",
+		Short: "Run the egress daemon alone: DNS filter and eBPF/nftables datapath for this node's sandboxes",
+		Long: `Runs Airlock's egress daemon for the sandboxes of this node. It follows lifecycle's
+watch stream; for each sandbox it finds the host side of its veth, attaches the egress
+datapath (a TC/TCX eBPF program, or nftables where eBPF cannot attach; --mode) and
+programs its policy. Its DNS filter (--dns-listen, normally the Airlock bridge's gateway
+address, port 53, which is every sandbox's only resolver) forwards allowed names to the
+upstreams and writes the answers' addresses into the datapath before the answer leaves.
+Policy changes apply to running sandboxes at once; deleted sandboxes are detached and
+every map entry, rule and set of theirs removed.
+
+Enforcement outlives the process: stopping or killing egressd leaves every sandbox
+enforced with its last policy (fail closed); the next start adopts the pinned state.
+'airlock up' runs the same daemon inside the all-in-one process.
+
+The API key may come from OPEN_SANDBOX_API_KEY.`,
+		Example: `  airlock egressd --watch-url http://127.0.0.1:8080/internal/v1/watch \
+      --dns-listen 172.30.0.1:53 --audit-dir /var/lib/airlock/audit --metrics-listen 127.0.0.1:9102`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(logLevel)}))
+			if watchURL == "" || dnsListen == "" {
+				return fmt.Errorf("--watch-url and --dns-listen are required")
+			}
+			if apiKey == "" {
+				apiKey = os.Getenv("OPEN_SANDBOX_API_KEY")
+			}
+			hdr := http.Header{}
+			if apiKey != "" {
+				hdr.Set("OPEN-SANDBOX-API-KEY", apiKey)
+			}
+			if len(upstreams) == 0 {
+				var err error
+				if upstreams, err = egressd.HostResolvers("/etc/resolv.conf"); err != nil {
+					return err
+				}
+			}
+			ov := policies.BaseOverlay()
+			ov.DenyAddrs(egressd.HostAddrs()...)
+			for _, s := range denyAddrs {
+				if err := ov.Deny(s); err != nil {
+					return fmt.Errorf("--deny %q: %w", s, err)
+				}
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			cfg := egressd.Config{
+				Watch:     watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
+				Enforcer:  enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}},
+				DNSListen: dnsListen,
+				Upstreams: upstreams,
+				Overlay:   ov,
+				Node:      node,
+				Registry:  reg,
+				Logger:    log,
+			}
+			if resolver != "" {
+				a, err := netip.ParseAddr(resolver)
+				if err != nil {
+					return fmt.Errorf("--resolver: %w", err)
+				}
+				cfg.Resolver = a
+			}
+			if auditDir != "" {
+				aw, err := audit.New(audit.Config{Dir: auditDir, Registry: reg, Logger: log})
+				if err != nil {
+					return err
+				}
+				defer aw.Close()
+				cfg.Audit = aw
+			}
+			d, err := egressd.New(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "==> egressd: %s datapath, DNS filter on %s, upstreams %v\n", d.Backend(), d.DNSAddr(), upstreams)
+			if metricsListen != "" {
+				mux := http.NewServeMux()
+				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+					if !d.Synced() {
+						http.Error(w, "waiting for the first watch snapshot", http.StatusServiceUnavailable)
+						return
+					}
+					fmt.Fprintln(w, "ok")
+				})
+				ms := &http.Server{Addr: metricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				go func() {
+					if err := ms.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						log.Error("metrics server failed", "error", err)
+					}
+				}()
+				defer ms.Close()
+				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics, health on /healthz\n", metricsListen)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = d.Run(ctx)
+			fmt.Fprintln(cmd.OutOrStdout(), "==> egressd stopped; sandboxes stay enforced until it runs again")
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&watchURL, "watch-url", "", "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch (required)")
+	f.StringVar(&apiKey, "api-key", "", "lifecycle API key for the watch (default $OPEN_SANDBOX_API_KEY)")
+	f.StringVar(&dnsListen, "dns-listen", "", "DNS filter address, the Airlock bridge's gateway:53 (required)")
+	f.StringVar(&resolver, "resolver", "", "address sandboxes send DNS to (default the --dns-listen host)")
+	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
+	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
+	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
+	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (empty: one host)")
+	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
+	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "serve /metrics and /healthz on this address (empty: off)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
