@@ -239,6 +239,16 @@ func (d *Daemon) remove(id, why string) {
 	}
 }
 
+// Enforced reports whether the datapath enforces sandbox id's policy (attached and in
+// the DNS directory). Lifecycle's ready gate uses it: a sandbox is reported Running
+// only once its egress is enforced.
+func (d *Daemon) Enforced(id string) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	sb := d.byID[id]
+	return sb != nil && sb.attached
+}
+
 // lookup is the DNS filter's directory: source address → sandbox. No I/O.
 func (d *Daemon) lookup(src netip.Addr) (dnsfilter.Sandbox, bool) {
 	d.mu.RLock()

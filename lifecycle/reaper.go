@@ -21,12 +21,16 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 		url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + "/ping"
 		deadline := time.Now().Add(s.cfg.ReadyTimeout)
 		for {
-			if s.pingOnce(url) {
+			if s.pingOnce(url) && (s.cfg.ReadyGate == nil || s.cfg.ReadyGate(id)) {
 				s.markReady(id, Running, "ready", "execd answers")
 				return
 			}
 			if time.Now().After(deadline) {
-				s.markReady(id, Failed, "ready_timeout", "execd did not answer /ping within "+s.cfg.ReadyTimeout.String())
+				msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
+				if s.cfg.ReadyGate != nil && s.pingOnce(url) {
+					msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
+				}
+				s.markReady(id, Failed, "ready_timeout", msg)
 				return
 			}
 			select {

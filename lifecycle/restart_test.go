@@ -94,7 +94,9 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	addr := freeAddr(t)
 	cfg := filepath.Join(dir, "airlock.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "listen: %s\nstateDir: %s\ndocker:\n  network: %s\n  namePrefix: %s\n",
+	// Egress off: its datapath state (pin root, the host's nftables table) is one per
+	// node, and the egressd tests own it while they run in parallel.
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "listen: %s\nstateDir: %s\negress:\n  disabled: true\ndocker:\n  network: %s\n  namePrefix: %s\n",
 		addr, filepath.Join(dir, "state"), lctest.Network, lctest.NamePrefix), 0o600); err != nil {
 		t.Fatal(err)
 	}

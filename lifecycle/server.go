@@ -63,6 +63,11 @@ type Config struct {
 	// Registry receives the metrics (namespace airlock, subsystem lifecycle); nil means
 	// none are registered.
 	Registry prometheus.Registerer
+	// ReadyGate, when set, must also report true before a new sandbox moves from
+	// Pending to Running (airlock up: egressd enforces its policy), so that nothing a
+	// client runs through execd precedes enforcement. A sandbox whose gate stays shut
+	// for ReadyTimeout is Failed.
+	ReadyGate func(id string) bool
 	// Audit receives a record (source policy) for every policy change; nil means none.
 	Audit interface{ Append(audit.Record) }
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;

@@ -96,6 +96,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		}
 	}()
 	s.Egress = d
+	s.egress.Store(d)
 	s.stopEgressFn = func() { cancel(); <-done }
 	deadline := time.Now().Add(10 * time.Second)
 	for !d.Synced() && time.Now().Before(deadline) {
@@ -105,6 +106,19 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		s.log.Warn("egressd has not received the sandbox list yet; it keeps trying")
 	}
 	return nil
+}
+
+// readyGate is lifecycle's ready gate: with egress on, a sandbox is Running only once
+// egressd enforces its policy (egressd starts after lifecycle, so creates in between
+// wait for it).
+func (s *Stack) readyGate() func(string) bool {
+	if s.cfg.Egress.Disabled {
+		return nil
+	}
+	return func(id string) bool {
+		d := s.egress.Load()
+		return d != nil && d.Enforced(id)
+	}
 }
 
 func (s *Stack) stopEgress(context.Context) error {

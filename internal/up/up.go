@@ -57,6 +57,7 @@ type Stack struct {
 
 	endpoints    atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
 	stopEgressFn func()
+	egress       atomic.Pointer[egressd.Daemon] // for the ready gate (set once egressd runs)
 	http         *http.Server
 	components   []component
 	started      []component
@@ -203,6 +204,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Endpoint:     s.endpoint,
 		Audit:        s.Audit,
 		AuditDir:     s.cfg.Audit.Dir,
+		ReadyGate:    s.readyGate(),
 		Registry:     s.registry,
 		Log:          s.log.With("component", "lifecycle"),
 	})
