@@ -327,3 +327,35 @@ func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []st
 	}
 	return out
 }
+
+// TestEgressdTTLExpiry: once a learned address's TTL has passed, new connections to it
+// are dropped while a connection established before the expiry keeps working.
+func TestEgressdTTLExpiry(t *testing.T) {
+	w := newWorld(t)
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.MinTTL, c.MaxTTL = 2*time.Second, 2*time.Second })
+			sb, x := w.create(t, d, startPolicy)
+			defer w.api.Kill(context.Background(), sb.ID)
+			script := `cat > /tmp/held.py <<'PY'
+import socket, time
+s = socket.create_connection(("allowed.test", 80), timeout=3)
+time.sleep(5)
+s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+print(s.recv(4096).decode().split("\r\n\r\n", 1)[-1])
+PY
+python3 /tmp/held.py > /tmp/held.out 2>&1 &
+sleep 3.5
+if curl -sS -m 2 http://` + allowedIP.String() + `/ >/dev/null 2>&1; then echo new=ok; else echo new=dropped; fi
+wait
+echo established=$(cat /tmp/held.out)`
+			_, out := sh(t, x, script)
+			if !strings.Contains(out, "new=dropped") {
+				t.Errorf("a new connection after the TTL was not dropped: %s", out)
+			}
+			if !strings.Contains(out, "established=allowed") {
+				t.Errorf("the connection established before the TTL did not survive it: %s", out)
+			}
+		})
+	}
+}

@@ -33,7 +33,9 @@ import (
 
 func TestMain(m *testing.M) {
 	lctest.Network = "altest-eg0"
-	os.Exit(m.Run())
+	code := m.Run()
+	lctest.RemoveNetwork(lctest.Network)
+	os.Exit(code)
 }
 
 // The "internet" the sandboxes try to reach: a network namespace routed from the host
@@ -165,11 +167,11 @@ func answerAll(a netip.Addr) func(dns.ResponseWriter, *dns.Msg) {
 }
 
 // daemon starts egressd on the world with the given backend and pin root.
-func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string) (*Daemon, func()) {
+func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string, opts ...func(*Config)) (*Daemon, func()) {
 	t.Helper()
 	ov := policies.BaseOverlay()
 	ov.DenyAddrs(w.gw)
-	d, err := New(Config{
+	cfg := Config{
 		Watch:     watch.ClientConfig{URL: w.h.HTTP.URL + "/internal/v1/watch"},
 		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}},
 		DNSListen: netip.AddrPortFrom(w.gw, 53).String(),
@@ -177,7 +179,11 @@ func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string) (*Daemo
 		Overlay:   ov,
 		Audit:     w.audit,
 		Registry:  prometheus.NewRegistry(),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
