@@ -28,8 +28,8 @@ const guardRef = "guard"
 //   - IPv6 is filtered when the policy has IPv6 rules, blocked otherwise;
 //   - report mode passes and reports what would be dropped.
 //
-// L7 is not set: egressd has no L7 proxy yet (README, "Not yet").
-func compile(d *policies.Decider) compiled {
+// With l7 (egressd runs its L7 proxy) a policy in L7 mode sni marks TCP 80/443 for it.
+func compile(d *policies.Decider, l7 bool) compiled {
 	c := compiled{decider: d, rules: []string{""}}
 	guarded := false
 	guard := func() {
@@ -75,6 +75,7 @@ func compile(d *policies.Decider) compiled {
 		c.policy.IPv6 = datapath.IPv6Filter
 	}
 	c.policy.Report = d.Mode() == policies.Report
+	c.policy.L7 = l7 && d.L7() == policies.L7SNI
 	return c
 }
 

@@ -67,6 +67,12 @@ type Config struct {
 	// DefaultPolicy is the policy document of sandboxes that have none; nil means
 	// DefaultPolicy (allow, minus the overlay and special addresses).
 	DefaultPolicy json.RawMessage
+	// L7Port, when set, is the port of the transparent L7 proxy on Resolver: sandboxes
+	// whose policy says `l7: sni` get their TCP 80/443 (what no static rule decided)
+	// redirected to it, and it lets a connection through only when its TLS SNI or HTTP
+	// Host is allowed and the destination was learned for that name. Zero: no proxy, and
+	// `l7: sni` policies are enforced at the address level only.
+	L7Port uint16
 	// Node is this node's name; sandboxes of other nodes are ignored. Empty on one host.
 	Node string
 	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
@@ -89,6 +95,7 @@ type Daemon struct {
 	resolver netip.Addr
 	fallback json.RawMessage
 	metrics  *metrics
+	l7       *l7Proxy // nil without Config.L7Port
 
 	// applyMu serialises apply and remove (the watch handler and the retry loop);
 	// mu guards the tables the DNS path reads.
@@ -147,11 +154,18 @@ func New(cfg Config) (*Daemon, error) {
 	d.dp = cfg.Datapath
 	if d.dp == nil {
 		ec := cfg.Enforcer
+		ec.L7ProxyPort = cfg.L7Port
 		if ec.Logger == nil {
 			ec.Logger = cfg.Logger.With("component", "datapath")
 		}
 		if d.dp, err = enforcer.New(ec); err != nil {
 			return nil, fmt.Errorf("egressd: datapath: %w", err)
+		}
+	}
+	if cfg.L7Port != 0 {
+		if d.l7, err = newL7Proxy(d, netip.AddrPortFrom(resolver, cfg.L7Port).String()); err != nil {
+			d.dp.Close()
+			return nil, err
 		}
 	}
 	var sink dnsfilter.AuditSink
@@ -164,6 +178,9 @@ func New(cfg Config) (*Daemon, error) {
 		Logger: cfg.Logger.With("component", "dnsfilter"),
 	})
 	if err != nil {
+		if d.l7 != nil {
+			d.l7.close()
+		}
 		d.dp.Close()
 		return nil, fmt.Errorf("egressd: dns filter: %w", err)
 	}
@@ -194,6 +211,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	dnsErr := make(chan error, 1)
 	wg.Go(func() { dnsErr <- d.dns.Run(ctx) })
 	wg.Go(d.auditEvents)
+	if d.l7 != nil {
+		wg.Go(func() { d.l7.run(ctx) })
+	}
 	wg.Go(func() { d.retry(ctx) })
 	wg.Go(func() { _ = d.watch.Run(ctx, handler{d}) })
 	var err error
@@ -216,6 +236,9 @@ func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
 		err = errors.Join(d.dns.Close(), d.dp.Close())
+		if d.l7 != nil {
+			err = errors.Join(err, d.l7.close())
+		}
 	})
 	return err
 }

@@ -359,3 +359,38 @@ echo established=$(cat /tmp/held.out)`
 		})
 	}
 }
+
+// TestEgressdL7 runs a policy in L7 mode sni per backend: HTTP and TLS to an allowed
+// name pass through the proxy to the real server; a Host header or TLS SNI naming a
+// denied domain on the allowed name's address is refused and audited.
+func TestEgressdL7(t *testing.T) {
+	w := newWorld(t)
+	const policy = `{"defaultAction":"deny","l7":"sni","egress":[{"action":"allow","target":"allowed.test"}]}`
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.L7Port = 15001 })
+			sb, x := w.create(t, d, policy)
+			defer w.api.Kill(context.Background(), sb.ID)
+			if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
+				t.Errorf("HTTP to the allowed name through the proxy = %q", got)
+			}
+			if got := curl(t, x, "-k https://allowed.test/"); got != "allowed-tls" {
+				t.Errorf("TLS to the allowed name through the proxy = %q", got)
+			}
+			if got := curl(t, x, "-H 'Host: denied.test' http://allowed.test/"); got == "allowed" || !strings.Contains(got, "blocked") {
+				t.Errorf("a Host naming a denied domain on an allowed address = %q", got)
+			}
+			if got := curl(t, x, "-k --resolve denied.test:443:"+allowedIP.String()+" https://denied.test/"); got != "" {
+				t.Errorf("an SNI naming a denied domain on an allowed address = %q", got)
+			}
+			for _, proto := range []string{"http", "https"} {
+				w.waitAudit(t, sb.ID, "l7 deny over "+proto, func(r audit.Record) bool {
+					return r.Source == audit.SourceL7 && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == proto
+				})
+			}
+			w.waitAudit(t, sb.ID, "l7 allow", func(r audit.Record) bool {
+				return r.Source == audit.SourceL7 && r.Action == "allow" && r.DstHost == "allowed.test"
+			})
+		})
+	}
+}

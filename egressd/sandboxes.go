@@ -181,7 +181,7 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 		d.metrics.errors.WithLabelValues("policy").Inc()
 		dec, _ = policies.Load(s.ID, []byte(`{"defaultAction":"deny","egress":[]}`), opts)
 	}
-	return compile(dec)
+	return compile(dec, d.l7 != nil)
 }
 
 // forgetDenied drops learned addresses none of whose names the sandbox's (new) policy

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -103,8 +104,8 @@ func (w *world) internet(t *testing.T) {
 		datapathtest.IP(t, "-n", ns.Name, "addr", "add", a.String()+"/32", "dev", "lo")
 	}
 	datapathtest.IP(t, "-n", ns.Name, "route", "add", "default", "via", "10.251.0.1")
-	datapathtest.IP(t, "route", "add", "203.0.113.0/24", "via", "10.251.0.2")
-	datapathtest.IP(t, "route", "add", "198.51.100.0/24", "via", "10.251.0.2")
+	datapathtest.IP(t, "route", "replace", "203.0.113.0/24", "via", "10.251.0.2")
+	datapathtest.IP(t, "route", "replace", "198.51.100.0/24", "via", "10.251.0.2")
 	serve := func(addr, body string) {
 		l, err := ns.Listen("tcp", addr)
 		if err != nil {
@@ -113,6 +114,14 @@ func (w *world) internet(t *testing.T) {
 		t.Cleanup(func() { l.Close() })
 		go http.Serve(l, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, body) }))
 	}
+	tlsL, err := ns.Listen("tcp", allowedIP.String()+":443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "allowed-tls") }))
+	ts.Listener = tlsL
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
 	serve(allowedIP.String()+":80", "allowed")
 	serve(deniedIP.String()+":80", "denied")
 	serve(cidrIP.String()+":8080", "cidr")

@@ -1,0 +1,210 @@
+package egressd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// l7Proxy is the transparent L7 check of sandboxes whose policy says `l7: sni`: the
+// datapath marks their TCP 80/443 that no static rule decided, the node's l7_redirect
+// chain sends it here, and the proxy reads the TLS SNI (ClientHello, parsed by
+// crypto/tls) or the HTTP Host header. The connection is spliced to its original
+// destination (no TLS interception) only when the name is allowed by the policy AND the
+// destination address was learned from a DNS answer for that name; otherwise it is
+// closed (HTTP gets a 403 first). Every decision is audited (source l7).
+type l7Proxy struct {
+	d  *Daemon
+	ln net.Listener
+}
+
+// l7SniffTimeout bounds the wait for the ClientHello or the request headers.
+const l7SniffTimeout = 10 * time.Second
+
+func newL7Proxy(d *Daemon, addr string) (*l7Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("egressd: l7 proxy: %w", err)
+	}
+	return &l7Proxy{d: d, ln: ln}, nil
+}
+
+func (p *l7Proxy) run(ctx context.Context) {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go p.handle(ctx, c.(*net.TCPConn))
+	}
+}
+
+// close stops accepting; spliced connections run until their ends close them.
+func (p *l7Proxy) close() error { return p.ln.Close() }
+
+func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
+	defer c.Close()
+	d := p.d
+	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	dst, err := nftfilter.OriginalDst(c)
+	if err != nil {
+		d.log.Debug("l7: no original destination", "src", src, "error", err)
+		return
+	}
+	sbx, ok := d.lookup(src.Addr())
+	if !ok {
+		return
+	}
+	rec := audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
+		DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Mode: string(sbx.Policy.Mode()),
+		PolicyVersion: sbx.Policy.Version()}
+	var seen bytes.Buffer
+	c.SetReadDeadline(time.Now().Add(l7SniffTimeout))
+	name, isTLS, err := sniff(io.TeeReader(c, &seen))
+	c.SetReadDeadline(time.Time{})
+	rec.Proto = "http"
+	if isTLS {
+		rec.Proto = "https"
+	}
+	rec.DstHost = name
+	allowed := false
+	switch {
+	case err != nil || name == "":
+		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
+	default:
+		dec := sbx.Policy.DecideName(name, dst.Port(), policies.TCP)
+		rec.Rule, rec.Reason = dec.Rule, dec.Reason
+		switch {
+		case !dec.Allowed():
+		case !d.learnedFor(sbx.ID, dst.Addr(), name):
+			rec.Rule, rec.Reason = "l7", fmt.Sprintf("%s was not learned from a DNS answer for %s", dst.Addr(), name)
+		default:
+			allowed = true
+		}
+	}
+	rec.Action = string(policies.Deny)
+	if allowed {
+		rec.Action = string(policies.Allow)
+	}
+	if d.cfg.Audit != nil {
+		d.cfg.Audit.Append(rec)
+	}
+	if !allowed {
+		if !isTLS && err == nil {
+			io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 30\r\n\r\nblocked by the egress policy\r\n")
+		}
+		return
+	}
+	var dialer net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	up, err := dialer.DialContext(dctx, "tcp", dst.String())
+	cancel()
+	if err != nil {
+		d.log.Debug("l7: upstream dial failed", "sandbox_id", sbx.ID, "dst", dst, "error", err)
+		return
+	}
+	defer up.Close()
+	if _, err := up.Write(seen.Bytes()); err != nil {
+		return
+	}
+	splice(c, up.(*net.TCPConn))
+}
+
+// splice copies both ways until both directions are done, half-closing each side as
+// its peer finishes.
+func splice(a, b *net.TCPConn) {
+	var wg sync.WaitGroup
+	cp := func(dst, src *net.TCPConn) {
+		io.Copy(dst, src)
+		dst.CloseWrite()
+	}
+	wg.Go(func() { cp(b, a) })
+	cp(a, b)
+	wg.Wait()
+}
+
+// learnedFor reports whether addr was learned from a DNS answer for name (or a name
+// whose CNAME chain it was) for sandbox id, and has not expired.
+func (d *Daemon) learnedFor(id string, addr netip.Addr, name string) bool {
+	name = policies.NormalizeName(name)
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	sb := d.byID[id]
+	if sb == nil {
+		return false
+	}
+	l, ok := sb.learned[addr.Unmap()]
+	if !ok || time.Now().After(l.until) {
+		return false
+	}
+	for _, n := range l.names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// errSniffed stops the TLS handshake once the ClientHello has been read.
+var errSniffed = errors.New("client hello read")
+
+// sniff reads the start of a connection: a TLS ClientHello (first byte 0x16) gives its
+// SNI, anything else is read as an HTTP/1 request whose Host is returned.
+func sniff(r io.Reader) (name string, isTLS bool, err error) {
+	br := bufio.NewReader(r)
+	first, err := br.Peek(1)
+	if err != nil {
+		return "", false, err
+	}
+	if first[0] == 0x16 {
+		var sni string
+		err := tls.Server(sniffConn{r: br}, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			sni = h.ServerName
+			return nil, errSniffed
+		}}).Handshake()
+		if sni == "" && !errors.Is(err, errSniffed) {
+			return "", true, err
+		}
+		return sni, true, nil
+	}
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return "", false, err
+	}
+	host := req.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.TrimSuffix(host, "."), false, nil
+}
+
+// sniffConn is the read-only net.Conn crypto/tls parses the ClientHello from; its
+// writes (the alert after errSniffed) go nowhere.
+type sniffConn struct{ r io.Reader }
+
+func (c sniffConn) Read(p []byte) (int, error)     { return c.r.Read(p) }
+func (sniffConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (sniffConn) Close() error                     { return nil }
+func (sniffConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (sniffConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (sniffConn) SetDeadline(time.Time) error      { return nil }
+func (sniffConn) SetReadDeadline(time.Time) error  { return nil }
+func (sniffConn) SetWriteDeadline(time.Time) error { return nil }
