@@ -30,6 +30,7 @@ func newEgressdCmd() *cobra.Command {
 		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, node string
 		auditDir, metricsListen, logLevel                          string
 		upstreams, denyAddrs                                       []string
+		l7Port                                                     uint16
 	)
 	cmd := &cobra.Command{
 		Use:   "egressd",
@@ -85,6 +86,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 				Upstreams: upstreams,
 				Overlay:   ov,
 				Node:      node,
+				L7Port:    l7Port,
 				Registry:  reg,
 				Logger:    log,
 			}
@@ -145,6 +147,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
 	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
+	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
 	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (empty: one host)")
 	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
 	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")

@@ -26,6 +26,10 @@ type EgressConfig struct {
 	// Upstreams are the resolvers allowed names are forwarded to ("host:port" or
 	// "host"); default the nameservers of the host's /etc/resolv.conf.
 	Upstreams []string `yaml:"upstreams"`
+	// L7Port is the port of the transparent L7 proxy on the bridge gateway address, for
+	// sandboxes whose policy says `l7: sni`; default 15001; -1 turns it off (such
+	// policies are then enforced at the address level only).
+	L7Port int `yaml:"l7Port"`
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
@@ -38,6 +42,13 @@ func (c *EgressConfig) setDefaults() error {
 	case enforcer.ModeAuto, enforcer.ModeEBPF, enforcer.ModeNFTables:
 	default:
 		return fmt.Errorf("config: egress.mode %q: want auto, ebpf or nftables", c.Mode)
+	}
+	switch {
+	case c.L7Port == 0:
+		c.L7Port = 15001
+	case c.L7Port == -1:
+	case c.L7Port < 1 || c.L7Port > 65535:
+		return fmt.Errorf("config: egress.l7Port %d: want a port, or -1 for off", c.L7Port)
 	}
 	for i, u := range c.Upstreams {
 		if _, _, err := net.SplitHostPort(u); err != nil {
@@ -78,6 +89,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		Watch:     watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
 		Enforcer:  enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
 		DNSListen: netip.AddrPortFrom(gw, 53).String(),
+		L7Port:    uint16(max(e.L7Port, 0)),
 		Upstreams: upstreams,
 		Overlay:   ov,
 		Audit:     s.Audit,
