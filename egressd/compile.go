@@ -38,6 +38,11 @@ func compile(d *policies.Decider, l7 bool) compiled {
 		}
 		guarded = true
 		for _, p := range policies.SpecialPrefixes() {
+			if p.Addr().Is4In6() {
+				// ::ffff:0:0/96 would be unmapped to 0.0.0.0/0 by the datapath: IPv4
+				// destinations are guarded by their own prefixes.
+				continue
+			}
 			c.add(datapath.Rule{Prefix: p, Action: datapath.ActionDeny}, guardRef)
 		}
 	}

@@ -394,3 +394,28 @@ func TestEgressdL7(t *testing.T) {
 		})
 	}
 }
+
+// TestEgressdDefaultPolicy: a sandbox created without a networkPolicy reaches public
+// names and addresses, never the overlay's or private ones.
+func TestEgressdDefaultPolicy(t *testing.T) {
+	w := newWorld(t)
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t))
+			sb, x := w.create(t, d, "")
+			defer w.api.Kill(context.Background(), sb.ID)
+			if got := curl(t, x, "http://denied.test/"); got != "denied" {
+				t.Errorf("a public name without a policy = %q", got)
+			}
+			if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+				t.Errorf("a public address without a policy = %q", got)
+			}
+			if got := curl(t, x, "http://169.254.169.254/"); got != "" {
+				t.Errorf("cloud metadata without a policy = %q", got)
+			}
+			if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
+				t.Errorf("the host without a policy = %q", got)
+			}
+		})
+	}
+}

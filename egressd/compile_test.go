@@ -1,0 +1,59 @@
+package egressd
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// TestCompileAddressSemantics checks the datapath policy compile produces against the
+// decider's own answers for addresses dialled directly.
+func TestCompileAddressSemantics(t *testing.T) {
+	ov := policies.BaseOverlay()
+	ov.DenyAddrs(netip.MustParseAddr("192.0.2.1"))
+	for _, c := range []struct {
+		name, doc string
+		allowed   []string
+		denied    []string
+	}{
+		{"default policy (allow)", string(DefaultPolicy),
+			[]string{"203.0.113.10:443", "8.8.8.8:53"},
+			[]string{"10.1.2.3:80", "172.17.0.1:80", "192.168.1.1:80", "127.0.0.1:80", "169.254.169.254:80", "100.64.0.1:80", "192.0.2.1:80"}},
+		{"catch-all allow", `{"defaultAction":"deny","egress":[{"action":"allow","target":"*"}]}`,
+			[]string{"203.0.113.10:443"},
+			[]string{"10.1.2.3:80", "169.254.169.254:80"}},
+		{"deny default, CIDR and port rules", `{"defaultAction":"deny","egress":[
+			{"action":"allow","target":"10.9.0.0/16","ports":[8080],"protocols":["tcp"]},
+			{"action":"deny","target":"198.51.100.7"},
+			{"action":"allow","target":"198.51.100.0/24"}]}`,
+			[]string{"10.9.1.1:8080", "198.51.100.8:22"},
+			[]string{"10.9.1.1:8081", "198.51.100.7:80", "203.0.113.10:443"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dec, err := policies.Load(c.name, []byte(c.doc), policies.CompileOptions{Overlay: ov})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := datapath.ValidatePolicy(compile(dec, false).policy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []struct {
+				list []string
+				ok   bool
+			}{{c.allowed, true}, {c.denied, false}} {
+				for _, s := range want.list {
+					ap := netip.MustParseAddrPort(s)
+					if got := datapath.Allows(p, ap.Addr(), datapath.ProtoTCP, ap.Port(), false); got != want.ok {
+						t.Errorf("%s: datapath allows = %v, want %v", s, got, want.ok)
+					}
+					if got := dec.DecideAddr(ap.Addr(), ap.Port(), policies.TCP).Allowed(); got != want.ok {
+						t.Errorf("%s: decider allows = %v, want %v (test table wrong?)", s, got, want.ok)
+					}
+				}
+			}
+		})
+	}
+}
