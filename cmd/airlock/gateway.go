@@ -27,6 +27,7 @@ import (
 func newGatewayCmd() *cobra.Command {
 	var (
 		listen, watchURL, apiKey, activeKey, renewURL, tlsMode, dataDir string
+		egressAPI                                                       string
 		metricsListen, auditLog, adminListen, logLevel                  string
 		baseDomains, watchHeaders, signingKeys                          []string
 		maxConns                                                        int
@@ -72,6 +73,7 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 				ActiveKey:          activeKey,
 				MaxConnsPerSandbox: maxConns,
 				RenewURL:           renewURL,
+				EgressAPIDial:      egressAPI,
 				TLS:                gateway.TLSMode(tlsMode),
 				DataDir:            dataDir,
 				AdminListen:        adminListen,
@@ -84,6 +86,7 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 			if apiKey != "" {
 				hdr.Set("OPEN-SANDBOX-API-KEY", apiKey)
 				cfg.RenewHeader = http.Header{"Open-Sandbox-Api-Key": {apiKey}}
+				cfg.EgressAPIHeader = cfg.RenewHeader
 			}
 			cfg.WatchHeader = hdr
 			for _, s := range signingKeys {
@@ -144,6 +147,7 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 	f.StringVar(&activeKey, "active-key", "", "id of the key that mints (default: the first)")
 	f.IntVar(&maxConns, "max-conns-per-sandbox", 0, "requests and streams in flight per sandbox (0: 1024, negative: no cap)")
 	f.StringVar(&renewURL, "renew-url", "", "renew-on-access endpoint with {id}, e.g. http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration (empty: off)")
+	f.StringVar(&egressAPI, "egress-api", "", "lifecycle host:port that answers sandbox port 18080 (the OpenSandbox egress API /policy), e.g. 127.0.0.1:8080 (empty: port 18080 is proxied to the sandbox)")
 	f.StringVar(&tlsMode, "tls", "", "TLS mode: \"\" (plain HTTP and h2c) or \"internal\" (local CA for *.<base domain>)")
 	f.StringVar(&dataDir, "data-dir", "", "Caddy storage for certificates and the internal CA (default Caddy's data dir)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address (empty: off)")
