@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -64,26 +65,48 @@ func (s *Server) parsedPolicy(id string) (*policies.Policy, uint64, error) {
 	return p, v, nil
 }
 
-// storePolicy persists p (Airlock JSON form) as the sandbox's new policy and audits
-// the change.
-func (s *Server) storePolicy(r *http.Request, id string, p *policies.Policy, change string) (uint64, error) {
-	doc, err := json.Marshal(p)
-	if err != nil {
-		return 0, err
-	}
-	v, err := s.SetPolicy(id, doc)
-	if err != nil {
-		return 0, err
+// DefaultPolicy is what a sandbox without a policy gets from the data plane (egressd's
+// default: allow, minus the operator overlay and special addresses, as OpenSandbox does
+// without a networkPolicy). The egress API reports it, and PATCH/DELETE start from it.
+var DefaultPolicy = json.RawMessage(`{"defaultAction":"allow","egress":[]}`)
+
+// changePolicy applies change to the sandbox's current policy (DefaultPolicy when it
+// has none) atomically, persists the result (Airlock JSON form) and audits the attempt:
+// action allow when applied, deny when the change was rejected.
+func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur *policies.Policy) (*policies.Policy, error)) error {
+	v, err := s.UpdatePolicy(id, func(raw json.RawMessage) (json.RawMessage, error) {
+		if len(raw) == 0 || string(raw) == "null" {
+			raw = DefaultPolicy
+		}
+		cur, err := policies.Parse(id, raw)
+		if err != nil {
+			return nil, fmt.Errorf("stored policy of %s: %w", id, err)
+		}
+		p, err := change(cur)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(p)
+	})
+	if errors.Is(err, ErrNotFound) {
+		return err
 	}
 	if s.cfg.Audit != nil {
-		s.cfg.Audit.Append(audit.Record{
+		rec := audit.Record{
 			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
-			Action: string(policies.Allow), Reason: "policy changed: " + change, PolicyVersion: v,
-			Extra: map[string]any{"change": change, "route": r.Method + " " + r.URL.Path},
-		})
+			Action: string(policies.Allow), Reason: "policy changed: " + kind, PolicyVersion: v,
+			Extra: map[string]any{"change": kind, "route": r.Method + " " + r.URL.Path},
+		}
+		if err != nil {
+			rec.Action, rec.Reason = string(policies.Deny), "policy change rejected: "+err.Error()
+		}
+		s.cfg.Audit.Append(rec)
 	}
-	s.log.Info("policy changed", "sandbox_id", id, "change", change, "policy_version", v)
-	return v, nil
+	if err != nil {
+		return err
+	}
+	s.log.Info("policy changed", "sandbox_id", id, "change", kind, "policy_version", v)
+	return nil
 }
 
 func (s *Server) writePolicy(w http.ResponseWriter, r *http.Request, id string) {
@@ -115,16 +138,14 @@ func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if _, _, err := s.Policy(id); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	p, err := policies.Parse("request body", body)
+	err = s.changePolicy(r, id, "put", func(*policies.Policy) (*policies.Policy, error) {
+		p, err := policies.Parse("request body", body)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		return p, nil
+	})
 	if err != nil {
-		s.fail(w, r, fmt.Errorf("%w: %v", ErrInvalidRequest, err))
-		return
-	}
-	if _, err := s.storePolicy(r, id, p, "put"); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -135,7 +156,7 @@ func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 // semantics: incoming rules first, an incoming target replaces the existing rule).
 func (s *Server) handlePatchPolicy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if _, err := s.patchPolicy(r, id); err != nil {
+	if err := s.patchPolicy(r, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -145,60 +166,47 @@ func (s *Server) handlePatchPolicy(w http.ResponseWriter, r *http.Request) {
 // handleDeletePolicy removes the rules whose targets the JSON array names.
 func (s *Server) handleDeletePolicy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if _, err := s.removeTargets(r, id); err != nil {
+	if err := s.removeTargets(r, id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.writePolicy(w, r, id)
 }
 
-func (s *Server) patchPolicy(r *http.Request, id string) (*policies.Policy, error) {
+func (s *Server) patchPolicy(r *http.Request, id string) error {
 	body, err := readBody(r)
 	if err != nil {
-		return nil, err
-	}
-	cur, _, err := s.parsedPolicy(id)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	rules, err := policies.ParseRules("request body", body)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
-	p, err := policies.Patch(cur, rules)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
-	}
-	if _, err := s.storePolicy(r, id, p, "patch"); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return s.changePolicy(r, id, "patch", func(cur *policies.Policy) (*policies.Policy, error) {
+		p, err := policies.Patch(cur, rules)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		return p, nil
+	})
 }
 
-func (s *Server) removeTargets(r *http.Request, id string) (*policies.Policy, error) {
+func (s *Server) removeTargets(r *http.Request, id string) error {
 	body, err := readBody(r)
 	if err != nil {
-		return nil, err
-	}
-	cur, _, err := s.parsedPolicy(id)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	targets, err := policies.ParseTargets("request body", body)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
-	if cur == nil {
-		return nil, nil // nothing to remove from; idempotent as the spec says
-	}
-	p, err := policies.RemoveTargets(cur, targets)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
-	}
-	if _, err := s.storePolicy(r, id, p, "delete"); err != nil {
-		return nil, err
-	}
-	return p, nil
+	return s.changePolicy(r, id, "delete", func(cur *policies.Policy) (*policies.Policy, error) {
+		p, err := policies.RemoveTargets(cur, targets)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		return p, nil
+	})
 }
 
 // handleEgressAPI answers the OpenSandbox egress API (egress-api.yaml, /policy) for
@@ -214,9 +222,9 @@ func (s *Server) handleEgressAPI(w http.ResponseWriter, r *http.Request, id, res
 	switch r.Method {
 	case http.MethodGet:
 	case http.MethodPatch:
-		_, err = s.patchPolicy(r, id)
+		err = s.patchPolicy(r, id)
 	case http.MethodDelete:
-		_, err = s.removeTargets(r, id)
+		err = s.removeTargets(r, id)
 	default:
 		w.Header().Set("Allow", "GET, PATCH, DELETE")
 		s.fail(w, r, fmt.Errorf("%w: %s /policy", ErrNoRoute, r.Method))
@@ -230,6 +238,13 @@ func (s *Server) handleEgressAPI(w http.ResponseWriter, r *http.Request, id, res
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if p == nil {
+		// No policy: the data plane's default, spelled out (the SDK expects a policy).
+		if p, err = policies.Parse(id, DefaultPolicy); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, policies.Status(p, "dns+datapath"))
 }

@@ -2,8 +2,10 @@ package lifecycle_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,23 +113,65 @@ func TestPolicyAndAuditAPI(t *testing.T) {
 		if err := json.Unmarshal(c2.want("GET", "/v1/sandboxes/"+sb.ID+"/audit?since="+since, nil, http.StatusOK, ""), &ar); err != nil {
 			t.Fatal(err)
 		}
-		if len(ar.Records) >= 5 || time.Now().After(deadline) {
+		if len(ar.Records) >= 6 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	changes := 0
+	applied, rejected := 0, 0
 	for _, r := range ar.Records {
 		if r.Source == audit.SourcePolicy && r.SandboxID == sb.ID {
-			changes++
+			switch r.Action {
+			case "allow":
+				applied++
+			case "deny":
+				rejected++
+			}
 		}
 	}
-	if changes != 5 {
-		t.Errorf("%d policy-change records, want 5: %+v", changes, ar.Records)
+	if applied != 5 || rejected != 1 {
+		t.Errorf("%d applied and %d rejected policy-change records, want 5 and 1: %+v", applied, rejected, ar.Records)
 	}
 	c2.want("GET", "/v1/sandboxes/"+sb.ID+"/audit?since=yesterday", nil, http.StatusBadRequest, "INVALID_REQUEST")
 	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	if err := json.Unmarshal(c2.want("GET", "/v1/sandboxes/"+sb.ID+"/audit?since="+future, nil, http.StatusOK, ""), &ar); err != nil || len(ar.Records) != 0 {
 		t.Errorf("records from the future: %+v %v", ar.Records, err)
+	}
+}
+
+// TestPolicyPatchConcurrentAndDefault: concurrent PATCHes through the egress API never
+// lose a rule, and a sandbox without a policy reports and patches from the data
+// plane's default (allow), so one added rule does not cut everything else.
+func TestPolicyPatchConcurrentAndDefault(t *testing.T) {
+	h := lctest.New(t, lctest.Options{APIKey: testKey})
+	c := newClient(t, h)
+	sb := c.create(baseReq(h.Image, nil))
+	egress := "/sandboxes/" + sb.ID + "/proxy/18080/policy"
+	var st struct {
+		Mode   string                  `json:"mode"`
+		Policy *policies.NetworkPolicy `json:"policy"`
+	}
+	if err := json.Unmarshal(c.want("GET", egress, nil, http.StatusOK, ""), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Policy == nil || st.Policy.DefaultAction != policies.Allow || st.Mode != "allow_all" {
+		t.Fatalf("policy-less sandbox: %+v", st)
+	}
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c.want("PATCH", egress, fmt.Sprintf(`[{"action":"deny","target":"t%d.example.com"}]`, i), http.StatusOK, "")
+		})
+	}
+	wg.Wait()
+	if err := json.Unmarshal(c.want("GET", egress, nil, http.StatusOK, ""), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Policy.Egress) != n || st.Policy.DefaultAction != policies.Allow {
+		t.Errorf("after %d concurrent PATCHes: default %s, %d rules", n, st.Policy.DefaultAction, len(st.Policy.Egress))
+	}
+	if _, v, _ := h.Server.Policy(sb.ID); v != n {
+		t.Errorf("version %d after %d changes", v, n)
 	}
 }

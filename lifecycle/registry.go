@@ -498,6 +498,34 @@ func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
 	return e.rec.PolicyVersion, nil
 }
 
+// UpdatePolicy replaces the sandbox's policy with fn(current document, current version)
+// atomically: no other change can land between the read and the write (concurrent
+// PATCHes never lose rules). fn returning an error changes nothing; returning the
+// current document unchanged keeps the version. It returns the resulting version.
+func (s *Server) UpdatePolicy(id string, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	doc, err := fn(append(json.RawMessage(nil), e.rec.Policy...))
+	if err != nil {
+		return 0, err
+	}
+	if string(doc) == string(e.rec.Policy) {
+		return e.rec.PolicyVersion, nil
+	}
+	old, oldV := e.rec.Policy, e.rec.PolicyVersion
+	e.rec.Policy = append(json.RawMessage(nil), doc...)
+	e.rec.PolicyVersion++
+	if err := s.commitLocked(e.rec); err != nil {
+		e.rec.Policy, e.rec.PolicyVersion = old, oldV
+		return 0, err
+	}
+	return e.rec.PolicyVersion, nil
+}
+
 // RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with
 // extensions["access.renew.extend.seconds"], it moves the expiry to now + that many
 // seconds when that is later than the current expiry, and returns the expiry. Other
