@@ -479,23 +479,10 @@ func (s *Server) Policy(id string) (json.RawMessage, uint64, error) {
 }
 
 // SetPolicy replaces the sandbox's egress policy document (validated by the caller:
-// package policies owns the format), persists it, bumps the version and publishes it
-// to the watch. It returns the new version.
+// package policies owns the format), persists it, bumps the version (unless the
+// document is unchanged) and publishes it to the watch. It returns the version.
 func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.sbx[id]
-	if !ok {
-		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	old, oldV := e.rec.Policy, e.rec.PolicyVersion
-	e.rec.Policy = append(json.RawMessage(nil), doc...)
-	e.rec.PolicyVersion++
-	if err := s.commitLocked(e.rec); err != nil {
-		e.rec.Policy, e.rec.PolicyVersion = old, oldV
-		return 0, err
-	}
-	return e.rec.PolicyVersion, nil
+	return s.UpdatePolicy(id, func(json.RawMessage) (json.RawMessage, error) { return doc, nil })
 }
 
 // UpdatePolicy replaces the sandbox's policy with fn(current document, current version)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -120,13 +119,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 					}
 					fmt.Fprintln(w, "ok")
 				})
-				ms := &http.Server{Addr: metricsListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-				go func() {
-					if err := ms.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-						log.Error("metrics server failed", "error", err)
-					}
-				}()
-				defer ms.Close()
+				defer serveHTTP(metricsListen, mux, log).Close()
 				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics, health on /healthz\n", metricsListen)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)

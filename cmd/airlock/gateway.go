@@ -121,13 +121,9 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 				fmt.Fprintf(cmd.OutOrStdout(), "==> internal CA root certificate: %s\n", srv.RootCertPath())
 			}
 			if metricsListen != "" {
-				ms := &http.Server{Addr: metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-				go func() {
-					if err := ms.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-						log.Error("metrics server failed", "error", err)
-					}
-				}()
-				defer ms.Close()
+				mux := http.NewServeMux()
+				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				defer serveHTTP(metricsListen, mux, log).Close()
 				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics\n", metricsListen)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -214,4 +210,16 @@ func openJSONLinesAudit(path string) (*jsonLinesAudit, func(), error) {
 		w, closeFn = f, func() { f.Close() }
 	}
 	return &jsonLinesAudit{enc: json.NewEncoder(w)}, closeFn, nil
+}
+
+// serveHTTP serves h on addr in the background (metrics, health) until Close; a
+// serving error is logged.
+func serveHTTP(addr string, h http.Handler, log *slog.Logger) *http.Server {
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http listener failed", "addr", addr, "error", err)
+		}
+	}()
+	return srv
 }
