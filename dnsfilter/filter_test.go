@@ -400,3 +400,31 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveOnBehalfOfSandbox: Resolve takes the same path as a query the sandbox
+// sends (policy, upstream, learning, audit), marked proto "proxy", and an unknown
+// source is refused.
+func TestResolveOnBehalfOfSandbox(t *testing.T) {
+	h := startFilter(t, testPolicy, nil)
+	sbx := netip.MustParseAddr("127.0.0.1")
+	r, err := h.srv.Resolve(sbx, "allowed.example.com", dns.TypeA)
+	if err != nil || r.Rcode != dns.RcodeSuccess || !slices.Equal(addrs(r), []string{"198.51.100.10"}) {
+		t.Fatalf("Resolve(allowed) = %v, %v", r, err)
+	}
+	if l := h.rec.learns(); len(l) != 1 || l[0].Name != "allowed.example.com" {
+		t.Errorf("learned = %+v", l)
+	}
+	rec := findRecord(t, h.rec.all(), func(r audit.Record) bool { return r.DstHost == "allowed.example.com" })
+	if rec.Proto != ProtoProxy || rec.Action != "allow" || rec.SandboxID != "sb-test" || rec.Src != "127.0.0.1:0" {
+		t.Errorf("audit record = %+v", rec)
+	}
+	if r, err := h.srv.Resolve(sbx, "www.example.org", dns.TypeA); err != nil || r.Rcode != dns.RcodeNameError {
+		t.Errorf("Resolve(denied) = %v, %v", r, err)
+	}
+	if n := h.up.total("www.example.org"); n != 0 {
+		t.Errorf("a denied name resolved for the proxy reached the upstream %d times", n)
+	}
+	if r, err := h.srv.Resolve(netip.MustParseAddr("127.0.0.2"), "allowed.example.com", dns.TypeA); err != nil || r.Rcode != dns.RcodeRefused {
+		t.Errorf("Resolve(unknown source) = %v, %v", r, err)
+	}
+}

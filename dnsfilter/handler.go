@@ -215,6 +215,8 @@ func remote(w dns.ResponseWriter) (netip.AddrPort, string) {
 		return a.AddrPort(), "udp"
 	case *net.TCPAddr:
 		return a.AddrPort(), "tcp"
+	case proxyAddr:
+		return a.ap, ProtoProxy
 	}
 	ap, _ := netip.ParseAddrPort(w.RemoteAddr().String())
 	return ap, "udp"

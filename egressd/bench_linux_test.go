@@ -43,7 +43,7 @@ func TestBenchDNSLearning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := compile(dec, false)
+	c := compile(dec, compileOptions{})
 	if err := dp.Attach(datapath.Spec{ID: id, HostIfindex: tp.HostIfindex, HostIfname: tp.HostIfname,
 		Addrs: []netip.Addr{dt.Sandbox4}, Resolvers: []netip.Addr{dt.Gateway4}, Policy: c.policy}); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,8 @@
 package egressd
 
 import (
+	"net/netip"
+
 	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/policies"
 )
@@ -13,6 +15,15 @@ type compiled struct {
 	// rules names the policy rule behind each datapath rule ID (index = ID), for audit.
 	rules []string
 }
+
+// compileOptions are the node's side of compilation: which proxies egressd runs.
+type compileOptions struct {
+	l7    bool           // the transparent L7 proxy (Config.L7Port)
+	proxy netip.AddrPort // the explicit proxy (Config.ProxyPort), zero when off
+}
+
+// proxyRef names the datapath rule that lets sandboxes reach the explicit proxy.
+const proxyRef = "proxy"
 
 // guardRef names the datapath rules that keep special addresses (policies.Classify)
 // out of catch-all allows and an allow default.
@@ -28,9 +39,16 @@ const guardRef = "guard"
 //   - IPv6 is filtered when the policy has IPv6 rules, blocked otherwise;
 //   - report mode passes and reports what would be dropped.
 //
-// With l7 (egressd runs its L7 proxy) a policy in L7 mode sni marks TCP 80/443 for it.
-func compile(d *policies.Decider, l7 bool) compiled {
+// With o.l7 (egressd runs its L7 proxy) a policy in L7 mode sni marks TCP 80/443 for
+// it. With o.proxy (egressd runs its explicit proxy) the first rule allows TCP to it:
+// the proxy is on the host, which the overlay denies.
+func compile(d *policies.Decider, o compileOptions) compiled {
 	c := compiled{decider: d, rules: []string{""}}
+	if o.proxy.IsValid() {
+		a := o.proxy.Addr().Unmap()
+		c.add(datapath.Rule{Prefix: netip.PrefixFrom(a, a.BitLen()), Proto: datapath.ProtoTCP,
+			Ports: datapath.PortRange{First: o.proxy.Port(), Last: o.proxy.Port()}, Action: datapath.ActionAllow}, proxyRef)
+	}
 	guarded := false
 	guard := func() {
 		if guarded {
@@ -80,7 +98,7 @@ func compile(d *policies.Decider, l7 bool) compiled {
 		c.policy.IPv6 = datapath.IPv6Filter
 	}
 	c.policy.Report = d.Mode() == policies.Report
-	c.policy.L7 = l7 && d.L7() == policies.L7SNI
+	c.policy.L7 = o.l7 && d.L7() == policies.L7SNI
 	return c
 }
 

@@ -36,7 +36,7 @@ func TestCompileAddressSemantics(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := datapath.ValidatePolicy(compile(dec, false).policy)
+			p, err := datapath.ValidatePolicy(compile(dec, compileOptions{}).policy)
 			if err != nil {
 				t.Fatal(err)
 			}

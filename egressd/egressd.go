@@ -73,6 +73,11 @@ type Config struct {
 	// Host is allowed and the destination was learned for that name. Zero: no proxy, and
 	// `l7: sni` policies are enforced at the address level only.
 	L7Port uint16
+	// ProxyPort, when set, is the port of the explicit HTTP proxy on Resolver that
+	// sandboxes reach through HTTP_PROXY / HTTPS_PROXY (the caller injects those; see
+	// lifecycle.Config.DefaultEnv). Every sandbox may connect to it; it applies the
+	// sandbox's policy to each CONNECT or http:// request. Zero: no proxy.
+	ProxyPort uint16
 	// Node is this node's name; sandboxes of other nodes are ignored. Empty on one host.
 	Node string
 	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
@@ -95,7 +100,8 @@ type Daemon struct {
 	resolver netip.Addr
 	fallback json.RawMessage
 	metrics  *metrics
-	l7       *l7Proxy // nil without Config.L7Port
+	l7       *l7Proxy       // nil without Config.L7Port
+	proxy    *explicitProxy // nil without Config.ProxyPort
 
 	// applyMu serialises apply and remove (the watch handler and the retry loop);
 	// mu guards the tables the DNS path reads.
@@ -168,6 +174,15 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	if cfg.ProxyPort != 0 {
+		if d.proxy, err = newExplicitProxy(d, netip.AddrPortFrom(resolver, cfg.ProxyPort).String()); err != nil {
+			if d.l7 != nil {
+				d.l7.close()
+			}
+			d.dp.Close()
+			return nil, err
+		}
+	}
 	var sink dnsfilter.AuditSink
 	if cfg.Audit != nil {
 		sink = cfg.Audit
@@ -180,6 +195,9 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		if d.l7 != nil {
 			d.l7.close()
+		}
+		if d.proxy != nil {
+			d.proxy.close()
 		}
 		d.dp.Close()
 		return nil, fmt.Errorf("egressd: dns filter: %w", err)
@@ -195,6 +213,14 @@ func (d *Daemon) Backend() datapath.Backend { return d.dp.Backend() }
 
 // DNSAddr is the DNS filter's bound address.
 func (d *Daemon) DNSAddr() netip.AddrPort { return d.dns.Addr() }
+
+// ProxyAddr is the explicit proxy's bound address; invalid without Config.ProxyPort.
+func (d *Daemon) ProxyAddr() netip.AddrPort {
+	if d.proxy == nil {
+		return netip.AddrPort{}
+	}
+	return d.proxy.addr()
+}
 
 // Datapath exposes the datapath, for tests and diagnostics.
 func (d *Daemon) Datapath() datapath.Datapath { return d.dp }
@@ -213,6 +239,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(d.auditEvents)
 	if d.l7 != nil {
 		wg.Go(func() { d.l7.run(ctx) })
+	}
+	if d.proxy != nil {
+		wg.Go(func() { d.proxy.run(ctx) })
 	}
 	wg.Go(func() { d.retry(ctx) })
 	wg.Go(func() { _ = d.watch.Run(ctx, handler{d}) })
@@ -238,6 +267,9 @@ func (d *Daemon) Close() error {
 		err = errors.Join(d.dns.Close(), d.dp.Close())
 		if d.l7 != nil {
 			err = errors.Join(err, d.l7.close())
+		}
+		if d.proxy != nil {
+			err = errors.Join(err, d.proxy.close())
 		}
 	})
 	return err

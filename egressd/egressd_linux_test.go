@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -416,6 +417,69 @@ func TestEgressdDefaultPolicy(t *testing.T) {
 			if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
 				t.Errorf("the host without a policy = %q", got)
 			}
+		})
+	}
+}
+
+// TestEgressdExplicitProxy: a sandbox whose policy denies everything but two targets
+// reaches the explicit proxy (HTTP_PROXY / HTTPS_PROXY), which applies that policy to
+// every request and tunnel, resolves through the DNS filter and audits its decisions.
+func TestEgressdExplicitProxy(t *testing.T) {
+	w := newWorld(t)
+	const policy = `{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"},` +
+		`{"action":"allow","target":"rebind.test"},{"action":"allow","target":"198.51.100.10/32"}]}`
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.ProxyPort = 3128 })
+			if got, want := d.ProxyAddr(), netip.AddrPortFrom(w.gw, 3128); got != want {
+				t.Fatalf("ProxyAddr = %v, want %v", got, want)
+			}
+			sb, x := w.create(t, d, policy)
+			defer w.api.Kill(context.Background(), sb.ID)
+			px := fmt.Sprintf("-x http://%s:3128 ", w.gw)
+			if got := curl(t, x, px+"http://allowed.test/"); got != "allowed" {
+				t.Errorf("http:// to an allowed name through the proxy = %q", got)
+			}
+			if got := curl(t, x, px+"-k https://allowed.test/"); got != "allowed-tls" {
+				t.Errorf("CONNECT to an allowed name through the proxy = %q", got)
+			}
+			if got := curl(t, x, px+"http://"+cidrIP.String()+":8080/"); got != "cidr" {
+				t.Errorf("an address allowed by a CIDR rule through the proxy = %q", got)
+			}
+			for _, url := range []string{
+				"http://denied.test/",                          // denied name
+				"http://" + deniedIP.String() + "/",            // address never allowed
+				fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort), // the host (overlay)
+				"http://169.254.169.254/",                      // cloud metadata (overlay)
+			} {
+				if got := curl(t, x, px+url); !strings.Contains(got, "EGRESS_DENIED") {
+					t.Errorf("%s through the proxy = %q, want a 403 EGRESS_DENIED", url, got)
+				}
+			}
+			if got := curl(t, x, px+"-k https://denied.test/"); got != "" {
+				t.Errorf("CONNECT to a denied name through the proxy = %q", got)
+			}
+			if got := curl(t, x, px+"http://rebind.test/"); !strings.Contains(got, "UPSTREAM_UNRESOLVED") {
+				t.Errorf("an allowed name answering a private address through the proxy = %q", got)
+			}
+			// Without the proxy the sandbox still reaches only its policy.
+			if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
+				t.Errorf("the denied address directly = %q", got)
+			}
+			explicit := func(r audit.Record) bool { return r.Source == audit.SourceL7 && r.Extra["proxy"] == "explicit" }
+			w.waitAudit(t, sb.ID, "proxy allow", func(r audit.Record) bool {
+				return explicit(r) && r.Action == "allow" && r.DstHost == "allowed.test" && r.Proto == "https" &&
+					r.DstIP == allowedIP.String() && r.DstPort == 443
+			})
+			w.waitAudit(t, sb.ID, "proxy deny", func(r audit.Record) bool {
+				return explicit(r) && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == "http"
+			})
+			w.waitAudit(t, sb.ID, "proxy deny of the host", func(r audit.Record) bool {
+				return explicit(r) && r.Action == "deny" && r.DstIP == w.gw.String()
+			})
+			w.waitAudit(t, sb.ID, "the proxy's DNS query", func(r audit.Record) bool {
+				return r.Source == audit.SourceDNS && r.Proto == "proxy" && r.DstHost == "allowed.test" && r.Action == "allow"
+			})
 		})
 	}
 }

@@ -181,7 +181,11 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 		d.metrics.errors.WithLabelValues("policy").Inc()
 		dec, _ = policies.Load(s.ID, []byte(`{"defaultAction":"deny","egress":[]}`), opts)
 	}
-	return compile(dec, d.l7 != nil)
+	o := compileOptions{l7: d.l7 != nil}
+	if d.cfg.ProxyPort != 0 {
+		o.proxy = netip.AddrPortFrom(d.resolver, d.cfg.ProxyPort)
+	}
+	return compile(dec, o)
 }
 
 // forgetDenied drops learned addresses none of whose names the sandbox's (new) policy

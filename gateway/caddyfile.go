@@ -35,6 +35,9 @@ func init() {
 //			timeout <duration>
 //		}
 //		tombstone_ttl <duration>
+//		egress_api <lifecycle host:port> {
+//			header <name> <value>
+//		}
 //	}
 //
 // Values may use placeholders such as {env.AIRLOCK_API_KEY}.
@@ -108,6 +111,22 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					err = d.Errf("unknown renew option %q", d.Val())
 				}
 				if err != nil {
+					return err
+				}
+			}
+		case "egress_api":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			a.EgressAPI = &EgressAPIConfig{Dial: d.Val()}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				if d.Val() != "header" {
+					return d.Errf("unknown egress_api option %q", d.Val())
+				}
+				if err := parseHeaderLine(d, &a.EgressAPI.Headers); err != nil {
 					return err
 				}
 			}

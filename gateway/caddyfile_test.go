@@ -78,7 +78,8 @@ func TestCaddyfileGolden(t *testing.T) {
 	if err := caddy.StrictUnmarshalJSON(cfg.Apps.Airlock, &app); err != nil {
 		t.Fatalf("airlock app JSON: %v", err)
 	}
-	if app.Watch == nil || app.Watch.Headers.Get("Authorization") == "" || len(app.SigningKeys) != 2 || app.Renew == nil {
+	if app.Watch == nil || app.Watch.Headers.Get("Authorization") == "" || len(app.SigningKeys) != 2 || app.Renew == nil ||
+		app.EgressAPI == nil || app.EgressAPI.Dial != "127.0.0.1:8080" || app.EgressAPI.Headers.Get("OPEN-SANDBOX-API-KEY") == "" {
 		t.Fatalf("app config lost options: %+v", app)
 	}
 }
@@ -91,6 +92,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		"bad_max_conns":          "{\n airlock {\n  max_conns_per_sandbox many\n }\n}\n",
 		"unknown_handler_option": ":80 {\n airlock {\n  frobnicate\n }\n}\n",
 		"proxy_with_upstreams":   ":80 {\n airlock {\n  proxy 10.0.0.1:80\n }\n}\n",
+		"egress_api_no_dial":     "{\n airlock {\n  egress_api\n }\n}\n",
+		"egress_api_bad_option":  "{\n airlock {\n  egress_api 127.0.0.1:8080 {\n   frobnicate\n  }\n }\n}\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, _, err := adapter.Adapt([]byte(body), nil); err == nil {

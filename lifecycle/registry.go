@@ -162,6 +162,11 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	if err != nil {
 		return Sandbox{}, err
 	}
+	for k, val := range s.cfg.DefaultEnv {
+		if _, set := v.spec.Env[k]; !set {
+			v.spec.Env[k] = val
+		}
+	}
 	id := newSandboxID()
 	v.spec.SandboxID = id
 	now := time.Now().UTC()

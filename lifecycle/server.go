@@ -68,6 +68,10 @@ type Config struct {
 	// client runs through execd precedes enforcement. A sandbox whose gate stays shut
 	// for ReadyTimeout is Failed.
 	ReadyGate func(id string) bool
+	// DefaultEnv is added to every new sandbox's environment, under names the create
+	// request does not set (airlock up: HTTP_PROXY / HTTPS_PROXY of egressd's explicit
+	// proxy when it runs).
+	DefaultEnv map[string]string
 	// Audit receives a record (source policy) for every policy change; nil means none.
 	Audit interface{ Append(audit.Record) }
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;

@@ -29,7 +29,7 @@ func newEgressdCmd() *cobra.Command {
 		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, node string
 		auditDir, metricsListen, logLevel                          string
 		upstreams, denyAddrs                                       []string
-		l7Port                                                     uint16
+		l7Port, proxyPort                                          uint16
 	)
 	cmd := &cobra.Command{
 		Use:   "egressd",
@@ -86,6 +86,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 				Overlay:   ov,
 				Node:      node,
 				L7Port:    l7Port,
+				ProxyPort: proxyPort,
 				Registry:  reg,
 				Logger:    log,
 			}
@@ -141,6 +142,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
 	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
+	f.Uint16Var(&proxyPort, "proxy-port", 0, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (empty: one host)")
 	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
 	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")

@@ -27,6 +27,7 @@ func newUpCmd() *cobra.Command {
 		noGateway  bool
 		noEgress   bool
 		egressMode string
+		proxyPort  int
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -76,6 +77,9 @@ Flags override the file.`,
 			if f.Changed("egress-mode") {
 				cfg.Egress.Mode = egressMode
 			}
+			if f.Changed("egress-proxy-port") {
+				cfg.Egress.ProxyPort = proxyPort
+			}
 			if f.Changed("log-level") {
 				cfg.LogLevel = logLevel
 			}
@@ -105,6 +109,7 @@ Flags override the file.`,
 	f.BoolVar(&noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
 	f.BoolVar(&noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
 	f.StringVar(&egressMode, "egress-mode", "auto", "egress datapath: auto (eBPF, else nftables), ebpf or nftables")
+	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
@@ -122,6 +127,9 @@ func printBanner(w io.Writer, s *up.Stack) {
 	}
 	if s.Egress != nil {
 		fmt.Fprintf(w, "  Egress:        %s datapath, DNS filter on %s (policy: networkPolicy at create)\n", s.Egress.Backend(), s.Egress.DNSAddr())
+		if p := s.Egress.ProxyAddr(); p.IsValid() {
+			fmt.Fprintf(w, "                 explicit proxy on %s (HTTP_PROXY/HTTPS_PROXY in every new sandbox)\n", p)
+		}
 	} else {
 		fmt.Fprintf(w, "  Egress:        NOT ENFORCED (--no-egress): sandboxes reach whatever this host reaches\n")
 	}

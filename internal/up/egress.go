@@ -30,6 +30,12 @@ type EgressConfig struct {
 	// sandboxes whose policy says `l7: sni`; default 15001; -1 turns it off (such
 	// policies are then enforced at the address level only).
 	L7Port int `yaml:"l7Port"`
+	// ProxyPort, when set, runs egressd's explicit HTTP proxy on the bridge gateway
+	// address at this port and gives every new sandbox HTTP_PROXY / HTTPS_PROXY (and
+	// the lower-case twins, NO_PROXY=localhost,127.0.0.1,::1) pointing at it, unless the
+	// create request sets them. The proxy applies the sandbox's own policy. Default 0:
+	// off.
+	ProxyPort int `yaml:"proxyPort"`
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
@@ -49,6 +55,9 @@ func (c *EgressConfig) setDefaults() error {
 	case c.L7Port == -1:
 	case c.L7Port < 1 || c.L7Port > 65535:
 		return fmt.Errorf("config: egress.l7Port %d: want a port, or -1 for off", c.L7Port)
+	}
+	if c.ProxyPort < 0 || c.ProxyPort > 65535 || (c.ProxyPort != 0 && c.ProxyPort == c.L7Port) {
+		return fmt.Errorf("config: egress.proxyPort %d: want a port other than l7Port, or 0 for off", c.ProxyPort)
 	}
 	for i, u := range c.Upstreams {
 		if _, _, err := net.SplitHostPort(u); err != nil {
@@ -90,6 +99,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		Enforcer:  enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
 		DNSListen: netip.AddrPortFrom(gw, 53).String(),
 		L7Port:    uint16(max(e.L7Port, 0)),
+		ProxyPort: uint16(e.ProxyPort),
 		Upstreams: upstreams,
 		Overlay:   ov,
 		Audit:     s.Audit,
@@ -118,6 +128,21 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		s.log.Warn("egressd has not received the sandbox list yet; it keeps trying")
 	}
 	return nil
+}
+
+// proxyEnv is the environment that points a sandbox's HTTP clients at egressd's
+// explicit proxy (EgressConfig.ProxyPort); nil when it is off.
+func (s *Stack) proxyEnv() map[string]string {
+	if s.cfg.Egress.Disabled || s.cfg.Egress.ProxyPort == 0 {
+		return nil
+	}
+	_, _, gw := s.Docker.Network()
+	u := "http://" + netip.AddrPortFrom(gw, uint16(s.cfg.Egress.ProxyPort)).String()
+	const noProxy = "localhost,127.0.0.1,::1"
+	return map[string]string{
+		"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u,
+		"NO_PROXY": noProxy, "no_proxy": noProxy,
+	}
 }
 
 // readyGate is lifecycle's ready gate: with egress on, a sandbox is Running only once

@@ -85,8 +85,9 @@ func TestStackThroughGateway(t *testing.T) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: dir,
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)}},
-		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
+		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)},
+			ProxyPort: 13128},
+		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	s, err := New(cfg, nil)
 	if err != nil {
@@ -203,6 +204,17 @@ func TestStackThroughGateway(t *testing.T) {
 		if got := strings.Join(ex.Stdout, ""); got != want {
 			t.Errorf("%s resolves to %q in the sandbox, want %q", name, got, want)
 		}
+	}
+	// The explicit proxy: every new sandbox has HTTP_PROXY pointing at it, and it
+	// applies the sandbox's policy (the default-deny datapath lets the proxy through).
+	_, _, bridgeGW := s.Docker.Network()
+	px, err := x2.Run(ctx, sdk.Command{Command: `echo "$HTTPS_PROXY"; curl -sS -m 3 http://denied.test/`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "http://" + bridgeGW.String() + ":13128"; len(px.Stdout) < 2 || px.Stdout[0] != want ||
+		!strings.Contains(px.Stdout[1], "EGRESS_DENIED") {
+		t.Errorf("HTTPS_PROXY and a denied name through the explicit proxy: %q, want %s and EGRESS_DENIED", px.Stdout, want)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -205,6 +205,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Audit:        s.Audit,
 		AuditDir:     s.cfg.Audit.Dir,
 		ReadyGate:    s.readyGate(),
+		DefaultEnv:   s.proxyEnv(),
 		Registry:     s.registry,
 		Log:          s.log.With("component", "lifecycle"),
 	})
