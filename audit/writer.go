@@ -24,6 +24,10 @@ type Config struct {
 	SyncInterval time.Duration
 	// MaxFileBytes rotates the current file once it reaches this size; default 64 MiB.
 	MaxFileBytes int64
+	// Linger is how long the writer waits for more records once one arrives, so that a
+	// steady stream goes out in few write(2) calls (group commit); default 2ms, negative
+	// means no wait. A record is not durable before the next fsync either way.
+	Linger time.Duration
 	// QueueSize is how many records Append may buffer before counting losses; default
 	// 65536.
 	QueueSize int
@@ -39,8 +43,9 @@ type Config struct {
 // ErrClosed is returned by operations on a closed Writer.
 var ErrClosed = errors.New("audit: writer closed")
 
-// maxBatch bounds how many records one write(2) carries.
-const maxBatch = 4096
+// maxBatch bounds how many records one write(2) carries; the writer lingers
+// (Config.Linger) only while a batch is smaller than lingerBatch.
+const maxBatch, lingerBatch = 4096, 256
 
 // Writer appends records to a hash-chained JSON Lines log (see the chain format in
 // chain.go and README.md). Append never blocks for long: a full queue counts the record
@@ -105,6 +110,9 @@ func open(cfg Config) (*Writer, error) {
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 65536
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = 2 * time.Millisecond
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -212,18 +220,32 @@ func (w *Writer) run() {
 	defer close(w.done)
 	tick := time.NewTicker(w.cfg.SyncInterval)
 	defer tick.Stop()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for {
 		select {
 		case r := <-w.queue:
 			w.batch = append(w.batch[:0], r)
-			for len(w.batch) < maxBatch {
-				select {
-				case r := <-w.queue:
-					w.batch = append(w.batch, r)
-					continue
-				default:
+			for len(w.batch) < maxBatch && len(w.queue) > 0 {
+				w.batch = append(w.batch, <-w.queue)
+			}
+			if w.cfg.Linger > 0 && len(w.batch) < lingerBatch {
+				linger.Reset(w.cfg.Linger)
+			gather:
+				for len(w.batch) < lingerBatch {
+					select {
+					case r := <-w.queue:
+						w.batch = append(w.batch, r)
+					case <-linger.C:
+						break gather
+					case <-w.stop: // written now; the next turn of the loop stops
+						break gather
+					}
 				}
-				break
+				linger.Stop()
+			}
+			for len(w.batch) < maxBatch && len(w.queue) > 0 {
+				w.batch = append(w.batch, <-w.queue)
 			}
 			w.writeBatch(w.batch)
 			w.writeLoss()
