@@ -69,6 +69,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 
 #define ACT_ALLOW 1
 #define ACT_DENY 2
+#define ACT_DENY_ALWAYS 3 // a deny report mode does not relax (overlay, guard)
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -481,7 +482,7 @@ static __always_inline int drop(struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
 	return TC_ACT_SHOT;
 }
 
-// lookup_rules returns ACT_ALLOW/ACT_DENY for the first matching static rule, 0 if none.
+// lookup_rules returns ACT_ALLOW/ACT_DENY/ACT_DENY_ALWAYS for the first matching static rule, 0 if none.
 static __always_inline int lookup_rules(struct sbx_cfg *cfg, struct pkt *p, __u16 *rule)
 {
 	struct rule_val *rv = 0;
@@ -638,6 +639,8 @@ int airlock_from_sbx(struct __sk_buff *skb)
 		return allow_new(cfg, &p, R_RULE_ALLOW, rule);
 	if (act == ACT_DENY)
 		return deny(cfg, &p, R_RULE_DENY, rule);
+	if (act == ACT_DENY_ALWAYS)
+		return drop(cfg, &p, R_RULE_DENY, rule);
 
 	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443)) {
 		skb->mark = (skb->mark & ~l7_mark_mask) | l7_mark;

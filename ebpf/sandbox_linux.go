@@ -181,9 +181,13 @@ func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
 		for i, r := range pr.Rules {
 			lo, hi := r.Ports.Bounds()
 			v.E[i].Lo, v.E[i].Hi, v.E[i].Proto, v.E[i].Id = lo, hi, uint8(r.Proto), r.ID
-			v.E[i].Action = 2 // ACT_DENY
-			if r.Action == datapath.ActionAllow {
-				v.E[i].Action = 1
+			switch r.Action {
+			case datapath.ActionAllow:
+				v.E[i].Action = 1 // ACT_ALLOW
+			case datapath.ActionDenyAlways:
+				v.E[i].Action = 3 // ACT_DENY_ALWAYS
+			default:
+				v.E[i].Action = 2 // ACT_DENY
 			}
 		}
 		a := pr.Prefix.Addr()

@@ -362,6 +362,17 @@ func TestPolicyUpdate(t *testing.T) {
 	waitEvents(t, e.d, func(ev datapath.Event) bool {
 		return ev.Kind == datapath.KindWouldDrop && ev.Dst == netip.MustParseAddrPort("198.18.3.1:22")
 	})
+	// A deny-always rule (the overlay, the guard) holds in report mode.
+	p.Rules = append([]datapath.Rule{{Prefix: pfx("198.18.9.0/24"), Action: datapath.ActionDenyAlways, ID: 9}}, p.Rules...)
+	if err := e.d.Update("verdict", p); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.9.1", 42003, 80)); got != tcActShot {
+		t.Fatalf("deny-always rule in report mode: %d", got)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42004, 22)); got != tcActOK {
+		t.Fatalf("report mode beside a deny-always rule: %d", got)
+	}
 }
 
 func TestForgetCutsFlows(t *testing.T) {

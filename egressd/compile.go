@@ -37,7 +37,9 @@ const guardRef = "guard"
 //     every special prefix (private, loopback, link-local, ...) keep them unreachable
 //     unless an explicit earlier rule allows them;
 //   - IPv6 is filtered when the policy has IPv6 rules, blocked otherwise;
-//   - report mode passes and reports what would be dropped.
+//   - overlay deny rules and the guard are ActionDenyAlways: report mode passes and
+//     reports what the policy would drop, never what the overlay or the guard drop
+//     (in report mode the guard also precedes a deny default).
 //
 // With o.l7 (egressd runs its L7 proxy) a policy in L7 mode sni marks TCP 80/443 for
 // it. With o.proxy (egressd runs its explicit proxy) the first rule allows TCP to it:
@@ -61,11 +63,14 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 				// destinations are guarded by their own prefixes.
 				continue
 			}
-			c.add(datapath.Rule{Prefix: p, Action: datapath.ActionDeny}, guardRef)
+			c.add(datapath.Rule{Prefix: p, Action: datapath.ActionDenyAlways}, guardRef)
 		}
 	}
 	for _, r := range d.IPRules() {
 		action := datapath.ActionDeny
+		if r.Overlay {
+			action = datapath.ActionDenyAlways
+		}
 		if r.Action == policies.Allow {
 			action = datapath.ActionAllow
 			if r.CatchAll {
@@ -93,6 +98,9 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 	if d.DefaultAction() == policies.Allow {
 		guard()
 		c.policy.Default = datapath.ActionAllow
+	}
+	if d.Mode() == policies.Report {
+		guard() // report mode passes the default's drops, never the guard's
 	}
 	if d.HasIPv6() {
 		c.policy.IPv6 = datapath.IPv6Filter

@@ -1,6 +1,7 @@
 package egressd
 
 import (
+	"encoding/json"
 	"net/netip"
 	"testing"
 
@@ -33,6 +34,34 @@ func TestCompileAddressSemantics(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dec, err := policies.Load(c.name, []byte(c.doc), policies.CompileOptions{Overlay: ov})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Report mode relaxes the policy's denials, never the overlay's or the guard's:
+			// the same document in report mode must still drop every special or overlay
+			// address the decider denies, and pass the policy's own denials.
+			var doc map[string]any
+			if err := json.Unmarshal([]byte(c.doc), &doc); err != nil {
+				t.Fatal(err)
+			}
+			doc["mode"] = "report"
+			rdoc, _ := json.Marshal(doc)
+			rdec, err := policies.Load(c.name, rdoc, policies.CompileOptions{Overlay: ov})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rp, err := datapath.ValidatePolicy(compile(rdec, compileOptions{}).policy)
+			if err != nil || !rp.Report {
+				t.Fatalf("report policy: %+v %v", rp, err)
+			}
+			for _, s := range append(append([]string{}, c.allowed...), c.denied...) {
+				ap := netip.MustParseAddrPort(s)
+				hard := !rdec.DecideAddr(ap.Addr(), ap.Port(), policies.TCP).Allowed()
+				r, ok := datapath.Match(rp.Rules, ap.Addr(), datapath.ProtoTCP, ap.Port(), false)
+				if got := ok && r.Action == datapath.ActionDenyAlways; got != hard {
+					t.Errorf("report mode: %s dropped by the datapath = %v, decider denies = %v", s, got, hard)
+				}
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -483,3 +483,35 @@ func TestEgressdExplicitProxy(t *testing.T) {
 		})
 	}
 }
+
+// TestEgressdReportMode: a policy in report mode lets through (and audits as would-deny)
+// what it would deny, never what the operator overlay or the special-address guard deny.
+func TestEgressdReportMode(t *testing.T) {
+	w := newWorld(t)
+	const policy = `{"mode":"report","defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t))
+			sb, x := w.create(t, d, policy)
+			defer w.api.Kill(context.Background(), sb.ID)
+			if got := curl(t, x, "http://denied.test/"); got != "denied" {
+				t.Errorf("a name the policy would deny, in report mode = %q", got)
+			}
+			if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+				t.Errorf("an address the policy would deny, in report mode = %q", got)
+			}
+			if got := curl(t, x, "http://169.254.169.254/"); got != "" {
+				t.Errorf("cloud metadata (overlay) in report mode = %q", got)
+			}
+			if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
+				t.Errorf("the host (overlay) in report mode = %q", got)
+			}
+			w.waitAudit(t, sb.ID, "would-deny DNS", func(r audit.Record) bool {
+				return r.Source == audit.SourceDNS && r.DstHost == "denied.test" && r.Action == "allow" && r.WouldDeny
+			})
+			w.waitAudit(t, sb.ID, "metadata drop", func(r audit.Record) bool {
+				return r.Source == audit.SourceBPF && r.DstIP == "169.254.169.254" && r.Action == "deny" && !r.WouldDeny
+			})
+		})
+	}
+}

@@ -67,11 +67,11 @@ func Compile(p *Policy, opts CompileOptions) (*Decider, error) {
 			switch r.target.Kind {
 			case KindPrefix:
 				d.hasV6 = d.hasV6 || (s == d.rules && r.target.Prefix.Addr().Is6())
-				d.ipRules = append(d.ipRules, r.ipRule(r.target.Prefix, false))
+				d.ipRules = append(d.ipRules, r.ipRule(r.target.Prefix, false, s.layer != layerEgress))
 			case KindAll:
 				d.ipRules = append(d.ipRules,
-					r.ipRule(netip.MustParsePrefix("0.0.0.0/0"), true),
-					r.ipRule(netip.MustParsePrefix("::/0"), true))
+					r.ipRule(netip.MustParsePrefix("0.0.0.0/0"), true, s.layer != layerEgress),
+					r.ipRule(netip.MustParsePrefix("::/0"), true, s.layer != layerEgress))
 			}
 		}
 	}
@@ -153,9 +153,9 @@ func (r *crule) scope() PortSet {
 	return s
 }
 
-func (r *crule) ipRule(p netip.Prefix, all bool) IPRule {
+func (r *crule) ipRule(p netip.Prefix, all, overlay bool) IPRule {
 	return IPRule{Prefix: p, Action: r.action, Ports: r.raw.Ports, Protocols: r.raw.Protocols,
-		CatchAll: all, Rule: r.ref}
+		CatchAll: all, Rule: r.ref, Overlay: overlay}
 }
 
 // ruleSet is one layer's rules with its indexes. Index lists hold rule positions in

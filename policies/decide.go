@@ -58,6 +58,8 @@ type IPRule struct {
 	CatchAll bool
 	// Rule is the rule's reference, as in Decision.Rule.
 	Rule string
+	// Overlay marks a rule of the operator overlay, which report mode does not relax.
+	Overlay bool
 }
 
 // Policy returns a copy of the source policy.

@@ -22,7 +22,7 @@
 //  9. Otherwise Policy.Default decides.
 //
 // In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
-// instead and is reported as KindWouldDrop. A new allowed flow is reported as KindFlow
+// instead and is reported as KindWouldDrop, except a rule with ActionDenyAlways. A new allowed flow is reported as KindFlow
 // and a drop as KindDrop (at most one drop event per 5-tuple per second).
 package datapath
 
@@ -137,7 +137,7 @@ type Rule struct {
 	// Ports is the inclusive destination port range; the zero value matches every
 	// port. A rule with ports never matches ICMP.
 	Ports PortRange
-	// Action is ActionAllow or ActionDeny.
+	// Action is ActionAllow, ActionDeny or ActionDenyAlways.
 	Action Action
 	// ID is reported back in events (Event.Rule) so audit can name the rule; 0 is
 	// "no id".
@@ -196,6 +196,10 @@ type Action uint8
 const (
 	ActionDeny  Action = 0
 	ActionAllow Action = 1
+	// ActionDenyAlways is a rule's deny that report mode does not relax: the operator
+	// overlay and the special-address guard hold in report mode too, as in package
+	// policies. Not a default action.
+	ActionDenyAlways Action = 2
 )
 
 // String returns "allow" or "deny".

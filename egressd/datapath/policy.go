@@ -92,7 +92,7 @@ func ValidatePolicy(p Policy) (Policy, error) {
 			r.Prefix = netip.PrefixFrom(r.Prefix.Addr().Unmap(), bits)
 		}
 		r.Prefix = r.Prefix.Masked()
-		if r.Action != ActionAllow && r.Action != ActionDeny {
+		if r.Action != ActionAllow && r.Action != ActionDeny && r.Action != ActionDenyAlways {
 			return p, fmt.Errorf("%w: rule %d: action %d", ErrInvalidSpec, i, r.Action)
 		}
 		if !r.Ports.All() {

@@ -33,11 +33,14 @@ func logPrefix(kind datapath.Kind, reason datapath.Reason, rule uint16, id strin
 func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 	var rules [][]expr.Any
 	add := func(r ...[]expr.Any) { rules = append(rules, cat(r...)) }
+	dropAlways := func(reason datapath.Reason, rule uint16) []expr.Any {
+		return cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id), one(drop))
+	}
 	deny := func(reason datapath.Reason, rule uint16) []expr.Any {
 		if p.Report {
 			return cat(f.logExpr(datapath.KindWouldDrop, reason, rule, id), one(accept))
 		}
-		return cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id), one(drop))
+		return dropAlways(reason, rule)
 	}
 	allowNew := func(fm fam, reason datapath.Reason, rule uint16) []expr.Any {
 		return cat(flowKey(fm), one(addFlow(flowSet(fm, id), f.cfg.FlowIdle), counter(flowCounter(id))),
@@ -84,9 +87,12 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 				lo, hi := r.Ports.Bounds()
 				m = cat(m, dport(lo, hi))
 			}
-			if r.Action == datapath.ActionAllow {
+			switch r.Action {
+			case datapath.ActionAllow:
 				add(m, allowNew(fm, datapath.ReasonRuleAllow, r.ID))
-			} else {
+			case datapath.ActionDenyAlways:
+				add(m, dropAlways(datapath.ReasonRuleDeny, r.ID))
+			default:
 				add(m, deny(datapath.ReasonRuleDeny, r.ID))
 			}
 		}
