@@ -27,6 +27,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 #define MAX_RULES 16
 #define MAX_ADDRS 4
 #define MAX_LEARNED 16384
+#define MAX_GRANTS 16 // datapath.MaxLearnedGrants
 #define MAX_PREFIXES 4096
 
 // sbx_cfg.flags
@@ -132,8 +133,18 @@ struct addr16 {
 	__u8 a[16];
 };
 
-struct learned_val {
+// A learned address's grants: each allows one protocol (0: any) and port range until
+// its own expiry; an unused grant has expires_ns 0.
+struct learned_grant {
 	__u64 expires_ns;
+	__u16 lo;
+	__u16 hi;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct learned_val {
+	struct learned_grant g[MAX_GRANTS];
 };
 
 struct flow_key {
@@ -525,7 +536,20 @@ static __always_inline int learned(struct sbx_cfg *cfg, struct pkt *p)
 	struct addr16 key;
 	__builtin_memcpy(key.a, p->daddr, 16);
 	struct learned_val *v = bpf_map_lookup_elem(inner, &key);
-	return v && v->expires_ns > bpf_ktime_get_ns();
+	if (!v)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	for (int i = 0; i < MAX_GRANTS; i++) {
+		struct learned_grant *g = &v->g[i];
+		if (g->expires_ns <= now)
+			continue;
+		if (g->proto != 0 && g->proto != p->proto)
+			continue;
+		if (!p->frag && (p->dport < g->lo || p->dport > g->hi))
+			continue;
+		return 1;
+	}
+	return 0;
 }
 
 static __always_inline int src_ok(struct sbx_cfg *cfg, struct pkt *p)

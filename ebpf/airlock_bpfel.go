@@ -50,8 +50,15 @@ type airlockFlowVal struct {
 }
 
 type airlockLearnedVal struct {
-	_         structs.HostLayout
-	ExpiresNs uint64
+	_ structs.HostLayout
+	G [16]struct {
+		_         structs.HostLayout
+		ExpiresNs uint64
+		Lo        uint16
+		Hi        uint16
+		Proto     uint8
+		Pad       [3]uint8
+	}
 }
 
 type airlockLpm4Key struct {

@@ -31,10 +31,12 @@ type Datapath struct {
 	objs airlockObjects
 	ns   netnsRef
 
-	mu     sync.Mutex
-	byID   map[string]*sandbox
-	byIdx  map[uint32]*sandbox
-	closed bool
+	mu sync.Mutex
+	// learnMu serialises Learn's read-modify-write of learned grants.
+	learnMu sync.Mutex
+	byID    map[string]*sandbox
+	byIdx   map[uint32]*sandbox
+	closed  bool
 
 	innerSpecs struct{ rules4, rules6, learned *ebpf.MapSpec }
 

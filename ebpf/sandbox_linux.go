@@ -235,10 +235,17 @@ func (d *Datapath) Update(id string, p datapath.Policy) error {
 
 // Learn implements datapath.Datapath: one lookup and one update of the sandbox's
 // learned map.
-func (d *Datapath) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+func (d *Datapath) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
 	addr = addr.Unmap()
 	if !addr.IsValid() || ttl <= 0 {
 		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
+	}
+	grants, err := datapath.ValidateGrants(ports)
+	if err != nil {
+		return err
+	}
+	if grants == nil {
+		grants = []datapath.ProtoPorts{datapath.EveryPort}
 	}
 	d.mu.Lock()
 	s, ok := d.byID[id]
@@ -251,18 +258,64 @@ func (d *Datapath) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
 	key := addr16(addr)
-	exp := uint64(monoNow() + ttl)
+	now := uint64(monoNow())
+	exp := now + uint64(ttl)
+	// Read-modify-write of the address's grants; concurrent Learns of one sandbox
+	// must not lose each other's grants.
+	d.learnMu.Lock()
+	defer d.learnMu.Unlock()
 	var cur airlockLearnedVal
-	if err := m.Lookup(&key, &cur); err == nil && cur.ExpiresNs > exp {
+	if err := m.Lookup(&key, &cur); err != nil {
+		cur = airlockLearnedVal{}
+	}
+	changed := false
+	for _, g := range grants {
+		lo, hi := g.Ports.Bounds()
+		proto := uint8(g.Proto)
+		slot, free := -1, -1
+		for i := range cur.G {
+			e := &cur.G[i]
+			if e.ExpiresNs > now && e.Proto == proto && e.Lo == lo && e.Hi == hi {
+				slot = i
+				break
+			}
+			if free < 0 && e.ExpiresNs <= now {
+				free = i
+			}
+		}
+		switch {
+		case slot >= 0:
+			if cur.G[slot].ExpiresNs < exp {
+				cur.G[slot].ExpiresNs, changed = exp, true
+			}
+		case free >= 0:
+			cur.G[free].ExpiresNs, cur.G[free].Lo, cur.G[free].Hi, cur.G[free].Proto = exp, lo, hi, proto
+			changed = true
+		default:
+			return fmt.Errorf("%w: sandbox %s: %s has %d live grants", datapath.ErrFull, id, addr, datapath.MaxLearnedGrants)
+		}
+	}
+	if !changed {
 		return nil
 	}
-	if err := m.Put(&key, airlockLearnedVal{ExpiresNs: exp}); err != nil {
+	if err := m.Put(&key, &cur); err != nil {
 		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
 			return fmt.Errorf("%w: sandbox %s learned table", datapath.ErrFull, id)
 		}
 		return fmt.Errorf("learn %s: %w", addr, err)
 	}
 	return nil
+}
+
+// liveGrants lists the grants of a learned entry that have not expired at now.
+func liveGrants(v *airlockLearnedVal, now uint64) []datapath.ProtoPorts {
+	var out []datapath.ProtoPorts
+	for _, g := range v.G {
+		if g.ExpiresNs > now {
+			out = append(out, datapath.ProtoPorts{Proto: datapath.Proto(g.Proto), Ports: datapath.PortRange{First: g.Lo, Last: g.Hi}})
+		}
+	}
+	return out
 }
 
 // Forget implements datapath.Datapath.
@@ -303,7 +356,8 @@ func (d *Datapath) cutFlows(s *sandbox, only netip.Addr) error {
 			continue
 		}
 		var lv airlockLearnedVal
-		learned := s.learned.Lookup(&k.Raddr, &lv) == nil && lv.ExpiresNs > now
+		learned := s.learned.Lookup(&k.Raddr, &lv) == nil &&
+			datapath.GrantsAllow(liveGrants(&lv, now), datapath.Proto(k.Proto), k.Rport, false)
 		if s.policy.Report || datapath.Allows(s.policy, dst, datapath.Proto(k.Proto), k.Rport, learned) {
 			continue
 		}

@@ -199,7 +199,7 @@ func udp(src, dst string, sport, dport uint16) pkt {
 
 func TestVerdicts(t *testing.T) {
 	e := newVerdictEnv(t, verdictPolicy)
-	if err := e.d.Learn("verdict", ip("198.18.2.1"), time.Hour); err != nil {
+	if err := e.d.Learn("verdict", ip("198.18.2.1"), nil, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	ns := ip("fe80::1")
@@ -294,7 +294,7 @@ func waitEvents(t *testing.T, d *Datapath, preds ...func(datapath.Event) bool) [
 
 func TestFlowsOutliveLearnedEntries(t *testing.T) {
 	e := newVerdictEnv(t, verdictPolicy)
-	if err := e.d.Learn("verdict", ip("198.18.2.3"), 300*time.Millisecond); err != nil {
+	if err := e.d.Learn("verdict", ip("198.18.2.3"), nil, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	first := tcp("10.77.0.2", "198.18.2.3", 41000, 80)
@@ -377,7 +377,7 @@ func TestPolicyUpdate(t *testing.T) {
 
 func TestForgetCutsFlows(t *testing.T) {
 	e := newVerdictEnv(t, verdictPolicy)
-	e.d.Learn("verdict", ip("198.18.2.4"), time.Hour)
+	e.d.Learn("verdict", ip("198.18.2.4"), nil, time.Hour)
 	flow := tcp("10.77.0.2", "198.18.2.4", 43000, 80)
 	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActOK {
 		t.Fatalf("learned: %d", got)
@@ -403,7 +403,7 @@ func TestInvalidSpecChangesNothing(t *testing.T) {
 	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.1.5", 44000, 80)); got != tcActOK {
 		t.Fatalf("old policy must stay: %d", got)
 	}
-	if err := e.d.Learn("nope", ip("198.18.2.1"), time.Hour); !errors.Is(err, datapath.ErrUnknownSandbox) {
+	if err := e.d.Learn("nope", ip("198.18.2.1"), nil, time.Hour); !errors.Is(err, datapath.ErrUnknownSandbox) {
 		t.Fatalf("learn for unknown sandbox: %v", err)
 	}
 }

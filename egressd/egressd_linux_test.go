@@ -515,3 +515,47 @@ func TestEgressdReportMode(t *testing.T) {
 		})
 	}
 }
+
+// TestEgressdNamePorts: a name allowed on some ports makes its addresses reachable on
+// those ports only, and a policy change that moves the ports applies at once to the
+// address already learned (no new DNS answer needed).
+func TestEgressdNamePorts(t *testing.T) {
+	w := newWorld(t)
+	policy := func(port int) string {
+		return fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":"ported.test","ports":[%d],"protocols":["tcp"]}]}`, port)
+	}
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t))
+			sb, x := w.create(t, d, policy(8080))
+			defer w.api.Kill(context.Background(), sb.ID)
+			if got := curl(t, x, "http://ported.test:8080/"); got != "cidr" {
+				t.Errorf("the allowed port of the name = %q", got)
+			}
+			if got := curl(t, x, "http://ported.test:8081/"); got != "" {
+				t.Errorf("another port of the allowed name's address = %q", got)
+			}
+			req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy(8081)))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+				t.Fatalf("PUT /policy: %d", resp.StatusCode)
+			}
+			// --resolve: no DNS query, the address is reached through what was learned.
+			pinned := func(port int) string {
+				return fmt.Sprintf("--resolve ported.test:%d:%s http://ported.test:%d/", port, cidrIP, port)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for curl(t, x, pinned(8081)) != "cidr-8081" {
+				if time.Now().After(deadline) {
+					t.Fatal("the learned address is not reachable on the newly allowed port")
+				}
+			}
+			if got := curl(t, x, pinned(8080)); got != "" {
+				t.Errorf("the learned address on the formerly allowed port = %q", got)
+			}
+		})
+	}
+}

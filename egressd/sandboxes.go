@@ -29,6 +29,21 @@ type sandbox struct {
 type learnedAddr struct {
 	names []string
 	until time.Time
+	// every and grants are what the datapath was told: every port, or these grants.
+	every  bool
+	grants []datapath.ProtoPorts
+}
+
+// addGrants records grants (nil: every port) as learned.
+func (l *learnedAddr) addGrants(grants []datapath.ProtoPorts) {
+	if grants == nil {
+		l.every = true
+	}
+	for _, g := range grants {
+		if !slices.Contains(l.grants, g) {
+			l.grants = append(l.grants, g)
+		}
+	}
 }
 
 // maxLearnedTracked bounds the learned-address bookkeeping per sandbox; expired
@@ -199,18 +214,40 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 			delete(sb.learned, a)
 			continue
 		}
+		// What the names still allowed may reach at this address now.
+		var now2 learnedAddr
 		allowed := false
 		for _, n := range l.names {
-			if sb.c.decider.DecideName(n, 0, "").Allowed() && sb.c.decider.DecideLearned(n, a, 0, "").Allowed() {
+			dec := sb.c.decider.DecideName(n, 0, "")
+			if dec.Allowed() && !dec.Ports.Empty() && sb.c.decider.DecideLearned(n, a, 0, "").Allowed() {
 				allowed = true
-				break
+				now2.addGrants(learnedGrants(dec.Ports))
 			}
 		}
-		if !allowed {
+		narrowed := l.every && !now2.every
+		if !now2.every {
+			for _, g := range l.grants {
+				narrowed = narrowed || !slices.Contains(now2.grants, g)
+			}
+		}
+		if !allowed || narrowed {
 			if err := d.dp.Forget(sb.view.ID, a); err != nil && !errors.Is(err, datapath.ErrUnknownSandbox) {
 				d.log.Warn("forget failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
 			}
 			delete(sb.learned, a)
+		}
+		if allowed && narrowed {
+			// The names keep what the new policy still grants, for the rest of the TTL.
+			grants := now2.grants
+			if now2.every {
+				grants = nil
+			}
+			if err := d.dp.Learn(sb.view.ID, a, grants, l.until.Sub(now)); err != nil {
+				d.log.Warn("re-learn failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+				continue
+			}
+			l.every, l.grants = now2.every, now2.grants
+			sb.learned[a] = l
 		}
 	}
 }
@@ -264,11 +301,33 @@ func (d *Daemon) lookup(src netip.Addr) (dnsfilter.Sandbox, bool) {
 	return dnsfilter.Sandbox{ID: sb.view.ID, Policy: sb.c.decider}, true
 }
 
+// learnedGrants maps the ports a name may reach to datapath grants: nil (every port)
+// when the name's rules have no ports.
+func learnedGrants(ps policies.PortSet) []datapath.ProtoPorts {
+	if ps.All() {
+		return nil
+	}
+	var out []datapath.ProtoPorts
+	for _, pp := range []struct {
+		proto  datapath.Proto
+		ranges []policies.PortRange
+	}{{datapath.ProtoTCP, ps.TCP}, {datapath.ProtoUDP, ps.UDP}} {
+		for _, r := range pp.ranges {
+			out = append(out, datapath.ProtoPorts{Proto: pp.proto, Ports: datapath.PortRange{First: r.First, Last: r.Last}})
+		}
+	}
+	return out
+}
+
 // learn is the DNS filter's learning hook: the answer's addresses are programmed into
 // the datapath before the answer is written.
 func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
+	grants := learnedGrants(l.Ports)
+	if l.Ports.Empty() {
+		return nil // the name reaches no TCP or UDP port: nothing to learn
+	}
 	for _, a := range l.Addrs {
-		if err := d.dp.Learn(l.SandboxID, a, l.TTL); err != nil {
+		if err := d.dp.Learn(l.SandboxID, a, grants, l.TTL); err != nil {
 			d.metrics.learns.WithLabelValues("error").Inc()
 			return err
 		}
@@ -297,6 +356,7 @@ func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
 		if until.After(e.until) {
 			e.until = until
 		}
+		e.addGrants(grants)
 		if len(sb.learned) < maxLearnedTracked || len(e.names) > 1 {
 			sb.learned[a] = e
 		}

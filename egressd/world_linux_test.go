@@ -145,7 +145,7 @@ func fakeUpstream(t *testing.T) string {
 	}
 	names := map[string]netip.Addr{
 		"allowed.test.": allowedIP, "denied.test.": deniedIP, "other.test.": deniedIP,
-		"rebind.test.": netip.MustParseAddr("10.0.0.1"),
+		"rebind.test.": netip.MustParseAddr("10.0.0.1"), "ported.test.": cidrIP,
 	}
 	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, q *dns.Msg) {
 		m := new(dns.Msg)

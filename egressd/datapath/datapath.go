@@ -18,7 +18,8 @@
 //     protocol and port range match decides (allow or deny).
 //  7. With Policy.L7, TCP 80/443 is marked for redirection to the local L7 proxy
 //     (see L7 in the backend READMEs); the proxy reads the original destination.
-//  8. A live learned address (Learn, not yet expired) is allowed, on every port.
+//  8. A live learned grant (Learn, not yet expired) allows the address: on every port,
+//     or on the protocols and port ranges it was learned for.
 //  9. Otherwise Policy.Default decides.
 //
 // In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
@@ -53,12 +54,16 @@ type Datapath interface {
 	// ErrUnknownSandbox, ErrInvalidSpec (nothing changed).
 	Update(id string, p Policy) error
 
-	// Learn allows new flows from sandbox id to addr (every port) until now+ttl. It is
-	// on the DNS answer path: one map or set update, no listing, target ≤ 100 µs p50.
-	// Learning a live address again extends it to the later expiry. IPv4-mapped IPv6
-	// addresses are unmapped. Errors: ErrUnknownSandbox, ErrInvalidSpec (ttl ≤ 0 or an
-	// invalid address), ErrFull (the sandbox's learned table is full).
-	Learn(id string, addr netip.Addr, ttl time.Duration) error
+	// Learn allows new flows from sandbox id to addr until now+ttl: on every port when
+	// ports is empty, otherwise on those protocols and port ranges only (a name rule
+	// with ports). Each grant (every port, or one protocol and range) has its own
+	// expiry: learning a live grant again extends it to the later expiry, different
+	// grants of an address accumulate (at most MaxLearnedGrants live ones). It is on
+	// the DNS answer path: a map or set update, no listing, target ≤ 100 µs p50.
+	// IPv4-mapped IPv6 addresses are unmapped. Errors: ErrUnknownSandbox,
+	// ErrInvalidSpec (ttl ≤ 0, an invalid address or grant), ErrFull (the sandbox's
+	// learned table, or the address's grants, are full).
+	Learn(id string, addr netip.Addr, ports []ProtoPorts, ttl time.Duration) error
 
 	// Forget removes a learned address and cuts established flows to it that the
 	// static rules do not allow. Forgetting an unknown address is not an error.
@@ -92,6 +97,12 @@ const (
 	BackendEBPF     Backend = "ebpf"
 	BackendNFTables Backend = "nftables"
 )
+
+// ProtoPorts is one grant of a learned address: a protocol and a port range.
+type ProtoPorts struct {
+	Proto Proto     // ProtoTCP or ProtoUDP
+	Ports PortRange // inclusive; the zero value is every port of Proto
+}
 
 // Spec is what Attach needs to enforce one sandbox.
 type Spec struct {

@@ -13,6 +13,8 @@ const (
 	MaxRulesPerAddr  = 16
 	MaxPrefixes      = 4096
 	MaxLearnedPerSbx = 16384
+	// MaxLearnedGrants bounds the live grants of one learned address (Learn).
+	MaxLearnedGrants = 16
 )
 
 // ValidateSpec checks spec and returns it normalised (addresses unmapped, prefixes
@@ -180,9 +182,54 @@ func Match(rules []Rule, dst netip.Addr, proto Proto, port uint16, frag bool) (R
 	return Rule{}, false
 }
 
+// ValidateGrants checks Learn's ports and returns them normalised (ranges expanded,
+// duplicates dropped), nil meaning every port. Errors wrap ErrInvalidSpec.
+func ValidateGrants(ports []ProtoPorts) ([]ProtoPorts, error) {
+	if len(ports) == 0 {
+		return nil, nil
+	}
+	out := make([]ProtoPorts, 0, len(ports))
+	for _, g := range ports {
+		if g.Proto != ProtoTCP && g.Proto != ProtoUDP {
+			return nil, fmt.Errorf("%w: learned grant protocol %s: want tcp or udp", ErrInvalidSpec, g.Proto)
+		}
+		lo, hi := g.Ports.Bounds()
+		if lo > hi {
+			return nil, fmt.Errorf("%w: learned grant port range %d-%d", ErrInvalidSpec, lo, hi)
+		}
+		g.Ports = PortRange{First: lo, Last: hi}
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	if len(out) > MaxLearnedGrants {
+		return nil, fmt.Errorf("%w: %d learned grants, at most %d", ErrInvalidSpec, len(out), MaxLearnedGrants)
+	}
+	return out, nil
+}
+
+// GrantsAllow reports whether live grants (nil: none; a grant with every port of
+// ProtoAny: every port) allow proto/port; frag (a non-first fragment) ignores ports.
+func GrantsAllow(grants []ProtoPorts, proto Proto, port uint16, frag bool) bool {
+	for _, g := range grants {
+		if g.Proto != ProtoAny && g.Proto != proto {
+			continue
+		}
+		lo, hi := g.Ports.Bounds()
+		if frag || (port >= lo && port <= hi) {
+			return true
+		}
+	}
+	return false
+}
+
+// EveryPort is the grant of an address learned without ports.
+var EveryPort = ProtoPorts{Proto: ProtoAny}
+
 // Allows reports whether a new outbound flow to dst:port would be allowed by p's
-// static rules, a live learned entry (learned) or the default, ignoring DNS, DoT and
-// L7 handling. Backends use it to cut established flows after Update or Forget.
+// static rules, a live learned grant (learned: the grants of dst's live entries for
+// this proto/port, see GrantsAllow) or the default, ignoring DNS, DoT and L7 handling.
+// Backends use it to cut established flows after Update or Forget.
 func Allows(p Policy, dst netip.Addr, proto Proto, port uint16, learned bool) bool {
 	if dst.Unmap().Is6() && p.IPv6 == IPv6Block {
 		return false

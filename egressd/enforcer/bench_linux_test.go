@@ -34,7 +34,7 @@ func TestBenchLearn(t *testing.T) {
 		s, err := benchreport.Measure(string(mode)+"_learn", 5000, func() error {
 			i++
 			a := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
-			return e.dp.Learn(id, a, time.Minute)
+			return e.dp.Learn(id, a, nil, time.Minute)
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -180,12 +180,12 @@ func (f *fallback) Update(id string, p datapath.Policy) error {
 	return b.Update(id, p)
 }
 
-func (f *fallback) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+func (f *fallback) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
 	b, err := f.get(id)
 	if err != nil {
 		return err
 	}
-	return b.Learn(id, addr, ttl)
+	return b.Learn(id, addr, ports, ttl)
 }
 
 func (f *fallback) Forget(id string, addr netip.Addr) error {

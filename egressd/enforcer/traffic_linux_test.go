@@ -3,6 +3,7 @@ package enforcer
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -188,7 +189,7 @@ func TestTraffic(t *testing.T) {
 			t.Run("learned_until_ttl_established_survives", func(t *testing.T) {
 				const ttl = 2 * time.Second
 				mustNotReach(t, tp, dt.Learned4, 80)
-				if err := e.dp.Learn(id, dt.Learned4, ttl); err != nil {
+				if err := e.dp.Learn(id, dt.Learned4, nil, ttl); err != nil {
 					t.Fatal(err)
 				}
 				learnedAt := time.Now()
@@ -363,7 +364,7 @@ func childMain() {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	if err := dp.Learn(spec.ID, dt.Learned4, time.Minute); err != nil {
+	if err := dp.Learn(spec.ID, dt.Learned4, nil, time.Minute); err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
@@ -438,7 +439,7 @@ func TestAttachDetachCycles(t *testing.T) {
 				if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
 					t.Fatalf("cycle %d attach: %v", i, err)
 				}
-				if err := e.dp.Learn(id, dt.Learned4, time.Minute); err != nil {
+				if err := e.dp.Learn(id, dt.Learned4, nil, time.Minute); err != nil {
 					t.Fatalf("cycle %d learn: %v", i, err)
 				}
 				if i == 0 {
@@ -473,16 +474,16 @@ func TestLearnKeepsLaterExpiry(t *testing.T) {
 			if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.dp.Learn(id, dt.Learned4, 300*time.Millisecond); err != nil {
+			if err := e.dp.Learn(id, dt.Learned4, nil, 300*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.dp.Learn(id, dt.Learned4, time.Minute); err != nil {
+			if err := e.dp.Learn(id, dt.Learned4, nil, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.dp.Learn(id, dt.Unknown4, time.Minute); err != nil {
+			if err := e.dp.Learn(id, dt.Unknown4, nil, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.dp.Learn(id, dt.Unknown4, 300*time.Millisecond); err != nil {
+			if err := e.dp.Learn(id, dt.Unknown4, nil, 300*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(time.Second)
@@ -568,7 +569,7 @@ func TestDetachAfterVethRemoved(t *testing.T) {
 			if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.dp.Learn(id, dt.Learned4, time.Minute); err != nil {
+			if err := e.dp.Learn(id, dt.Learned4, nil, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			dt.IP(t, "-n", e.tp.Host.Name, "link", "del", e.tp.HostIfname)
@@ -576,6 +577,90 @@ func TestDetachAfterVethRemoved(t *testing.T) {
 				t.Fatalf("detach after the veth is gone: %v", err)
 			}
 			e.assertCleanNoIf(t, id)
+		})
+	}
+}
+
+// TestLearnedGrants: an address learned for some ports (a name rule with ports) is
+// reachable on those ports only; each grant expires on its own; an every-port grant
+// adds to them; Update keeps established flows a grant allows; Forget removes every
+// grant; an address holds at most MaxLearnedGrants live grants.
+func TestLearnedGrants(t *testing.T) {
+	tcp := func(lo, hi uint16) datapath.ProtoPorts {
+		return datapath.ProtoPorts{Proto: datapath.ProtoTCP, Ports: datapath.PortRange{First: lo, Last: hi}}
+	}
+	for _, mode := range backends {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newEnv(t, mode)
+			const id = "sbx-grants"
+			if err := e.dp.Attach(e.spec(id, basePolicy())); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Learned4, []datapath.ProtoPorts{tcp(443, 443), tcp(8000, 8100)}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			mustReach(t, e.tp, dt.Learned4, 443)
+			mustReach(t, e.tp, dt.Learned4, 8080)
+			mustNotReach(t, e.tp, dt.Learned4, 80)
+			mustNotReach(t, e.tp, dt.Learned4, 22)
+
+			// Each grant has its own expiry; a shorter ttl never shortens a live one.
+			if err := e.dp.Learn(id, dt.Learned4, []datapath.ProtoPorts{tcp(443, 443)}, 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Learned4, []datapath.ProtoPorts{tcp(80, 80)}, 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			mustReach(t, e.tp, dt.Learned4, 80)
+			time.Sleep(time.Second)
+			mustNotReach(t, e.tp, dt.Learned4, 80)
+			mustReach(t, e.tp, dt.Learned4, 443)
+
+			// Update keeps an established flow that a grant allows.
+			c, err := e.tp.Sandbox.Dial("tcp", netip.AddrPortFrom(dt.Learned4, 8080).String(), long)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := e.dp.Update(id, basePolicy()); err != nil {
+				t.Fatal(err)
+			}
+			if err := dt.RoundTrip(c, long); err != nil {
+				t.Fatalf("a granted flow after Update: %v", err)
+			}
+
+			// An every-port grant adds to the others.
+			if err := e.dp.Learn(id, dt.Learned4, nil, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			mustReach(t, e.tp, dt.Learned4, 22)
+			if err := e.dp.Forget(id, dt.Learned4); err != nil {
+				t.Fatal(err)
+			}
+			mustNotReach(t, e.tp, dt.Learned4, 22)
+			mustNotReach(t, e.tp, dt.Learned4, 443)
+			if err := dt.RoundTrip(c, short); err == nil {
+				t.Fatal("a granted flow survived Forget")
+			}
+
+			// At most MaxLearnedGrants live grants per address, none partially added.
+			var many []datapath.ProtoPorts
+			for p := range uint16(datapath.MaxLearnedGrants) {
+				many = append(many, tcp(1000+p, 1000+p))
+			}
+			if err := e.dp.Learn(id, dt.Unknown4, many, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.dp.Learn(id, dt.Unknown4, []datapath.ProtoPorts{tcp(443, 443)}, time.Minute); !errors.Is(err, datapath.ErrFull) {
+				t.Fatalf("grant %d: %v, want ErrFull", datapath.MaxLearnedGrants+1, err)
+			}
+			mustNotReach(t, e.tp, dt.Unknown4, 443)
+			if err := e.dp.Learn(id, dt.Unknown4, append(many, tcp(443, 443)), time.Minute); !errors.Is(err, datapath.ErrInvalidSpec) {
+				t.Fatalf("%d grants in one call: %v, want ErrInvalidSpec", datapath.MaxLearnedGrants+1, err)
+			}
+			if err := e.dp.Learn(id, dt.Unknown4, []datapath.ProtoPorts{{Proto: datapath.ProtoICMP}}, time.Minute); !errors.Is(err, datapath.ErrInvalidSpec) {
+				t.Fatalf("an ICMP grant: %v, want ErrInvalidSpec", err)
+			}
 		})
 	}
 }

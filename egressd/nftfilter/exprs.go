@@ -5,8 +5,11 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
 // Expression builders for the inet-family ingress chain. Rules that read IPv4 or IPv6
@@ -107,6 +110,33 @@ func flowKey(f fam) []expr.Any {
 		&expr.Payload{DestRegister: r + f.concatRegs + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Payload{DestRegister: r + f.concatRegs + 2, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
 	}
+}
+
+// grantKey loads daddr . l4proto . dport into the concatenation registers (the key of
+// the port-restricted learned grants).
+func grantKey(f fam) []expr.Any {
+	return flowKey(f)[:3]
+}
+
+// grantElem is the interval element of a learned grant of addr.
+func grantElem(addr netip.Addr, g datapath.ProtoPorts, ttl time.Duration) nftables.SetElement {
+	lo, hi := g.Ports.Bounds()
+	key := func(port uint16) []byte {
+		b := append(addr.AsSlice(), byte(g.Proto), 0, 0, 0)
+		return append(b, byte(port>>8), byte(port), 0, 0)
+	}
+	return nftables.SetElement{Key: key(lo), KeyEnd: key(hi), Timeout: ttl}
+}
+
+// grantFromElem decodes a grant element of family f.
+func grantFromElem(f fam, e nftables.SetElement) (netip.Addr, datapath.ProtoPorts, bool) {
+	al := int(f.addrLen)
+	if len(e.Key) < al+8 || len(e.KeyEnd) < al+8 {
+		return netip.Addr{}, datapath.ProtoPorts{}, false
+	}
+	lo := uint16(e.Key[al+4])<<8 | uint16(e.Key[al+5])
+	hi := uint16(e.KeyEnd[al+4])<<8 | uint16(e.KeyEnd[al+5])
+	return f.addrFromKey(e.Key), datapath.ProtoPorts{Proto: datapath.Proto(e.Key[al]), Ports: datapath.PortRange{First: lo, Last: hi}}, true
 }
 
 // addFlow records the packet's flow (key already loaded by flowKey).

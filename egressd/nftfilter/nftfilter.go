@@ -80,9 +80,10 @@ type sandbox struct {
 	ifname string
 	policy datapath.Policy
 	known  bool
-	// expiry mirrors the learned sets' expiries written by this process, so that a
-	// shorter ttl never shortens a live entry (re-adding an element resets its timeout).
-	expiry map[netip.Addr]time.Time
+	// expiry mirrors the expiries of the learned grants written by this process, so
+	// that a shorter ttl never shortens a live grant (re-adding an element resets its
+	// timeout) and an address's live grants are counted.
+	expiry map[grantRef]time.Time
 }
 
 // New connects to nftables (in cfg.NetNS), creates the airlock table if needed and
@@ -151,6 +152,13 @@ func (f *Filter) set(name string, key nftables.SetDatatype) *nftables.Set {
 	return &nftables.Set{Table: f.table, Name: name, KeyType: key}
 }
 
+// grantSetDef is the definition of the sandbox's port-restricted learned grants.
+func (f *Filter) grantSetDef(fm fam, id string) *nftables.Set {
+	t, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService)
+	return &nftables.Set{Table: f.table, Name: grantSet(fm, id), KeyType: t, Concatenation: true,
+		Interval: true, HasTimeout: true, Size: datapath.MaxLearnedPerSbx}
+}
+
 // sandboxSets returns the sandbox's sets with their definitions.
 func (f *Filter) sandboxSets(id string) []*nftables.Set {
 	var out []*nftables.Set
@@ -160,7 +168,7 @@ func (f *Filter) sandboxSets(id string) []*nftables.Set {
 			addr = nftables.TypeIP6Addr
 		}
 		flowType, _ := nftables.ConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
-		out = append(out,
+		out = append(out, f.grantSetDef(fm, id),
 			&nftables.Set{Table: f.table, Name: srcSet(fm, id), KeyType: addr},
 			&nftables.Set{Table: f.table, Name: resSet(fm, id), KeyType: addr},
 			&nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addr, HasTimeout: true, Size: datapath.MaxLearnedPerSbx},
@@ -314,14 +322,28 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 	return f.cutFlows(s, netip.Addr{})
 }
 
-// Learn implements datapath.Datapath: one set-element add in one netlink transaction.
-// Adding a live element again resets its timeout in the kernel, so a ttl that would
-// end before the expiry this process last wrote is skipped (after an adoption, the
-// first Learn of an address sets its expiry).
-func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
+// grantRef names one learned grant of an address (datapath.EveryPort: the learn set).
+type grantRef struct {
+	addr  netip.Addr
+	grant datapath.ProtoPorts
+}
+
+// Learn implements datapath.Datapath: set-element adds in one netlink transaction, to
+// the learn set (every port) or the grant set (interval elements of daddr . l4proto .
+// dport). Adding a live element again resets its timeout in the kernel, so a ttl that
+// would end before the expiry this process last wrote is skipped (after an adoption,
+// the first Learn of a grant sets its expiry).
+func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
 	addr = addr.Unmap()
 	if !addr.IsValid() || ttl <= 0 {
 		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
+	}
+	grants, err := datapath.ValidateGrants(ports)
+	if err != nil {
+		return err
+	}
+	if grants == nil {
+		grants = []datapath.ProtoPorts{datapath.EveryPort}
 	}
 	if ttl < time.Millisecond {
 		ttl = time.Millisecond
@@ -333,16 +355,52 @@ func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
 	now := time.Now()
-	if exp, ok := s.expiry[addr]; ok && exp.After(now.Add(ttl)) {
-		return nil
+	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
+		s.expiry = pruneExpired(s.expiry, now)
+	}
+	live := 0
+	for ref, exp := range s.expiry {
+		if ref.addr == addr && exp.After(now) {
+			live++
+		}
 	}
 	fm := v4
 	if addr.Is6() {
 		fm = v6
 	}
-	st := &nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addrType(fm), HasTimeout: true}
-	if err := f.conn.SetAddElements(st, []nftables.SetElement{{Key: addr.AsSlice(), Timeout: ttl}}); err != nil {
-		return err
+	var every, restricted []nftables.SetElement
+	var added []grantRef
+	for _, g := range grants {
+		ref := grantRef{addr, g}
+		exp, known := s.expiry[ref]
+		if known && exp.After(now.Add(ttl)) {
+			continue
+		}
+		if !known || !exp.After(now) {
+			if live++; live > datapath.MaxLearnedGrants {
+				return fmt.Errorf("%w: sandbox %s: %s has %d live grants", datapath.ErrFull, id, addr, datapath.MaxLearnedGrants)
+			}
+		}
+		added = append(added, ref)
+		if g == datapath.EveryPort {
+			every = append(every, nftables.SetElement{Key: addr.AsSlice(), Timeout: ttl})
+		} else {
+			restricted = append(restricted, grantElem(addr, g, ttl))
+		}
+	}
+	if len(added) == 0 {
+		return nil
+	}
+	if len(every) > 0 {
+		st := &nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addrType(fm), HasTimeout: true}
+		if err := f.conn.SetAddElements(st, every); err != nil {
+			return err
+		}
+	}
+	if len(restricted) > 0 {
+		if err := f.conn.SetAddElements(f.grantSetDef(fm, id), restricted); err != nil {
+			return err
+		}
 	}
 	if err := f.conn.Flush(); err != nil {
 		if strings.Contains(err.Error(), "no space") {
@@ -350,21 +408,35 @@ func (f *Filter) Learn(id string, addr netip.Addr, ttl time.Duration) error {
 		}
 		return fmt.Errorf("learn %s: %w", addr, err)
 	}
-	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
-		s.expiry = pruneExpired(s.expiry, now)
+	for _, ref := range added {
+		s.expiry[ref] = now.Add(ttl)
 	}
-	s.expiry[addr] = now.Add(ttl)
 	return nil
 }
 
-func pruneExpired(m map[netip.Addr]time.Time, now time.Time) map[netip.Addr]time.Time {
-	out := make(map[netip.Addr]time.Time, len(m))
-	for a, t := range m {
+func pruneExpired(m map[grantRef]time.Time, now time.Time) map[grantRef]time.Time {
+	out := make(map[grantRef]time.Time, len(m))
+	for r, t := range m {
 		if t.After(now) {
-			out[a] = t
+			out[r] = t
 		}
 	}
 	return out
+}
+
+// grants lists the sandbox's port-restricted learned grants of family fm by address.
+func (f *Filter) grants(fm fam, id string) (map[netip.Addr][]datapath.ProtoPorts, []nftables.SetElement, error) {
+	elems, err := f.conn.GetSetElements(f.grantSetDef(fm, id))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list learned grants: %w", err)
+	}
+	out := map[netip.Addr][]datapath.ProtoPorts{}
+	for _, e := range elems {
+		if a, g, ok := grantFromElem(fm, e); ok {
+			out[a] = append(out[a], g)
+		}
+	}
+	return out, elems, nil
 }
 
 // Forget implements datapath.Datapath.
@@ -380,7 +452,29 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 	if addr.Is6() {
 		fm = v6
 	}
-	delete(s.expiry, addr)
+	for ref := range s.expiry {
+		if ref.addr == addr {
+			delete(s.expiry, ref)
+		}
+	}
+	_, gelems, err := f.grants(fm, id)
+	if err != nil {
+		return err
+	}
+	var gdel []nftables.SetElement
+	for _, e := range gelems {
+		if a, _, ok := grantFromElem(fm, e); ok && a == addr {
+			gdel = append(gdel, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+		}
+	}
+	if len(gdel) > 0 {
+		if err := f.conn.SetDeleteElements(f.grantSetDef(fm, id), gdel); err != nil {
+			return err
+		}
+		if err := f.conn.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("forget %s: %w", addr, err)
+		}
+	}
 	st := f.set(learnSet(fm, id), addrType(fm))
 	elems, err := f.conn.GetSetElements(st)
 	if err != nil {
@@ -412,6 +506,10 @@ func (f *Filter) cutFlows(s *sandbox, only netip.Addr) error {
 		for _, e := range ls {
 			learned[fm.addrFromKey(e.Key)] = true
 		}
+		grants, _, err := f.grants(fm, s.id)
+		if err != nil {
+			return err
+		}
 		flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
 		st := &nftables.Set{Table: f.table, Name: flowSet(fm, s.id), KeyType: flowType, Concatenation: true}
 		flows, err := f.conn.GetSetElements(st)
@@ -430,7 +528,8 @@ func (f *Filter) cutFlows(s *sandbox, only netip.Addr) error {
 			if only.IsValid() && dst != only {
 				continue
 			}
-			if !datapath.Allows(s.policy, dst, proto, port, learned[dst]) {
+			granted := learned[dst] || datapath.GrantsAllow(grants[dst], proto, port, false)
+			if !datapath.Allows(s.policy, dst, proto, port, granted) {
 				dead = append(dead, nftables.SetElement{Key: e.Key})
 			}
 		}
@@ -545,6 +644,9 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 		for _, fm := range []fam{v4, v6} {
 			if ls, err := f.conn.GetSetElements(f.set(learnSet(fm, id), addrType(fm))); err == nil {
 				ss.Learned += len(ls)
+			}
+			if gs, _, err := f.grants(fm, id); err == nil {
+				ss.Learned += len(gs)
 			}
 			flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
 			if fl, err := f.conn.GetSetElements(&nftables.Set{Table: f.table, Name: flowSet(fm, id), KeyType: flowType, Concatenation: true}); err == nil {

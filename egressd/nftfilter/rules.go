@@ -15,6 +15,10 @@ func chainName(id string) string       { return "sbx_" + id }
 func srcSet(f fam, id string) string   { return "src" + f.suffix + "_" + id }
 func resSet(f fam, id string) string   { return "res" + f.suffix + "_" + id }
 func learnSet(f fam, id string) string { return "learn" + f.suffix + "_" + id }
+
+// grantSet holds the port-restricted learned grants: intervals of daddr . l4proto .
+// dport, each element with its own timeout.
+func grantSet(f fam, id string) string { return "learnp" + f.suffix + "_" + id }
 func flowSet(f fam, id string) string  { return "flow" + f.suffix + "_" + id }
 
 // inSet holds the flows of inbound connections (the sandbox's SYN-ACK recorded them):
@@ -104,6 +108,8 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 		}
 		// 8. learned
 		add(nfproto(fm), addrInSet(fm, false, learnSet(fm, id), false), allowNew(fm, datapath.ReasonLearned, 0))
+		add(nfproto(fm), grantKey(fm), one(&expr.Lookup{SourceRegister: regCat, SetName: grantSet(fm, id)}),
+			allowNew(fm, datapath.ReasonLearned, 0))
 		// 9. default
 		if p.Default == datapath.ActionAllow {
 			add(nfproto(fm), allowNew(fm, datapath.ReasonDefaultAllow, 0))
