@@ -92,6 +92,10 @@ func New(cfg Config) (*Datapath, error) {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
+	layout := layoutFingerprint(spec)
+	if err := checkLayout(cfg.PinRoot, layout, cfg.Logger); err != nil {
+		return nil, err
+	}
 	d := &Datapath{
 		cfg:        cfg,
 		log:        cfg.Logger,
@@ -121,6 +125,10 @@ func New(cfg Config) (*Datapath, error) {
 	if err := d.adopt(); err != nil {
 		d.closeHandles()
 		return nil, fmt.Errorf("adopt pinned sandboxes: %w", err)
+	}
+	if err := pinLayout(cfg.PinRoot, layout); err != nil {
+		d.closeHandles()
+		return nil, err
 	}
 	rd, err := ringbuf.NewReader(d.objs.Events)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -414,4 +415,57 @@ func netIfindex(name string) (int, error) {
 		return 0, err
 	}
 	return ifc.Index, nil
+}
+
+// TestStaleLayout: pinned state whose layout marker names another build is refused
+// while it still enforces a sandbox (removing it would leave the sandbox unfiltered),
+// and replaced once nothing is attached.
+func TestStaleLayout(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	cfg := Config{PinRoot: e.d.cfg.PinRoot, NetNS: e.d.cfg.NetNS}
+	markers := func() []string {
+		m, _ := filepath.Glob(filepath.Join(cfg.PinRoot, "maps", layoutPrefix+"*"))
+		return m
+	}
+	cur := markers()
+	if len(cur) != 1 {
+		t.Fatalf("layout markers %v, want one", cur)
+	}
+	stale := filepath.Join(cfg.PinRoot, "maps", layoutPrefix+"0000000000000000")
+	if err := os.Rename(cur[0], stale); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Close()
+	if d, err := New(cfg); err == nil || !strings.Contains(err.Error(), "still enforces 1 sandbox") {
+		if d != nil {
+			d.Close()
+		}
+		t.Fatalf("New over stale state with a sandbox attached: %v", err)
+	}
+	if got := markers(); len(got) != 1 || got[0] != stale {
+		t.Fatalf("refused state was changed: markers %v", got)
+	}
+	// Detach with the matching build, then the stale state is replaced.
+	if err := os.Rename(stale, cur[0]); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Detach("verdict"); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if err := os.Rename(cur[0], stale); err != nil {
+		t.Fatal(err)
+	}
+	d, err = New(cfg)
+	if err != nil {
+		t.Fatalf("New over stale state with nothing attached: %v", err)
+	}
+	d.Close()
+	if got := markers(); len(got) != 1 || got[0] != cur[0] {
+		t.Fatalf("markers after the reset %v, want %v", got, cur)
+	}
 }
