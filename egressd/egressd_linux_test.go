@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/sdk"
 )
 
 const startPolicy = `{"defaultAction":"deny","egress":[
@@ -333,12 +334,8 @@ func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []st
 // are dropped while a connection established before the expiry keeps working.
 func TestEgressdTTLExpiry(t *testing.T) {
 	w := newWorld(t)
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.MinTTL, c.MaxTTL = 2*time.Second, 2*time.Second })
-			sb, x := w.create(t, d, startPolicy)
-			defer w.api.Kill(context.Background(), sb.ID)
-			script := `cat > /tmp/held.py <<'PY'
+	w.eachBackend(t, startPolicy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		script := `cat > /tmp/held.py <<'PY'
 import socket, time
 s = socket.create_connection(("allowed.test", 80), timeout=3)
 time.sleep(5)
@@ -350,15 +347,14 @@ sleep 3.5
 if curl -sS -m 2 http://` + allowedIP.String() + `/ >/dev/null 2>&1; then echo new=ok; else echo new=dropped; fi
 wait
 echo established=$(cat /tmp/held.out)`
-			_, out := sh(t, x, script)
-			if !strings.Contains(out, "new=dropped") {
-				t.Errorf("a new connection after the TTL was not dropped: %s", out)
-			}
-			if !strings.Contains(out, "established=allowed") {
-				t.Errorf("the connection established before the TTL did not survive it: %s", out)
-			}
-		})
-	}
+		_, out := sh(t, x, script)
+		if !strings.Contains(out, "new=dropped") {
+			t.Errorf("a new connection after the TTL was not dropped: %s", out)
+		}
+		if !strings.Contains(out, "established=allowed") {
+			t.Errorf("the connection established before the TTL did not survive it: %s", out)
+		}
+	}, func(c *Config) { c.MinTTL, c.MaxTTL = 2*time.Second, 2*time.Second })
 }
 
 // TestEgressdL7 runs a policy in L7 mode sni per backend: HTTP and TLS to an allowed
@@ -367,58 +363,48 @@ echo established=$(cat /tmp/held.out)`
 func TestEgressdL7(t *testing.T) {
 	w := newWorld(t)
 	const policy = `{"defaultAction":"deny","l7":"sni","egress":[{"action":"allow","target":"allowed.test"}]}`
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.L7Port = 15001 })
-			sb, x := w.create(t, d, policy)
-			defer w.api.Kill(context.Background(), sb.ID)
-			if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
-				t.Errorf("HTTP to the allowed name through the proxy = %q", got)
-			}
-			if got := curl(t, x, "-k https://allowed.test/"); got != "allowed-tls" {
-				t.Errorf("TLS to the allowed name through the proxy = %q", got)
-			}
-			if got := curl(t, x, "-H 'Host: denied.test' http://allowed.test/"); got == "allowed" || !strings.Contains(got, "blocked") {
-				t.Errorf("a Host naming a denied domain on an allowed address = %q", got)
-			}
-			if got := curl(t, x, "-k --resolve denied.test:443:"+allowedIP.String()+" https://denied.test/"); got != "" {
-				t.Errorf("an SNI naming a denied domain on an allowed address = %q", got)
-			}
-			for _, proto := range []string{"http", "https"} {
-				w.waitAudit(t, sb.ID, "l7 deny over "+proto, func(r audit.Record) bool {
-					return r.Source == audit.SourceL7 && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == proto
-				})
-			}
-			w.waitAudit(t, sb.ID, "l7 allow", func(r audit.Record) bool {
-				return r.Source == audit.SourceL7 && r.Action == "allow" && r.DstHost == "allowed.test"
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
+			t.Errorf("HTTP to the allowed name through the proxy = %q", got)
+		}
+		if got := curl(t, x, "-k https://allowed.test/"); got != "allowed-tls" {
+			t.Errorf("TLS to the allowed name through the proxy = %q", got)
+		}
+		if got := curl(t, x, "-H 'Host: denied.test' http://allowed.test/"); got == "allowed" || !strings.Contains(got, "blocked") {
+			t.Errorf("a Host naming a denied domain on an allowed address = %q", got)
+		}
+		if got := curl(t, x, "-k --resolve denied.test:443:"+allowedIP.String()+" https://denied.test/"); got != "" {
+			t.Errorf("an SNI naming a denied domain on an allowed address = %q", got)
+		}
+		for _, proto := range []string{"http", "https"} {
+			w.waitAudit(t, sb.ID, "l7 deny over "+proto, func(r audit.Record) bool {
+				return r.Source == audit.SourceL7 && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == proto
 			})
+		}
+		w.waitAudit(t, sb.ID, "l7 allow", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "allow" && r.DstHost == "allowed.test"
 		})
-	}
+	}, func(c *Config) { c.L7Port = 15001 })
 }
 
 // TestEgressdDefaultPolicy: a sandbox created without a networkPolicy reaches public
 // names and addresses, never the overlay's or private ones.
 func TestEgressdDefaultPolicy(t *testing.T) {
 	w := newWorld(t)
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t))
-			sb, x := w.create(t, d, "")
-			defer w.api.Kill(context.Background(), sb.ID)
-			if got := curl(t, x, "http://denied.test/"); got != "denied" {
-				t.Errorf("a public name without a policy = %q", got)
-			}
-			if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
-				t.Errorf("a public address without a policy = %q", got)
-			}
-			if got := curl(t, x, "http://169.254.169.254/"); got != "" {
-				t.Errorf("cloud metadata without a policy = %q", got)
-			}
-			if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
-				t.Errorf("the host without a policy = %q", got)
-			}
-		})
-	}
+	w.eachBackend(t, "", func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if got := curl(t, x, "http://denied.test/"); got != "denied" {
+			t.Errorf("a public name without a policy = %q", got)
+		}
+		if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+			t.Errorf("a public address without a policy = %q", got)
+		}
+		if got := curl(t, x, "http://169.254.169.254/"); got != "" {
+			t.Errorf("cloud metadata without a policy = %q", got)
+		}
+		if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
+			t.Errorf("the host without a policy = %q", got)
+		}
+	})
 }
 
 // TestEgressdExplicitProxy: a sandbox whose policy denies everything but two targets
@@ -428,60 +414,55 @@ func TestEgressdExplicitProxy(t *testing.T) {
 	w := newWorld(t)
 	const policy = `{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"},` +
 		`{"action":"allow","target":"rebind.test"},{"action":"allow","target":"198.51.100.10/32"}]}`
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t), func(c *Config) { c.ProxyPort = 3128 })
-			if got, want := d.ProxyAddr(), netip.AddrPortFrom(w.gw, 3128); got != want {
-				t.Fatalf("ProxyAddr = %v, want %v", got, want)
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if got, want := d.ProxyAddr(), netip.AddrPortFrom(w.gw, 3128); got != want {
+			t.Fatalf("ProxyAddr = %v, want %v", got, want)
+		}
+		px := fmt.Sprintf("-x http://%s:3128 ", w.gw)
+		if got := curl(t, x, px+"http://allowed.test/"); got != "allowed" {
+			t.Errorf("http:// to an allowed name through the proxy = %q", got)
+		}
+		if got := curl(t, x, px+"-k https://allowed.test/"); got != "allowed-tls" {
+			t.Errorf("CONNECT to an allowed name through the proxy = %q", got)
+		}
+		if got := curl(t, x, px+"http://"+cidrIP.String()+":8080/"); got != "cidr" {
+			t.Errorf("an address allowed by a CIDR rule through the proxy = %q", got)
+		}
+		for _, url := range []string{
+			"http://denied.test/",                          // denied name
+			"http://" + deniedIP.String() + "/",            // address never allowed
+			fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort), // the host (overlay)
+			"http://169.254.169.254/",                      // cloud metadata (overlay)
+		} {
+			if got := curl(t, x, px+url); !strings.Contains(got, "EGRESS_DENIED") {
+				t.Errorf("%s through the proxy = %q, want a 403 EGRESS_DENIED", url, got)
 			}
-			sb, x := w.create(t, d, policy)
-			defer w.api.Kill(context.Background(), sb.ID)
-			px := fmt.Sprintf("-x http://%s:3128 ", w.gw)
-			if got := curl(t, x, px+"http://allowed.test/"); got != "allowed" {
-				t.Errorf("http:// to an allowed name through the proxy = %q", got)
-			}
-			if got := curl(t, x, px+"-k https://allowed.test/"); got != "allowed-tls" {
-				t.Errorf("CONNECT to an allowed name through the proxy = %q", got)
-			}
-			if got := curl(t, x, px+"http://"+cidrIP.String()+":8080/"); got != "cidr" {
-				t.Errorf("an address allowed by a CIDR rule through the proxy = %q", got)
-			}
-			for _, url := range []string{
-				"http://denied.test/",                          // denied name
-				"http://" + deniedIP.String() + "/",            // address never allowed
-				fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort), // the host (overlay)
-				"http://169.254.169.254/",                      // cloud metadata (overlay)
-			} {
-				if got := curl(t, x, px+url); !strings.Contains(got, "EGRESS_DENIED") {
-					t.Errorf("%s through the proxy = %q, want a 403 EGRESS_DENIED", url, got)
-				}
-			}
-			if got := curl(t, x, px+"-k https://denied.test/"); got != "" {
-				t.Errorf("CONNECT to a denied name through the proxy = %q", got)
-			}
-			if got := curl(t, x, px+"http://rebind.test/"); !strings.Contains(got, "UPSTREAM_UNRESOLVED") {
-				t.Errorf("an allowed name answering a private address through the proxy = %q", got)
-			}
-			// Without the proxy the sandbox still reaches only its policy.
-			if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
-				t.Errorf("the denied address directly = %q", got)
-			}
-			explicit := func(r audit.Record) bool { return r.Source == audit.SourceL7 && r.Extra["proxy"] == "explicit" }
-			w.waitAudit(t, sb.ID, "proxy allow", func(r audit.Record) bool {
-				return explicit(r) && r.Action == "allow" && r.DstHost == "allowed.test" && r.Proto == "https" &&
-					r.DstIP == allowedIP.String() && r.DstPort == 443
-			})
-			w.waitAudit(t, sb.ID, "proxy deny", func(r audit.Record) bool {
-				return explicit(r) && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == "http"
-			})
-			w.waitAudit(t, sb.ID, "proxy deny of the host", func(r audit.Record) bool {
-				return explicit(r) && r.Action == "deny" && r.DstIP == w.gw.String()
-			})
-			w.waitAudit(t, sb.ID, "the proxy's DNS query", func(r audit.Record) bool {
-				return r.Source == audit.SourceDNS && r.Proto == "proxy" && r.DstHost == "allowed.test" && r.Action == "allow"
-			})
+		}
+		if got := curl(t, x, px+"-k https://denied.test/"); got != "" {
+			t.Errorf("CONNECT to a denied name through the proxy = %q", got)
+		}
+		if got := curl(t, x, px+"http://rebind.test/"); !strings.Contains(got, "UPSTREAM_UNRESOLVED") {
+			t.Errorf("an allowed name answering a private address through the proxy = %q", got)
+		}
+		// Without the proxy the sandbox still reaches only its policy.
+		if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
+			t.Errorf("the denied address directly = %q", got)
+		}
+		explicit := func(r audit.Record) bool { return r.Source == audit.SourceL7 && r.Extra["proxy"] == "explicit" }
+		w.waitAudit(t, sb.ID, "proxy allow", func(r audit.Record) bool {
+			return explicit(r) && r.Action == "allow" && r.DstHost == "allowed.test" && r.Proto == "https" &&
+				r.DstIP == allowedIP.String() && r.DstPort == 443
 		})
-	}
+		w.waitAudit(t, sb.ID, "proxy deny", func(r audit.Record) bool {
+			return explicit(r) && r.Action == "deny" && r.DstHost == "denied.test" && r.Proto == "http"
+		})
+		w.waitAudit(t, sb.ID, "proxy deny of the host", func(r audit.Record) bool {
+			return explicit(r) && r.Action == "deny" && r.DstIP == w.gw.String()
+		})
+		w.waitAudit(t, sb.ID, "the proxy's DNS query", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.Proto == "proxy" && r.DstHost == "allowed.test" && r.Action == "allow"
+		})
+	}, func(c *Config) { c.ProxyPort = 3128 })
 }
 
 // TestEgressdReportMode: a policy in report mode lets through (and audits as would-deny)
@@ -489,31 +470,26 @@ func TestEgressdExplicitProxy(t *testing.T) {
 func TestEgressdReportMode(t *testing.T) {
 	w := newWorld(t)
 	const policy = `{"mode":"report","defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t))
-			sb, x := w.create(t, d, policy)
-			defer w.api.Kill(context.Background(), sb.ID)
-			if got := curl(t, x, "http://denied.test/"); got != "denied" {
-				t.Errorf("a name the policy would deny, in report mode = %q", got)
-			}
-			if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
-				t.Errorf("an address the policy would deny, in report mode = %q", got)
-			}
-			if got := curl(t, x, "http://169.254.169.254/"); got != "" {
-				t.Errorf("cloud metadata (overlay) in report mode = %q", got)
-			}
-			if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
-				t.Errorf("the host (overlay) in report mode = %q", got)
-			}
-			w.waitAudit(t, sb.ID, "would-deny DNS", func(r audit.Record) bool {
-				return r.Source == audit.SourceDNS && r.DstHost == "denied.test" && r.Action == "allow" && r.WouldDeny
-			})
-			w.waitAudit(t, sb.ID, "metadata drop", func(r audit.Record) bool {
-				return r.Source == audit.SourceBPF && r.DstIP == "169.254.169.254" && r.Action == "deny" && !r.WouldDeny
-			})
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if got := curl(t, x, "http://denied.test/"); got != "denied" {
+			t.Errorf("a name the policy would deny, in report mode = %q", got)
+		}
+		if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
+			t.Errorf("an address the policy would deny, in report mode = %q", got)
+		}
+		if got := curl(t, x, "http://169.254.169.254/"); got != "" {
+			t.Errorf("cloud metadata (overlay) in report mode = %q", got)
+		}
+		if got := curl(t, x, fmt.Sprintf("http://%s:%d/", w.gw, w.hostPort)); got != "" {
+			t.Errorf("the host (overlay) in report mode = %q", got)
+		}
+		w.waitAudit(t, sb.ID, "would-deny DNS", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.DstHost == "denied.test" && r.Action == "allow" && r.WouldDeny
 		})
-	}
+		w.waitAudit(t, sb.ID, "metadata drop", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.DstIP == "169.254.169.254" && r.Action == "deny" && !r.WouldDeny
+		})
+	})
 }
 
 // TestEgressdNamePorts: a name allowed on some ports makes its addresses reachable on
@@ -524,38 +500,33 @@ func TestEgressdNamePorts(t *testing.T) {
 	policy := func(port int) string {
 		return fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":"ported.test","ports":[%d],"protocols":["tcp"]}]}`, port)
 	}
-	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			d, _ := w.daemon(t, mode, pinRoot(t))
-			sb, x := w.create(t, d, policy(8080))
-			defer w.api.Kill(context.Background(), sb.ID)
-			if got := curl(t, x, "http://ported.test:8080/"); got != "cidr" {
-				t.Errorf("the allowed port of the name = %q", got)
+	w.eachBackend(t, policy(8080), func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if got := curl(t, x, "http://ported.test:8080/"); got != "cidr" {
+			t.Errorf("the allowed port of the name = %q", got)
+		}
+		if got := curl(t, x, "http://ported.test:8081/"); got != "" {
+			t.Errorf("another port of the allowed name's address = %q", got)
+		}
+		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy(8081)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("PUT /policy: %d", resp.StatusCode)
+		}
+		// --resolve: no DNS query, the address is reached through what was learned.
+		pinned := func(port int) string {
+			return fmt.Sprintf("--resolve ported.test:%d:%s http://ported.test:%d/", port, cidrIP, port)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for curl(t, x, pinned(8081)) != "cidr-8081" {
+			if time.Now().After(deadline) {
+				t.Fatal("the learned address is not reachable on the newly allowed port")
 			}
-			if got := curl(t, x, "http://ported.test:8081/"); got != "" {
-				t.Errorf("another port of the allowed name's address = %q", got)
-			}
-			req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy(8081)))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-				t.Fatalf("PUT /policy: %d", resp.StatusCode)
-			}
-			// --resolve: no DNS query, the address is reached through what was learned.
-			pinned := func(port int) string {
-				return fmt.Sprintf("--resolve ported.test:%d:%s http://ported.test:%d/", port, cidrIP, port)
-			}
-			deadline := time.Now().Add(10 * time.Second)
-			for curl(t, x, pinned(8081)) != "cidr-8081" {
-				if time.Now().After(deadline) {
-					t.Fatal("the learned address is not reachable on the newly allowed port")
-				}
-			}
-			if got := curl(t, x, pinned(8080)); got != "" {
-				t.Errorf("the learned address on the formerly allowed port = %q", got)
-			}
-		})
-	}
+		}
+		if got := curl(t, x, pinned(8080)); got != "" {
+			t.Errorf("the learned address on the formerly allowed port = %q", got)
+		}
+	})
 }

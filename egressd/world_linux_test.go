@@ -236,6 +236,19 @@ func (w *world) create(t *testing.T, d *Daemon, policy string) (*sdk.Sandbox, *s
 	return sb, x
 }
 
+// eachBackend runs fn once per datapath backend, with a fresh egressd (opts) and a
+// sandbox created with policy ("": none) that is killed when fn returns.
+func (w *world) eachBackend(t *testing.T, policy string, fn func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd), opts ...func(*Config)) {
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t), opts...)
+			sb, x := w.create(t, d, policy)
+			defer w.api.Kill(context.Background(), sb.ID)
+			fn(t, d, sb, x)
+		})
+	}
+}
+
 // sh runs a shell command in the sandbox and returns its exit code and stdout.
 func sh(t *testing.T, x *sdk.Execd, cmd string) (int, string) {
 	t.Helper()
