@@ -83,7 +83,7 @@ type sandbox struct {
 	// expiry mirrors the expiries of the learned grants written by this process, so
 	// that a shorter ttl never shortens a live grant (re-adding an element resets its
 	// timeout) and an address's live grants are counted.
-	expiry map[grantRef]time.Time
+	expiry map[netip.Addr]map[datapath.ProtoPorts]time.Time
 }
 
 // New connects to nftables (in cfg.NetNS), creates the airlock table if needed and
@@ -322,12 +322,6 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 	return f.cutFlows(s, netip.Addr{})
 }
 
-// grantRef names one learned grant of an address (datapath.EveryPort: the learn set).
-type grantRef struct {
-	addr  netip.Addr
-	grant datapath.ProtoPorts
-}
-
 // Learn implements datapath.Datapath: set-element adds in one netlink transaction, to
 // the learn set (every port) or the grant set (interval elements of daddr . l4proto .
 // dport). Adding a live element again resets its timeout in the kernel, so a ttl that
@@ -359,8 +353,8 @@ func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, 
 		s.expiry = pruneExpired(s.expiry, now)
 	}
 	live := 0
-	for ref, exp := range s.expiry {
-		if ref.addr == addr && exp.After(now) {
+	for _, exp := range s.expiry[addr] {
+		if exp.After(now) {
 			live++
 		}
 	}
@@ -369,10 +363,9 @@ func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, 
 		fm = v6
 	}
 	var every, restricted []nftables.SetElement
-	var added []grantRef
+	var added []datapath.ProtoPorts
 	for _, g := range grants {
-		ref := grantRef{addr, g}
-		exp, known := s.expiry[ref]
+		exp, known := s.expiry[addr][g]
 		if known && exp.After(now.Add(ttl)) {
 			continue
 		}
@@ -381,7 +374,7 @@ func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, 
 				return fmt.Errorf("%w: sandbox %s: %s has %d live grants", datapath.ErrFull, id, addr, datapath.MaxLearnedGrants)
 			}
 		}
-		added = append(added, ref)
+		added = append(added, g)
 		if g == datapath.EveryPort {
 			every = append(every, nftables.SetElement{Key: addr.AsSlice(), Timeout: ttl})
 		} else {
@@ -408,17 +401,25 @@ func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, 
 		}
 		return fmt.Errorf("learn %s: %w", addr, err)
 	}
-	for _, ref := range added {
-		s.expiry[ref] = now.Add(ttl)
+	if s.expiry[addr] == nil {
+		s.expiry[addr] = map[datapath.ProtoPorts]time.Time{}
+	}
+	for _, g := range added {
+		s.expiry[addr][g] = now.Add(ttl)
 	}
 	return nil
 }
 
-func pruneExpired(m map[grantRef]time.Time, now time.Time) map[grantRef]time.Time {
-	out := make(map[grantRef]time.Time, len(m))
-	for r, t := range m {
-		if t.After(now) {
-			out[r] = t
+func pruneExpired(m map[netip.Addr]map[datapath.ProtoPorts]time.Time, now time.Time) map[netip.Addr]map[datapath.ProtoPorts]time.Time {
+	out := make(map[netip.Addr]map[datapath.ProtoPorts]time.Time, len(m))
+	for a, gs := range m {
+		for g, t := range gs {
+			if t.After(now) {
+				if out[a] == nil {
+					out[a] = map[datapath.ProtoPorts]time.Time{}
+				}
+				out[a][g] = t
+			}
 		}
 	}
 	return out
@@ -452,11 +453,7 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 	if addr.Is6() {
 		fm = v6
 	}
-	for ref := range s.expiry {
-		if ref.addr == addr {
-			delete(s.expiry, ref)
-		}
-	}
+	delete(s.expiry, addr)
 	_, gelems, err := f.grants(fm, id)
 	if err != nil {
 		return err
