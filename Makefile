@@ -48,7 +48,7 @@ sdk-test: ## the OpenSandbox JavaScript SDK against a real airlock server
 
 bench: prepare build image ## side-by-side benchmarks, printed as ratios
 	@echo "==> benchmarks (each figure measured side by side in this run)"
-	AIRLOCK_BENCH=1 $(GO) test -count=1 -timeout 60m -run '^TestBench' -v ./... 2>&1 \
+	AIRLOCK_BENCH=1 $(GO) test -p 1 -count=1 -timeout 90m -run '^TestBench' -v ./... 2>&1 \
 	  | tee $(BIN)/bench.log | grep -E '^(BENCH|RATIO|--- FAIL|FAIL|ok )' || true
 	@! grep -qE '^(--- FAIL|FAIL)' $(BIN)/bench.log
 
