@@ -215,19 +215,19 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 			continue
 		}
 		// What the names still allowed may reach at this address now.
-		var now2 learnedAddr
+		var still learnedAddr
 		allowed := false
 		for _, n := range l.names {
 			dec := sb.c.decider.DecideName(n, 0, "")
 			if dec.Allowed() && !dec.Ports.Empty() && sb.c.decider.DecideLearned(n, a, 0, "").Allowed() {
 				allowed = true
-				now2.addGrants(learnedGrants(dec.Ports))
+				still.addGrants(learnedGrants(dec.Ports))
 			}
 		}
-		narrowed := l.every && !now2.every
-		if !now2.every {
+		narrowed := l.every && !still.every
+		if !still.every {
 			for _, g := range l.grants {
-				narrowed = narrowed || !slices.Contains(now2.grants, g)
+				narrowed = narrowed || !slices.Contains(still.grants, g)
 			}
 		}
 		if !allowed || narrowed {
@@ -238,15 +238,15 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 		}
 		if allowed && narrowed {
 			// The names keep what the new policy still grants, for the rest of the TTL.
-			grants := now2.grants
-			if now2.every {
+			grants := still.grants
+			if still.every {
 				grants = nil
 			}
 			if err := d.dp.Learn(sb.view.ID, a, grants, l.until.Sub(now)); err != nil {
 				d.log.Warn("re-learn failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
 				continue
 			}
-			l.every, l.grants = now2.every, now2.grants
+			l.every, l.grants = still.every, still.grants
 			sb.learned[a] = l
 		}
 	}
@@ -322,10 +322,10 @@ func learnedGrants(ps policies.PortSet) []datapath.ProtoPorts {
 // learn is the DNS filter's learning hook: the answer's addresses are programmed into
 // the datapath before the answer is written.
 func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
-	grants := learnedGrants(l.Ports)
 	if l.Ports.Empty() {
 		return nil // the name reaches no TCP or UDP port: nothing to learn
 	}
+	grants := learnedGrants(l.Ports)
 	for _, a := range l.Addrs {
 		if err := d.dp.Learn(l.SandboxID, a, grants, l.TTL); err != nil {
 			d.metrics.learns.WithLabelValues("error").Inc()
