@@ -18,6 +18,7 @@ import (
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/internal/benchreport"
+	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
@@ -106,11 +107,7 @@ func TestBenchDNSLearning(t *testing.T) {
 // benchUpstream answers every A query with a distinct public-looking address (never
 // dialled: it is only learned).
 func benchUpstream(t *testing.T) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+	return dnstest.Serve(t, func(w dns.ResponseWriter, q *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		var i int
@@ -118,10 +115,7 @@ func benchUpstream(t *testing.T) string {
 		m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300},
 			A: net.IPv4(44, byte(i>>16), byte(i>>8), byte(i))}}
 		w.WriteMsg(m)
-	})}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	return pc.LocalAddr().String()
+	})
 }
 
 // TestBenchPolicyPropagation measures, on a real sandbox, the time from a policy PUT on

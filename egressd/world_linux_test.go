@@ -25,6 +25,7 @@ import (
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/watch"
@@ -139,30 +140,10 @@ func (w *world) internet(t *testing.T) {
 
 // fakeUpstream starts the upstream resolver egressd forwards to, on loopback.
 func fakeUpstream(t *testing.T) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := map[string]netip.Addr{
+	return dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{
 		"allowed.test.": allowedIP, "denied.test.": deniedIP, "other.test.": deniedIP,
 		"rebind.test.": netip.MustParseAddr("10.0.0.1"), "ported.test.": cidrIP,
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, q *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(q)
-		a, ok := names[strings.ToLower(q.Question[0].Name)]
-		switch {
-		case !ok:
-			m.Rcode = dns.RcodeNameError
-		case q.Question[0].Qtype == dns.TypeA:
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA,
-				Class: dns.ClassINET, Ttl: 300}, A: a.AsSlice()})
-		}
-		rw.WriteMsg(m)
-	})}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	return pc.LocalAddr().String()
+	}, 300))
 }
 
 func answerAll(a netip.Addr) func(dns.ResponseWriter, *dns.Msg) {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,14 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/sdk"
-
+	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/sdk"
 )
 
 func TestMain(m *testing.M) {
@@ -276,25 +275,9 @@ func TestStackThroughGateway(t *testing.T) {
 // fakeResolver is the upstream the embedded egressd forwards to: loopback only,
 // allowed.test and denied.test exist, everything else is NXDOMAIN.
 func fakeResolver(t *testing.T) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(q)
-		ip := map[string]net.IP{"allowed.test.": {203, 0, 113, 10}, "denied.test.": {203, 0, 113, 20}}[strings.ToLower(q.Question[0].Name)]
-		switch {
-		case ip == nil:
-			m.Rcode = dns.RcodeNameError
-		case q.Question[0].Qtype == dns.TypeA:
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: ip}}
-		}
-		w.WriteMsg(m)
-	})}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	return pc.LocalAddr().String()
+	return dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{
+		"allowed.test.": netip.MustParseAddr("203.0.113.10"), "denied.test.": netip.MustParseAddr("203.0.113.20"),
+	}, 60))
 }
 
 // testPinRoot is a bpffs directory of the test's own for the eBPF datapath.
