@@ -7,7 +7,7 @@ VERSION ?= 0.1.0
 LDFLAGS := -s -w -X github.com/airlockdev/airlock/internal/buildinfo.Version=$(VERSION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build prepare image up test unit integration sdk-test bench generate check-generate fmt vet clean help
+.PHONY: all build prepare doctor image up test unit integration sdk-test bench generate check-generate check-tidy fmt vet clean help
 
 all: build
 
@@ -26,14 +26,17 @@ prepare: ## install missing packages, start dockerd, mount bpffs
 image: prepare build ## build the default sandbox image (cached by recipe)
 	$(BIN)/airlock image build
 
-up: prepare build image ## build everything and start the whole stack on this host
+doctor: build ## check this host: one row per prerequisite, with the fix
+	@$(BIN)/airlock doctor
+
+up: prepare build image doctor ## build everything, check the host, start the whole stack on this host
 	$(BIN)/airlock up $(UP_FLAGS)
 
 vet:
 	@echo "==> go vet"
 	$(GO) vet ./...
 
-test: prepare build image vet check-generate ## everything: vet, unit, integration, SDK tests
+test: prepare build image vet check-tidy check-generate ## everything: vet, go.mod tidy, unit, integration, SDK tests
 	@echo "==> go test (unit and integration against real sandboxes)"
 	$(GO) test -count=1 -timeout 40m ./...
 	@echo "==> go test -race (concurrent route table, route parsing, watch stream)"
@@ -51,6 +54,10 @@ bench: prepare build image ## side-by-side benchmarks, printed as ratios
 	AIRLOCK_BENCH=1 $(GO) test -p 1 -count=1 -timeout 90m -run '^TestBench' -v ./... 2>&1 \
 	  | tee $(BIN)/bench.log | grep -E '^(BENCH|RATIO|--- FAIL|FAIL|ok )' || true
 	@! grep -qE '^(--- FAIL|FAIL)' $(BIN)/bench.log
+
+check-tidy: ## fail when go.mod or go.sum is not tidy
+	@echo "==> checking go.mod is tidy"
+	@$(GO) mod tidy -diff || { echo "go.mod is not tidy: run go mod tidy and commit" >&2; exit 1; }
 
 generate: ## regenerate eBPF objects and bindings (needs clang)
 	$(GO) generate ./ebpf/...

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/airlockdev/airlock/deploy/systemd"
 	"github.com/airlockdev/airlock/internal/up"
 )
 
@@ -28,6 +30,7 @@ func newUpCmd() *cobra.Command {
 		noEgress   bool
 		egressMode string
 		proxyPort  int
+		install    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -44,9 +47,17 @@ go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' ch
 state directory and prints it; later starts reuse it (--no-auth: no key at all).
 
 Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
-Flags override the file.`,
+Flags override the file.
+
+--install-service installs this binary and execd under /usr/local, writes the systemd
+unit ` + systemd.UnitPath + ` (restart on failure, state in /var/lib/airlock, log in
+the journal) running 'airlock up' with the other flags given here, and enables and
+starts it when systemd runs the host; then it exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if install {
+				return installService(cmd)
+			}
 			path, optional := configPath, false
 			if path == "" {
 				path, optional = up.DefaultConfigPath, true
@@ -112,7 +123,29 @@ Flags override the file.`,
 	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.BoolVar(&install, "install-service", false, "install airlock as the systemd service airlock.service (with the other flags given) and exit")
 	return cmd
+}
+
+// installService installs the running binary as airlock.service, passing on every flag
+// the user set except --install-service.
+func installService(cmd *cobra.Command) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var args []string
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if f.Name != "install-service" {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	return systemd.Installer{
+		Binary: exe,
+		Execd:  up.DefaultExecdPath(),
+		Args:   args,
+		Out:    cmd.OutOrStdout(),
+	}.Install()
 }
 
 // printBanner prints the API address, the key and a three-line SDK example.
