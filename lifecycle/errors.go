@@ -48,12 +48,15 @@ var (
 	ErrUnavailable = &Error{http.StatusServiceUnavailable, "SANDBOX_UNAVAILABLE", "sandbox unavailable"}
 	// ErrUpstream: the sandbox did not answer the proxied request (502 BAD_GATEWAY).
 	ErrUpstream = &Error{http.StatusBadGateway, "BAD_GATEWAY", "sandbox did not answer"}
+	// ErrPrecondition: what the operation needs was not set up, for example a Credential
+	// Vault for a sandbox created without credentialProxy (412 PRECONDITION_FAILED).
+	ErrPrecondition = &Error{http.StatusPreconditionFailed, "PRECONDITION_FAILED", "precondition failed"}
 )
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
 	ErrImageUnavailable, ErrUnauthorized, ErrNotFound, ErrNoRoute, ErrInvalidState,
-	ErrNotImplemented, ErrUnavailable, ErrUpstream,
+	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 
 // httpError maps err to its status and envelope. Errors that wrap no sentinel are

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
@@ -214,8 +215,12 @@ func (s *Server) removeTargets(r *http.Request, id string) error {
 // PATCH merges rules, DELETE removes targets; every change is persisted and published
 // to the data plane like PUT /v1/sandboxes/{id}/policy.
 func (s *Server) handleEgressAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
+	if rest == vaultPrefix || strings.HasPrefix(rest, vaultPrefix+"/") {
+		s.handleVaultAPI(w, r, id, rest)
+		return
+	}
 	if rest != "/policy" {
-		s.fail(w, r, fmt.Errorf("%w: the egress API serves /policy only", ErrNoRoute))
+		s.fail(w, r, fmt.Errorf("%w: the egress API serves /policy and /credential-vault", ErrNoRoute))
 		return
 	}
 	var err error

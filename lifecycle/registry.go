@@ -78,8 +78,9 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		Runtime: watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
 		Policy:  append(json.RawMessage(nil), rec.Policy...),
 		// PolicyVersion only means something with a policy.
-		PolicyVersion: rec.PolicyVersion,
-		RenewOnAccess: rec.RenewOnAccess,
+		PolicyVersion:   rec.PolicyVersion,
+		RenewOnAccess:   rec.RenewOnAccess,
+		CredentialProxy: rec.CredentialProxy,
 	}
 	if rec.AccessToken != "" {
 		sum := sha256.Sum256([]byte(rec.AccessToken))
@@ -169,18 +170,29 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	}
 	id := newSandboxID()
 	v.spec.SandboxID = id
+	if v.credentialProxy {
+		if s.cfg.CredentialVault == nil {
+			return Sandbox{}, fmt.Errorf("%w: credentialProxy needs the egress plane (airlock up without --no-egress)", ErrInvalidRequest)
+		}
+		_, _, ca, err := s.cfg.CredentialVault.CA(id)
+		if err != nil {
+			return Sandbox{}, fmt.Errorf("credential proxy CA for %s: %w", id, err)
+		}
+		v.spec.TrustedCAPEM = ca
+	}
 	now := time.Now().UTC()
 	rec := &record{
-		ID:             id,
-		Image:          v.spec.Image,
-		Platform:       req.Platform,
-		Entrypoint:     v.spec.Entrypoint,
-		Metadata:       cloneMap(req.Metadata),
-		ResourceLimits: cloneMap(v.limits),
-		Extensions:     cloneMap(req.Extensions),
-		CreatedAt:      now,
-		Policy:         v.policy,
-		RenewOnAccess:  v.renewOnAccess,
+		ID:              id,
+		Image:           v.spec.Image,
+		Platform:        req.Platform,
+		Entrypoint:      v.spec.Entrypoint,
+		Metadata:        cloneMap(req.Metadata),
+		ResourceLimits:  cloneMap(v.limits),
+		Extensions:      cloneMap(req.Extensions),
+		CreatedAt:       now,
+		Policy:          v.policy,
+		RenewOnAccess:   v.renewOnAccess,
+		CredentialProxy: v.credentialProxy,
 	}
 	if rec.Metadata == nil {
 		rec.Metadata = map[string]string{}
@@ -200,6 +212,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	defer cancel()
 	inst, err := s.rt.Create(rctx, v.spec)
 	if err != nil {
+		s.forgetVault(id)
 		s.metrics.creates.WithLabelValues("error").Inc()
 		return Sandbox{}, err
 	}
@@ -217,6 +230,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		if rmErr := s.rt.Remove(rctx, inst); rmErr != nil {
 			s.log.Error("removing container after a failed create", "sandbox_id", id, "err", rmErr)
 		}
+		s.forgetVault(id)
 		s.metrics.creates.WithLabelValues("error").Inc()
 		return Sandbox{}, err
 	}
@@ -318,6 +332,7 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 	err = s.store.remove(id)
 	s.mu.Unlock()
 	s.hub.Delete(id)
+	s.forgetVault(id)
 	s.metrics.transition(Terminated)
 	s.log.Info("sandbox removed", "sandbox_id", id, "reason", reason)
 	if err != nil {

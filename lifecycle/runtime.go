@@ -50,6 +50,11 @@ type Spec struct {
 	Volumes     []Volume
 	// Platform, when set, must match what the runtime can run.
 	Platform *PlatformSpec
+	// TrustedCAPEM, when set, holds PEM CA certificates the sandbox must trust (the
+	// credential proxy's interception CA): the runtime adds them to the image's system
+	// trust store and points SSL_CERT_FILE, REQUESTS_CA_BUNDLE and NODE_EXTRA_CA_CERTS
+	// at them. Never a key.
+	TrustedCAPEM []byte
 }
 
 // Instance is a sandbox's container as the runtime sees it.

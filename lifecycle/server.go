@@ -72,6 +72,10 @@ type Config struct {
 	// request does not set (airlock up: HTTP_PROXY / HTTPS_PROXY of egressd's explicit
 	// proxy when it runs).
 	DefaultEnv map[string]string
+	// CredentialVault, when set, serves /credential-vault on the egress API and lets
+	// sandboxes be created with credentialProxy.enabled (their TCP 80/443 is intercepted
+	// by egressd, which holds the vault); nil answers such creates 400.
+	CredentialVault CredentialVault
 	// Audit receives a record (source policy) for every policy change; nil means none.
 	Audit interface{ Append(audit.Record) }
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;

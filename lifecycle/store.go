@@ -101,9 +101,11 @@ type record struct {
 	Policy        json.RawMessage `json:"policy,omitempty"`
 	PolicyVersion uint64          `json:"policyVersion,omitempty"`
 	RenewOnAccess int             `json:"renewOnAccess,omitempty"`
-	DeleteVolumes []string        `json:"deleteVolumes,omitempty"`
-	Address       netip.Addr      `json:"address,omitzero"`
-	Pid           int             `json:"pid,omitempty"`
+	// CredentialProxy is credentialProxy.enabled at create (the vault is egressd's).
+	CredentialProxy bool       `json:"credentialProxy,omitempty"`
+	DeleteVolumes   []string   `json:"deleteVolumes,omitempty"`
+	Address         netip.Addr `json:"address,omitzero"`
+	Pid             int        `json:"pid,omitempty"`
 }
 
 const historyLen = 16

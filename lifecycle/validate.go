@@ -129,6 +129,8 @@ type validated struct {
 	policy        json.RawMessage
 	renewOnAccess int
 	limits        map[string]string
+	// credentialProxy is credentialProxy.enabled: intercept for the Credential Vault.
+	credentialProxy bool
 }
 
 // validateCreate checks a create request against the specification and l; every error
@@ -206,9 +208,7 @@ func validateCreate(req *CreateRequest, l Limits) (*validated, error) {
 		}
 		v.policy = append(json.RawMessage(nil), p...)
 	}
-	if req.CredentialProxy != nil && req.CredentialProxy.Enabled {
-		return nil, fmt.Errorf("%w: credentialProxy is not supported by Airlock", ErrInvalidRequest)
-	}
+	v.credentialProxy = req.CredentialProxy != nil && req.CredentialProxy.Enabled
 	if s, ok := req.Extensions[ExtRenewOnAccess]; ok {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 300 || n > 86400 {

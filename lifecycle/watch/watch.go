@@ -79,6 +79,9 @@ type Sandbox struct {
 	// expiry by this many seconds when the sandbox is accessed (extension key
 	// "access.renew.extend.seconds").
 	RenewOnAccess int `json:"renewOnAccess,omitempty"`
+	// CredentialProxy is the create request's credentialProxy.enabled: egressd intercepts
+	// the sandbox's HTTP(S) for its Credential Vault bindings.
+	CredentialProxy bool `json:"credentialProxy,omitempty"`
 }
 
 // Runtime locates a sandbox on its node.

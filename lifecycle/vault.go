@@ -1,0 +1,87 @@
+package lifecycle
+
+import (
+	"crypto"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/airlockdev/airlock/policies"
+)
+
+// CredentialVault is the egress plane's Credential Vault (OSEP-0012; egressd/vault.Store)
+// as lifecycle uses it: the interception CA a credential-proxy sandbox trusts, the
+// OpenSandbox egress API's /credential-vault routes (egress-api.yaml), and cleanup. The
+// vault holds the secret values; lifecycle never sees them.
+type CredentialVault interface {
+	// CA returns the sandbox's interception CA, creating it on first use; lifecycle
+	// passes only certPEM on (into the sandbox's trust store).
+	CA(sandboxID string) (cert *x509.Certificate, key crypto.Signer, certPEM []byte, err error)
+	// ServeAPI answers rest ("/credential-vault…") for the sandbox; cover rejects a
+	// binding whose destination the sandbox's policy does not allow.
+	ServeAPI(w http.ResponseWriter, r *http.Request, sandboxID, rest string, cover func(host string, port uint16) error)
+	// Delete forgets the sandbox's vault and CA; idempotent.
+	Delete(sandboxID string) error
+}
+
+// vaultPrefix is the egress API's Credential Vault path.
+const vaultPrefix = "/credential-vault"
+
+// coverProbeLabel stands for "any name" under a wildcard binding host (*.example.com is
+// covered when airlock-binding-probe.example.com is).
+const coverProbeLabel = "airlock-binding-probe"
+
+// handleVaultAPI serves /credential-vault… of sandbox id's egress API: 412 when the
+// sandbox was not created with credentialProxy.enabled (the proxy cannot intercept its
+// traffic), else the vault's own answer.
+func (s *Server) handleVaultAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
+	s.mu.Lock()
+	e, ok := s.sbx[id]
+	enabled := ok && e.rec.CredentialProxy
+	s.mu.Unlock()
+	switch {
+	case !ok:
+		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
+	case !enabled || s.cfg.CredentialVault == nil:
+		s.fail(w, r, fmt.Errorf("%w: sandbox %s was not created with credentialProxy.enabled, so its outbound requests cannot be intercepted", ErrPrecondition, id))
+	default:
+		s.cfg.CredentialVault.ServeAPI(w, r, id, rest, func(host string, port uint16) error { return s.covered(id, host, port) })
+	}
+}
+
+// covered reports (nil) whether the sandbox's policy lets it reach host:port over TCP by
+// an explicit egress rule: a binding may only target what the policy allows, never
+// something reached by a default allow or in report mode.
+func (s *Server) covered(id, host string, port uint16) error {
+	p, _, err := s.parsedPolicy(id)
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		return fmt.Errorf("the sandbox has no networkPolicy: give it egress rules that allow %s", host)
+	}
+	d, err := policies.Compile(p, policies.CompileOptions{})
+	if err != nil {
+		return err
+	}
+	name := host
+	if suffix, ok := strings.CutPrefix(host, "*."); ok {
+		name = coverProbeLabel + "." + suffix
+	}
+	dec := d.DecideName(name, port, policies.TCP)
+	if !dec.Allowed() || dec.WouldDeny || !strings.HasPrefix(dec.Rule, "egress[") {
+		return fmt.Errorf("%s port %d is not allowed by an egress rule of the sandbox's networkPolicy (%s)", host, port, dec.Reason)
+	}
+	return nil
+}
+
+// forgetVault drops the sandbox's vault; failures are logged (the sandbox is gone).
+func (s *Server) forgetVault(id string) {
+	if s.cfg.CredentialVault == nil {
+		return
+	}
+	if err := s.cfg.CredentialVault.Delete(id); err != nil {
+		s.log.Error("deleting the credential vault failed", "sandbox_id", id, "err", err)
+	}
+}
