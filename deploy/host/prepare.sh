@@ -60,6 +60,7 @@ probes=(
   llvm-strip:llvm
   /usr/include/bpf/bpf_helpers.h:libbpf-dev
   ip:iproute2                # tests: network namespaces and veths
+  openssl:openssl            # SDK tests: the vault suite's test CA
   git:git
   gcc:gcc                    # go test -race
 )

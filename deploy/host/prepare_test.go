@@ -32,6 +32,7 @@ var probes = map[string]string{
 	"llvm-strip":                     "llvm",
 	"/usr/include/bpf/bpf_helpers.h": "libbpf-dev",
 	"ip":                             "iproute2",
+	"openssl":                        "openssl",
 	"git":                            "git",
 	"gcc":                            "gcc",
 	"node":                           "nodejs",
