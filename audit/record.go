@@ -15,6 +15,9 @@ const (
 	SourceL7      Source = "l7"
 	SourceGateway Source = "gateway"
 	SourcePolicy  Source = "policy"
+	// SourceIngress is a refused credential at a sandbox's ingress (the gateway or
+	// lifecycle's server proxy): 401 or 403. The record never carries the credential.
+	SourceIngress Source = "ingress"
 )
 
 // Record is one decision. Field names are fixed: audit consumers rely on them. Empty

@@ -5,9 +5,11 @@
 //     stream (package lifecycle/watch) in Start/Stop, plus the signing keys, the
 //     per-sandbox connection cap and the renew-on-access sender.
 //   - Handler "http.handlers.airlock": routes a request by header, host label or path
-//     (package route), admits it (public, token, signed URL; package signedurl), strips
-//     routing and credential headers and the path prefix, and proxies it through an
-//     embedded Caddy reverse_proxy whose dynamic upstream source is…
+//     (package route), admits it (public, or the sandbox's token, the API key (package
+//     accesstoken) or a signed URL (package signedurl); execd 44772 and the egress API
+//     18080 are never public), strips routing and credential headers and the path
+//     prefix, and proxies it through an embedded Caddy reverse_proxy whose dynamic
+//     upstream source is…
 //   - Upstreams "http.reverse_proxy.upstreams.airlock": hands reverse_proxy the dial
 //     address the handler decided, so one pooled transport serves every sandbox.
 //   - Permission "tls.permission.airlock": on-demand TLS only for hosts in the table.
@@ -32,6 +34,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle/watch"
@@ -65,6 +68,15 @@ type App struct {
 	SigningKeys []SigningKey `json:"signing_keys,omitempty"`
 	ActiveKey   string       `json:"active_key,omitempty"`
 
+	// APIKeySHA256 is the SHA-256 (64 hex digits) of lifecycle's API key: a request
+	// carrying that key in OPEN-SANDBOX-API-KEY is admitted on every token port (execd
+	// 44772 and the egress API 18080 always are). APIKey is the key itself instead,
+	// typically a placeholder such as {env.OPEN_SANDBOX_API_KEY}; the app keeps only its
+	// digest. Without either the API key admits nothing at the gateway. The header never
+	// reaches a sandbox.
+	APIKeySHA256 string `json:"api_key_sha256,omitempty"`
+	APIKey       string `json:"api_key,omitempty"`
+
 	// MaxConnsPerSandbox caps the requests and streams in flight to one sandbox (all its
 	// ports together); over the cap the gateway answers 429. 0 means 1024; negative
 	// removes the cap.
@@ -89,6 +101,7 @@ type App struct {
 
 	table    *routetable.Table
 	keys     *signedurl.Keyring
+	apiKey   *accesstoken.Digest
 	domains  []string
 	maxConns int
 	watcher  *watch.Client
@@ -127,8 +140,12 @@ type EgressAPIConfig struct {
 	Headers http.Header `json:"headers,omitempty"`
 }
 
-// EgressAPIPort is the sandbox port of the OpenSandbox egress API.
-const EgressAPIPort = 18080
+// Control ports of every sandbox (see ControlPort): execd's (execd-api.yaml) and the
+// OpenSandbox egress API's (egress-api.yaml).
+const (
+	ExecdPort     = 44772
+	EgressAPIPort = 18080
+)
 
 type RenewConfig struct {
 	// URL receives POST {"expiresAt": "<RFC 3339>"}; "{id}" is replaced by the sandbox id,
@@ -190,6 +207,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if a.keys, err = signedurl.NewKeyring(active, keys...); err != nil {
 			return fmt.Errorf("airlock: %w", err)
 		}
+	}
+
+	switch key, sum := repl.ReplaceKnown(a.APIKey, ""), repl.ReplaceKnown(a.APIKeySHA256, ""); {
+	case key != "" && sum != "":
+		return errors.New("airlock: set api_key or api_key_sha256, not both")
+	case key != "":
+		d := accesstoken.Sum(key)
+		a.apiKey = &d
+	case sum != "":
+		d, err := accesstoken.ParseDigest(sum)
+		if err != nil {
+			return fmt.Errorf("airlock: api_key_sha256: %w", err)
+		}
+		a.apiKey = &d
 	}
 
 	switch {

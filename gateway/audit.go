@@ -66,6 +66,9 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 	if dec.err != nil {
 		rec.Action = "deny"
 		rec.Reason = dec.reason
+		if res == resUnauthorized || res == resForbidden {
+			rec.Source = audit.SourceIngress // a refused credential (never its value)
+		}
 	}
 	if up := r.Header.Get("Upgrade"); up != "" || r.Method == http.MethodConnect {
 		if up == "" {

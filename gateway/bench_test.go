@@ -187,6 +187,10 @@ func TestBenchGateway(t *testing.T) {
 	hb, sb := testing.Benchmark(BenchmarkHandlerOverhead), testing.Benchmark(BenchmarkRequestSetup)
 	benchreport.Value("gateway", "handler_overhead", "%d ns/op, %d allocs/op over the request setup baseline",
 		hb.NsPerOp()-sb.NsPerOp(), hb.AllocsPerOp()-sb.AllocsPerOp())
+	// The same on execd's port admitted by the access token: the credential check's cost.
+	tb := testing.Benchmark(BenchmarkHandlerOverheadToken)
+	benchreport.Value("gateway", "handler_overhead_token", "%d ns/op, %d allocs/op over the request setup baseline (token check included)",
+		tb.NsPerOp()-sb.NsPerOp(), tb.AllocsPerOp()-sb.AllocsPerOp())
 }
 
 var benchPlainPort string

@@ -28,6 +28,7 @@ func init() {
 //		base_domains <domain...>
 //		signing_key <id> <base64:…|hex:…>
 //		active_key <id>
+//		api_key <lifecycle API key>          # or: api_key_sha256 <64 hex digits>
 //		max_conns_per_sandbox <n>
 //		renew <url with {id}> {
 //			header <name> <value>
@@ -82,6 +83,14 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.SigningKeys = append(a.SigningKeys, k)
 		case "active_key":
 			if !d.Args(&a.ActiveKey) || d.NextArg() {
+				return d.ArgErr()
+			}
+		case "api_key":
+			if !d.Args(&a.APIKey) || d.NextArg() {
+				return d.ArgErr()
+			}
+		case "api_key_sha256":
+			if !d.Args(&a.APIKeySHA256) || d.NextArg() {
 				return d.ArgErr()
 			}
 		case "max_conns_per_sandbox":

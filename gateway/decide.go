@@ -1,32 +1,37 @@
 package gateway
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/route"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
-// Access headers: the sandbox's token, under the Airlock name or the OpenSandbox one
-// (OSEP-0011 "OPENSANDBOX-SECURE-ACCESS"). Both are removed before proxying.
+// Credential headers: the sandbox's token, under the Airlock name or the OpenSandbox one
+// (OSEP-0011 "OPENSANDBOX-SECURE-ACCESS"), and lifecycle's API key. All are removed
+// before proxying.
 const (
-	HeaderAccessToken  = "X-Airlock-Access-Token"
-	HeaderSecureAccess = "Opensandbox-Secure-Access"
+	HeaderAccessToken  = accesstoken.HeaderAccessToken
+	HeaderSecureAccess = accesstoken.HeaderSecureAccess
+	HeaderAPIKey       = accesstoken.HeaderAPIKey
 	HeaderRequestID    = "X-Request-Id"
 )
 
 // strippedHeaders never reach a sandbox: they carry routing and credentials for the
 // gateway only.
 var strippedHeaders = []string{route.HeaderIngressTo, route.HeaderSandbox, route.HeaderPort,
-	HeaderAccessToken, HeaderSecureAccess}
+	HeaderAccessToken, HeaderSecureAccess, HeaderAPIKey}
+
+// ControlPort reports whether port is one of a sandbox's control surfaces, execd
+// (ExecdPort) or the egress API (EgressAPIPort): they are never public, whatever the
+// sandbox's access settings say (DESIGN.md §10). A public mode on them counts as token.
+func ControlPort(port int) bool { return port == ExecdPort || port == EgressAPIPort }
 
 // decision is the outcome of routing and admitting one request. A deny is a value: err is
 // one of the sentinel errors and reason the message for the client.
@@ -34,9 +39,10 @@ type decision struct {
 	cand   route.Candidate
 	entry  *routetable.Entry
 	sb     *watch.Sandbox
+	token  *accesstoken.Digest // SHA-256 of the sandbox's access token, nil when none
 	mode   watch.AccessMode
 	dial   string // upstream host:port
-	access string // how the request was admitted: public, token, signed
+	access string // how the request was admitted: public, token, signed, api_key
 
 	err        error
 	reason     string
@@ -46,7 +52,8 @@ type decision struct {
 // decider routes and admits requests against a route table. decide performs no I/O.
 type decider struct {
 	table   *routetable.Table
-	keys    *signedurl.Keyring // nil: no signed routes verify
+	keys    *signedurl.Keyring  // nil: no signed routes verify
+	apiKey  *accesstoken.Digest // SHA-256 of lifecycle's API key; nil: the key admits nothing
 	domains []string
 	// synced reports whether the table holds a complete snapshot; before that an unknown
 	// sandbox is "not loaded yet" (503), not "not found". nil means always synced.
@@ -81,13 +88,16 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		if !ok {
 			continue
 		}
-		sb := e.Sandbox()
+		sb, tok := e.View()
 		mode := sb.Access.ModeFor(c.Port)
+		if mode == watch.Public && ControlPort(c.Port) {
+			mode = watch.Token
+		}
 		// OSEP-0011: on a public port, signed-looking path segments are the app's own path.
 		if c.Signed && c.Form == route.FormPath && mode == watch.Public {
 			continue
 		}
-		dec = decision{cand: c, entry: e, sb: sb, mode: mode}
+		dec = decision{cand: c, entry: e, sb: sb, token: tok, mode: mode}
 		found = true
 		break
 	}
@@ -134,9 +144,10 @@ func (dec decision) deny(err error, reason string) decision {
 	return dec
 }
 
-// admit applies the sandbox's access mode for the port (OSEP-0011 order): a token header
-// that is present decides on its own (a wrong token is 401, no fallback to the signature);
-// otherwise a signed route must verify.
+// admit applies the sandbox's access mode for the port. On a token port the API key
+// admits when it matches; otherwise (OSEP-0011 order) a token header that is present
+// decides on its own (a wrong token is 401, no fallback to the signature), else a signed
+// route must verify. A signed-only port takes neither the API key nor a token.
 func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, string) {
 	c := dec.cand
 	switch dec.mode {
@@ -147,9 +158,14 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 	default:
 		return ErrForbidden, "the sandbox's access mode is not understood by this gateway"
 	}
-	tok, tokPresent := accessToken(h)
+	key, keyPresent := accesstoken.APIKey(h)
+	if keyPresent && dec.mode == watch.Token && d.apiKey.Matches(key) {
+		dec.access = "api_key"
+		return nil, ""
+	}
+	tok, tokPresent := accesstoken.Token(h)
 	if tokPresent {
-		if !tokenMatches(tok, dec.sb.Access.TokenSHA256) {
+		if !dec.token.Matches(tok) {
 			return ErrUnauthorized, "access token does not match"
 		}
 		if dec.mode == watch.Signed {
@@ -159,10 +175,13 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		return nil, ""
 	}
 	if !c.Signed {
-		if dec.mode == watch.Signed {
+		switch {
+		case dec.mode == watch.Signed:
 			return ErrUnauthorized, "a signed URL is required"
+		case keyPresent:
+			return ErrUnauthorized, "the API key does not match (or this gateway was not given it); send the sandbox's access token or a signed URL"
 		}
-		return ErrUnauthorized, "an access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access) or a signed URL is required"
+		return ErrUnauthorized, fmt.Sprintf("port %d needs a credential: the sandbox's access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access, as GET /sandboxes/{id}/endpoints/{port} gives in headers), a signed URL or the API key", c.Port)
 	}
 	if err := d.keys.Verify(c.ID, c.Port, c.ExpiresB36, c.Tag, now); err != nil {
 		switch {
@@ -176,34 +195,4 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 	}
 	dec.access = "signed"
 	return nil, ""
-}
-
-// accessToken returns the request's access token and whether either header is present
-// (an empty value counts as present).
-func accessToken(h http.Header) (string, bool) {
-	if v, ok := h[HeaderAccessToken]; ok {
-		return first(v), true
-	}
-	if v, ok := h[HeaderSecureAccess]; ok {
-		return first(v), true
-	}
-	return "", false
-}
-
-func first(v []string) string {
-	if len(v) == 0 {
-		return ""
-	}
-	return v[0]
-}
-
-// tokenMatches compares SHA-256(tok) with the hex digest wantHex in constant time. An
-// empty or malformed digest matches nothing.
-func tokenMatches(tok, wantHex string) bool {
-	want, err := hex.DecodeString(wantHex)
-	if err != nil || len(want) != sha256.Size {
-		return false
-	}
-	got := sha256.Sum256([]byte(tok))
-	return subtle.ConstantTimeCompare(got[:], want) == 1
 }

@@ -134,8 +134,10 @@ func startSandbox(img, bin, name string) (upstream, func(), error) {
 	created, err := docker.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: cname,
 		Config: &container.Config{
-			Image:  img,
-			Cmd:    []string{"/opt/airlock-test/upstream", "-listen", ":8080"},
+			Image: img,
+			// 8080 is the application's port; the same application answers on the control
+			// ports (execd 44772, egress API 18080) for the access tests.
+			Cmd:    []string{"/opt/airlock-test/upstream", "-listen", ":8080,:44772,:18080"},
 			Labels: map[string]string{"airlock.dev/test": "gateway"},
 		},
 		HostConfig: &container.HostConfig{},

@@ -35,11 +35,12 @@ const (
 //
 // Order of work per request: parse the route (header, host label, path), look the
 // sandbox up in the airlock app's table (no I/O), check its state and expiry, check
-// access (public, token, signed URL), take a connection slot under the per-sandbox cap,
-// send a throttled renew intent if the sandbox opted in, strip the gateway's headers
-// (OpenSandbox-Ingress-To, X-Airlock-Sandbox, X-Airlock-Port, X-Airlock-Access-Token,
-// OpenSandbox-Secure-Access) and the path prefix of path forms (X-Forwarded-Prefix tells
-// the app what was stripped), then proxy. Denials are JSON {code, message, requestId}
+// access (public, or on token ports the sandbox's token, a signed URL or the API key;
+// execd 44772 and the egress API 18080 are always token ports), take a connection slot
+// under the per-sandbox cap, send a throttled renew intent if the sandbox opted in, strip
+// the gateway's headers (OpenSandbox-Ingress-To, X-Airlock-Sandbox, X-Airlock-Port,
+// X-Airlock-Access-Token, OpenSandbox-Secure-Access, OPEN-SANDBOX-API-KEY) and the path
+// prefix of path forms (X-Forwarded-Prefix tells the app what was stripped), then proxy. Denials are JSON {code, message, requestId}
 // with statuses 400, 401, 403, 404, 410, 429 or 503 (with Retry-After); an unreachable
 // upstream is 502. Every response carries X-Request-Id (the client's, when it sent a
 // sane one). A request in flight to a sandbox that is deleted is cut off.
@@ -81,7 +82,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.dec = decider{table: h.app.table, keys: h.app.keys, domains: domains}
+	h.dec = decider{table: h.app.table, keys: h.app.keys, apiKey: h.app.apiKey, domains: domains}
 	if h.app.watcher != nil {
 		h.dec.synced = func() bool { return h.app.watcher.Status().Synced }
 	}

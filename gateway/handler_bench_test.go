@@ -11,18 +11,35 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
 // BenchmarkHandlerOverhead measures the airlock handler's own work per request (route,
 // admit, rewrite, metrics, audit record) with 10,000 routes, without the proxy: route_only
-// with a next handler that answers directly.
+// with a next handler that answers directly. The port is a public application port, the
+// benchmark's and TestBenchGateway's path.
 func BenchmarkHandlerOverhead(b *testing.B) {
+	benchHandler(b, "http://8080-synthetic-04242.airlock.localhost:8081/plain", nil)
+}
+
+// BenchmarkHandlerOverheadToken is BenchmarkHandlerOverhead on execd's port, admitted by
+// the sandbox's access token (SHA-256 of the presented token against the stored digest).
+func BenchmarkHandlerOverheadToken(b *testing.B) {
+	benchHandler(b, "http://44772-synthetic-04242.airlock.localhost:8081/ping",
+		http.Header{HeaderSecureAccess: {benchToken}})
+}
+
+const benchToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func benchHandler(b *testing.B, url string, hdr http.Header) {
 	tab := routetable.New(routetable.Config{})
+	digest := accesstoken.Sum(benchToken).String()
 	for i := range 10_000 {
 		tab.Upsert(watch.Sandbox{ID: fmt.Sprintf("synthetic-%05d", i), State: "Running",
-			Address: netip.AddrFrom4([4]byte{10, 99, byte(i >> 8), byte(i)})}, uint64(i+1))
+			Address: netip.AddrFrom4([4]byte{10, 99, byte(i >> 8), byte(i)}),
+			Access:  watch.Access{TokenSHA256: digest}}, uint64(i+1))
 	}
 	m, err := newMetrics(nil, func() (bool, float64, int) { return true, 0, 0 })
 	if err != nil {
@@ -39,7 +56,10 @@ func BenchmarkHandlerOverhead(b *testing.B) {
 	})
 	b.ReportAllocs()
 	for b.Loop() {
-		req := httptest.NewRequest("GET", "http://8080-synthetic-04242.airlock.localhost:8081/plain", nil)
+		req := httptest.NewRequest("GET", url, nil)
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
 		repl := caddy.NewReplacer()
 		ctx := context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl)
 		ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{})

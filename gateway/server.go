@@ -70,6 +70,11 @@ type Config struct {
 	// first).
 	SigningKeys []signedurl.Key
 	ActiveKey   string
+	// APIKeySHA256 is the SHA-256 of lifecycle's API key as 64 hex digits
+	// (accesstoken.Sum(key).String()): requests carrying the key in OPEN-SANDBOX-API-KEY
+	// are admitted on token ports (App.APIKeySHA256). Only the digest enters the gateway's
+	// configuration, so no dump or log of it holds the key. Empty: the key admits nothing.
+	APIKeySHA256 string
 	// MaxConnsPerSandbox: 0 means 1024, negative means no cap.
 	MaxConnsPerSandbox int
 	// RenewURL (with "{id}") and RenewHeader enable renew-on-access, for example
@@ -187,6 +192,7 @@ func (s *Server) appConfig() App {
 	app := App{
 		BaseDomains:        c.BaseDomains,
 		ActiveKey:          c.ActiveKey,
+		APIKeySHA256:       c.APIKeySHA256,
 		MaxConnsPerSandbox: c.MaxConnsPerSandbox,
 		Instance:           s.instance,
 	}

@@ -33,6 +33,9 @@ var (
 	ErrImageUnavailable = &Error{http.StatusBadRequest, "IMAGE_UNAVAILABLE", "image unavailable"}
 	// ErrUnauthorized: missing or wrong API key (401 UNAUTHORIZED).
 	ErrUnauthorized = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "missing or invalid OPEN-SANDBOX-API-KEY"}
+	// ErrAccessDenied: a server proxy request without a credential that admits it
+	// (the sandbox's access token or the API key) (401 UNAUTHORIZED).
+	ErrAccessDenied = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "no valid credential for this sandbox port"}
 	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
 	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
 	// ErrNoRoute: no such route (404 NOT_FOUND).
@@ -55,7 +58,7 @@ var (
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
-	ErrImageUnavailable, ErrUnauthorized, ErrNotFound, ErrNoRoute, ErrInvalidState,
+	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrNotFound, ErrNoRoute, ErrInvalidState,
 	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 

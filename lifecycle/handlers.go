@@ -41,8 +41,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /snapshots/{sid}", notImpl)
 	m.HandleFunc("DELETE /snapshots/{sid}", notImpl)
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", notImpl)
-	m.HandleFunc("/sandboxes/{id}/proxy/{port}", s.handleProxy)
-	m.HandleFunc("/sandboxes/{id}/proxy/{port}/{rest...}", s.handleProxy)
+	m.HandleFunc(proxyPattern, s.handleProxy)
+	m.HandleFunc(proxyRestPattern, s.handleProxy)
 	m.Handle("GET /internal/v1/watch", s.hub)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: %s %s", ErrNoRoute, r.Method, r.URL.Path))

@@ -15,7 +15,7 @@ import (
 
 // strippedHeaders never reach a sandbox through the proxy: they are the platform's
 // credentials, not the sandbox's.
-var strippedHeaders = []string{"OPEN-SANDBOX-API-KEY", AccessTokenHeader, "X-Airlock-Access-Token"}
+var strippedHeaders = []string{"OPEN-SANDBOX-API-KEY", AccessTokenHeader, AirlockAccessTokenHeader}
 
 type proxyTargetKey struct{}
 
@@ -65,7 +65,8 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 }
 
 // handleProxy serves /sandboxes/{id}/proxy/{port}/… (OpenSandbox server proxy): any
-// method, any port, to the sandbox's address on the Airlock network.
+// method, any port, to the sandbox's address on the Airlock network, once admitProxy
+// has admitted the request (refusals are 401 and audited with source ingress).
 func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	port, err := strconv.Atoi(r.PathValue("port"))
@@ -77,10 +78,17 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	e, ok := s.sbx[id]
 	var st State
 	var addr netip.Addr
+	sb := proxySandbox{found: ok}
 	if ok {
 		st, addr = e.rec.Status.State, e.rec.Address
+		sb.token, sb.secure = e.rec.AccessToken, e.rec.secure()
 	}
 	s.mu.Unlock()
+	if err := s.admitProxy(r, id, port, sb); err != nil {
+		s.auditIngress(r, id, port, s.portMode(sb.secure, port), err)
+		s.fail(w, r, err)
+		return
+	}
 	if !ok {
 		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
 		return

@@ -109,6 +109,12 @@ func (s *Server) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		e := &entry{rec: rec}
 		s.sbx[rec.ID] = e
+		// Every record leaves this loop persisted when it changed (commitLocked or
+		// setStatusLocked below, or the put of a Terminated one).
+		migrated := migrateAccess(rec)
+		if migrated {
+			s.log.Info("access token issued to a sandbox from an older store", "sandbox_id", rec.ID)
+		}
 		in, ok := byCID[rec.ContainerID]
 		if ok {
 			delete(byCID, rec.ContainerID)
@@ -118,8 +124,10 @@ func (s *Server) reconcile(ctx context.Context) error {
 		case !ok:
 			if !st.Terminal() {
 				_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
-			} else {
+			} else if !migrated {
 				s.hub.Put(s.watchView(rec))
+			} else if err := s.commitLocked(rec); err != nil {
+				s.log.Error("persisting reconciled sandbox failed", "sandbox_id", rec.ID, "err", err)
 			}
 			continue
 		case st == Stopping:

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -13,10 +12,6 @@ import (
 
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
-
-// AccessTokenHeader carries a secure-access sandbox's token; endpoints of such a
-// sandbox list it in their headers.
-const AccessTokenHeader = "OpenSandbox-Secure-Access"
 
 // createTimeout bounds a create's runtime work (an image pull included), independent of
 // the client's connection: a client that hangs up never leaves a half-made sandbox.
@@ -81,10 +76,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		PolicyVersion:   rec.PolicyVersion,
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,
-	}
-	if rec.AccessToken != "" {
-		sum := sha256.Sum256([]byte(rec.AccessToken))
-		w.Access = watch.Access{Mode: watch.Token, TokenSHA256: hex.EncodeToString(sum[:])}
+		Access:          s.access(rec),
 	}
 	if rec.ExpiresAt != nil {
 		t := *rec.ExpiresAt
@@ -204,9 +196,8 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		exp := now.Add(v.timeout)
 		rec.ExpiresAt = &exp
 	}
-	if req.SecureAccess {
-		rec.AccessToken = randomHex(32)
-	}
+	secure := req.SecureAccess
+	rec.AccessToken, rec.SecureAccess = newAccessToken(), &secure
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer cancel()
@@ -446,15 +437,19 @@ func (s *Server) PatchMetadata(id string, patch map[string]*string) (Sandbox, er
 
 // Endpoint answers where a client reaches a port of a sandbox (GET
 // /sandboxes/{id}/endpoints/{port}): the configured EndpointFunc, or this server's
-// proxy; a secure-access sandbox adds its token header. Signed endpoints (Expires) need
-// an EndpointFunc that mints them (the gateway's): without one they are 501.
+// proxy. For a token port (execd, the egress API, any port of a secureAccess sandbox or
+// under DefaultAccess token) Headers carries the access token under AccessTokenHeader;
+// a signed endpoint carries its own credential and no headers. Signed endpoints
+// (Expires) need an EndpointFunc that mints them (the gateway's): without one they are
+// 501.
 func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 	s.mu.Lock()
 	e, ok := s.sbx[er.ID]
 	var token string
 	var state State
+	var secure bool
 	if ok {
-		token, state = e.rec.AccessToken, e.rec.Status.State
+		token, state, secure = e.rec.AccessToken, e.rec.Status.State, e.rec.secure()
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -480,7 +475,7 @@ func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 		}
 		ep.Endpoint = ServerProxyEndpoint(host, er.ID, er.Port)
 	}
-	if token != "" {
+	if token != "" && er.Expires == nil && s.portMode(secure, er.Port) == watch.Token {
 		ep.Headers = map[string]string{AccessTokenHeader: token}
 	}
 	return ep, nil

@@ -313,6 +313,11 @@ func TestRoutes(t *testing.T) {
 				if ep.Endpoint != want {
 					t.Errorf("endpoint %q, want %q", ep.Endpoint, want)
 				}
+				// execd and the egress API are never public: their endpoints carry the
+				// sandbox's access token, which the SDK sends back; other ports are public.
+				if tok := ep.Headers[lifecycle.AccessTokenHeader]; (port == "8000") != (tok == "") || tok != "" && len(tok) != 64 {
+					t.Errorf("port %s: endpoint headers %v", port, ep.Headers)
+				}
 			}
 		}
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=4102444800", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")

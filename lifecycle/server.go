@@ -13,8 +13,6 @@ package lifecycle
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -36,9 +34,22 @@ import (
 type Config struct {
 	Runtime Runtime
 	Store   *Store
-	// APIKey is the OPEN-SANDBOX-API-KEY every request must carry (except GET /health);
-	// empty means no authentication (New logs a warning).
+	// APIKey is the OPEN-SANDBOX-API-KEY every request must carry (except GET /health
+	// and server proxy requests carrying the sandbox's access token); empty means no
+	// authentication (New logs a warning), except that execd and the egress API behind
+	// the server proxy still need the sandbox's access token.
 	APIKey string
+	// GatewayKey, when set, is a second OPEN-SANDBOX-API-KEY value accepted by the server
+	// proxy only (/sandboxes/{id}/proxy/…), never by the rest of the API: the gateway
+	// sends it when it forwards a request it has already admitted (sandbox port 18080,
+	// whose egress API lifecycle answers). airlock up makes a random one per start.
+	GatewayKey string
+	// DefaultAccess is the admission mode of sandbox ports other than execd's and the
+	// egress API's (always watch.Token): watch.Public (the default, also for "") or
+	// watch.Token. A sandbox created with secureAccess is token on every port. The data
+	// plane learns the modes through the watch (watch.Access); endpoints of token ports
+	// carry the access token in their headers.
+	DefaultAccess watch.AccessMode
 	// Hub receives every change for the data plane; New makes one when nil.
 	Hub *watch.Hub
 	// PublicAddr is the host[:port] clients use to reach this server, for endpoints;
@@ -163,6 +174,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TerminatedRetention <= 0 {
 		cfg.TerminatedRetention = time.Hour
 	}
+	switch cfg.DefaultAccess {
+	case "":
+		cfg.DefaultAccess = watch.Public
+	case watch.Public, watch.Token:
+	default:
+		return nil, fmt.Errorf("lifecycle: default access %q: want public or token", cfg.DefaultAccess)
+	}
 	cfg.Limits.setDefaults()
 	inst, err := cfg.Store.InstanceID()
 	if err != nil {
@@ -189,7 +207,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.routes()
 	if cfg.APIKey == "" {
-		s.log.Warn("NO API KEY CONFIGURED: the lifecycle API accepts every request without authentication")
+		s.log.Warn("NO API KEY CONFIGURED: the lifecycle API accepts every request without authentication (execd and the egress API behind the server proxy still need the sandbox's access token)")
 	}
 	return s, nil
 }
@@ -241,7 +259,9 @@ func (s *Server) Handler() http.Handler {
 				r.URL.Path = "/"
 			}
 		}
-		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.authorized(r) {
+		// The server proxy authenticates itself (admitProxy): it also takes the sandbox's
+		// access token, and it guards execd and the egress API even without an API key.
+		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.isProxyRoute(r) && !s.authorized(r) {
 			s.fail(w, r, ErrUnauthorized)
 			return
 		}
@@ -251,12 +271,7 @@ func (s *Server) Handler() http.Handler {
 
 // authorized compares the request's key with the configured one in constant time.
 func (s *Server) authorized(r *http.Request) bool {
-	if s.cfg.APIKey == "" {
-		return true
-	}
-	got := sha256.Sum256([]byte(r.Header.Get("OPEN-SANDBOX-API-KEY")))
-	want := sha256.Sum256([]byte(s.cfg.APIKey))
-	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	return s.cfg.APIKey == "" || secretEqual(r.Header.Get("OPEN-SANDBOX-API-KEY"), s.cfg.APIKey)
 }
 
 func newRequestID() string {

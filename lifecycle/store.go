@@ -96,8 +96,13 @@ type record struct {
 	ExpiresAt      *time.Time        `json:"expiresAt,omitempty"`
 	Status         Status            `json:"status"`
 	// History holds the previous statuses, oldest first, at most historyLen.
-	History       []Status        `json:"history,omitempty"`
+	History []Status `json:"history,omitempty"`
+	// AccessToken admits requests to the sandbox's token ports (always execd and the
+	// egress API); every sandbox has one. SecureAccess is the create request's
+	// secureAccess: every port needs the token. Records from before every sandbox had a
+	// token lack SecureAccess (nil); reconcile fills both in (migrateAccess).
 	AccessToken   string          `json:"accessToken,omitempty"`
+	SecureAccess  *bool           `json:"secureAccess,omitempty"`
 	Policy        json.RawMessage `json:"policy,omitempty"`
 	PolicyVersion uint64          `json:"policyVersion,omitempty"`
 	RenewOnAccess int             `json:"renewOnAccess,omitempty"`
@@ -120,6 +125,10 @@ func (r *record) clone() *record {
 	c.History = append([]Status(nil), r.History...)
 	c.Policy = append(json.RawMessage(nil), r.Policy...)
 	c.DeleteVolumes = append([]string(nil), r.DeleteVolumes...)
+	if r.SecureAccess != nil {
+		v := *r.SecureAccess
+		c.SecureAccess = &v
+	}
 	if r.ExpiresAt != nil {
 		t := *r.ExpiresAt
 		c.ExpiresAt = &t

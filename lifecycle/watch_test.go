@@ -135,7 +135,11 @@ func TestWatch(t *testing.T) {
 	if tok == "" || w.Access.Mode != watch.Token || w.Access.TokenSHA256 != hex.EncodeToString(sum[:]) {
 		t.Errorf("access %+v, endpoint headers %v", w.Access, ep.Headers)
 	}
-	if fw, _ := h.Server.Hub().Get(first.ID); fw.Access.Mode != "" || len(fw.Policy) != 0 {
+	// Without secureAccess: public by default, execd and the egress API token, and a
+	// token of its own.
+	if fw, _ := h.Server.Hub().Get(first.ID); fw.Access.Mode != watch.Public || fw.Access.ModeFor(44772) != watch.Token ||
+		fw.Access.ModeFor(18080) != watch.Token || len(fw.Access.TokenSHA256) != 64 || fw.Access.TokenSHA256 == w.Access.TokenSHA256 ||
+		len(fw.Policy) != 0 {
 		t.Errorf("first sandbox access/policy: %+v", fw)
 	}
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/gateway"
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 )
 
@@ -49,8 +50,9 @@ Deployment on Kubernetes); 'airlock up' runs the same gateway inside the all-in-
 process. A stock Caddy can load the same modules instead (see gateway/README.md).
 
 Secrets can come from the environment: OPEN_SANDBOX_API_KEY (--api-key, sent to
-lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separated
---signing-key values).`,
+lifecycle for the watch and renew intents, and admitted like a sandbox's access token
+on execd 44772, the egress API 18080 and other token ports) and AIRLOCK_SIGNING_KEYS
+(comma-separated --signing-key values).`,
 		Example: `  airlock gateway --watch-url http://127.0.0.1:8080/internal/v1/watch \
       --signing-key a=base64:$(head -c32 /dev/urandom | base64) \
       --renew-url 'http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration'
@@ -87,6 +89,9 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 				hdr.Set("OPEN-SANDBOX-API-KEY", apiKey)
 				cfg.RenewHeader = http.Header{"Open-Sandbox-Api-Key": {apiKey}}
 				cfg.EgressAPIHeader = cfg.RenewHeader
+				// Requests carrying the API key are admitted on token ports; the gateway
+				// keeps only its SHA-256.
+				cfg.APIKeySHA256 = accesstoken.Sum(apiKey).String()
 			}
 			cfg.WatchHeader = hdr
 			for _, s := range signingKeys {
@@ -138,7 +143,7 @@ lifecycle for the watch and renew intents) and AIRLOCK_SIGNING_KEYS (comma-separ
 	f.StringSliceVar(&baseDomains, "base-domain", []string{gateway.DefaultBaseDomain}, "base domain for host-form routes (repeatable; \"\" disables host routing)")
 	f.StringVar(&watchURL, "watch-url", "", "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch")
 	f.StringArrayVar(&watchHeaders, "watch-header", nil, "extra header for the watch stream, \"Name: value\" (repeatable)")
-	f.StringVar(&apiKey, "api-key", "", "lifecycle API key sent as OPEN-SANDBOX-API-KEY to the watch and renew endpoints (default $OPEN_SANDBOX_API_KEY)")
+	f.StringVar(&apiKey, "api-key", "", "lifecycle API key sent as OPEN-SANDBOX-API-KEY to the watch and renew endpoints and accepted from clients on token ports (default $OPEN_SANDBOX_API_KEY)")
 	f.StringArrayVar(&signingKeys, "signing-key", nil, "signed-route key <id>=base64:<secret> or <id>=hex:<secret>, id one of [0-9a-z] (repeatable; default $AIRLOCK_SIGNING_KEYS)")
 	f.StringVar(&activeKey, "active-key", "", "id of the key that mints (default: the first)")
 	f.IntVar(&maxConns, "max-conns-per-sandbox", 0, "requests and streams in flight per sandbox (0: 1024, negative: no cap)")

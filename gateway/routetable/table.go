@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
@@ -45,10 +46,16 @@ type Entry struct {
 type facts struct {
 	sb   watch.Sandbox
 	host string // Address (or Address6) as a dial host, "" when the sandbox has none
+	// token is Access.TokenSHA256 decoded once per version; nil when there is none (or
+	// it is malformed: then no token matches).
+	token *accesstoken.Digest
 }
 
 func newFacts(s watch.Sandbox) *facts {
 	f := &facts{sb: s}
+	if d, err := accesstoken.ParseDigest(s.Access.TokenSHA256); err == nil {
+		f.token = &d
+	}
 	switch {
 	case s.Address.IsValid():
 		f.host = s.Address.String()
@@ -60,6 +67,14 @@ func newFacts(s watch.Sandbox) *facts {
 
 // Sandbox returns the entry's current facts. The value is shared: do not modify it.
 func (e *Entry) Sandbox() *watch.Sandbox { return &e.f.Load().sb }
+
+// View returns the entry's current facts and, from the same version, the decoded SHA-256
+// of the sandbox's access token (nil when lifecycle published none). Both are shared: do
+// not modify them. It allocates nothing.
+func (e *Entry) View() (*watch.Sandbox, *accesstoken.Digest) {
+	f := e.f.Load()
+	return &f.sb, f.token
+}
 
 // Dial returns "host:port" for port of the sandbox's address (IPv4 preferred), or ""
 // when the sandbox has no address. It allocates only the result.

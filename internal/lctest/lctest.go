@@ -21,6 +21,7 @@ import (
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
+	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
 // Network is the bridge network harnesses use (never airlock0, so that tests do not
@@ -106,6 +107,9 @@ type Options struct {
 	// audit query route).
 	Audit    interface{ Append(audit.Record) }
 	AuditDir string
+	// DefaultAccess and GatewayKey are passed to lifecycle.Config.
+	DefaultAccess watch.AccessMode
+	GatewayKey    string
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -166,6 +170,8 @@ func New(t testing.TB, o Options) *Harness {
 		Endpoint:       o.Endpoint,
 		Audit:          o.Audit,
 		AuditDir:       o.AuditDir,
+		DefaultAccess:  o.DefaultAccess,
+		GatewayKey:     o.GatewayKey,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	gateway:
 //	  listen: 127.0.0.1:8081
 //	  baseDomain: sandboxes.example.com   # host-form endpoints; empty: path form
+//	  defaultAccess: public               # or token; execd and the egress API: always token
 //	audit:
 //	  dir: /var/lib/airlock/audit
 //	egress:
@@ -96,6 +97,12 @@ type GatewayConfig struct {
 	// SigningKey signs endpoints minted with ?expires= ("<id>=base64:<secret>"); default
 	// a random key generated once and stored in StateDir/signing-key.
 	SigningKey string `yaml:"signingKey"`
+	// DefaultAccess is who may reach sandbox ports other than execd (44772) and the
+	// egress API (18080), which always need a credential: "public" (the default: anyone
+	// who can reach the gateway) or "token" (the sandbox's access token, a signed URL or
+	// the API key, as on the control ports). A sandbox created with secureAccess is token
+	// on every port either way. It applies at the gateway and at lifecycle's server proxy.
+	DefaultAccess string `yaml:"defaultAccess"`
 	// MaxConnsPerSandbox caps requests in flight per sandbox; 0 means 1024.
 	MaxConnsPerSandbox int `yaml:"maxConnsPerSandbox"`
 	// TLS is "" (plain HTTP and h2c, the default) or "internal" (Caddy's local CA).
@@ -174,6 +181,13 @@ func (c *Config) setDefaults() error {
 	case "", "internal":
 	default:
 		return fmt.Errorf("config: gateway.tls %q: want \"\" or internal", c.Gateway.TLS)
+	}
+	switch c.Gateway.DefaultAccess {
+	case "":
+		c.Gateway.DefaultAccess = "public"
+	case "public", "token":
+	default:
+		return fmt.Errorf("config: gateway.defaultAccess %q: want public or token", c.Gateway.DefaultAccess)
 	}
 	if c.Audit.Dir == "" {
 		c.Audit.Dir = filepath.Join(c.StateDir, "audit")

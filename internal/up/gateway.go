@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/gateway"
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 )
@@ -76,8 +77,10 @@ func (s *Stack) startGateway(context.Context) error {
 	}
 	api := "http://" + loopbackAddr(s.Addr)
 	hdr := http.Header{}
+	var keySum string // the gateway admits the API key by its SHA-256 only
 	if s.APIKey != "" {
 		hdr.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
+		keySum = accesstoken.Sum(s.APIKey).String()
 	}
 	g := s.cfg.Gateway
 	srv, err := gateway.NewServer(gateway.Config{
@@ -86,11 +89,12 @@ func (s *Stack) startGateway(context.Context) error {
 		WatchURL:           api + "/internal/v1/watch",
 		WatchHeader:        hdr,
 		SigningKeys:        []signedurl.Key{key},
+		APIKeySHA256:       keySum,
 		MaxConnsPerSandbox: g.MaxConnsPerSandbox,
 		RenewURL:           api + "/v1/sandboxes/{id}/renew-expiration",
 		RenewHeader:        hdr,
 		EgressAPIDial:      loopbackAddr(s.Addr),
-		EgressAPIHeader:    hdr,
+		EgressAPIHeader:    http.Header{"Open-Sandbox-Api-Key": {s.gatewayKey}},
 		TLS:                gateway.TLSMode(g.TLS),
 		DataDir:            filepath.Join(s.cfg.StateDir, "caddy"),
 		Audit:              s.Audit,

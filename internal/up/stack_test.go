@@ -231,15 +231,34 @@ func TestStackThroughGateway(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// The OpenSandbox egress API (port 18080) through the gateway: lifecycle answers.
-	egressURL := "http://" + gw + "/sandboxes/" + sb2.ID + "/proxy/18080/policy"
-	preq, _ := http.NewRequest(http.MethodPatch, egressURL, strings.NewReader(`[{"action":"allow","target":"*.npmjs.org"}]`))
-	if resp, err := http.DefaultClient.Do(preq); err != nil {
+	// The OpenSandbox egress API (port 18080) through the gateway: lifecycle answers, for
+	// requests with the header its endpoint gives (never public).
+	egressEP, err := c.Endpoint(ctx, sb2.ID, 18080)
+	if err != nil {
 		t.Fatal(err)
-	} else if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-		t.Fatalf("PATCH %s: %d", egressURL, resp.StatusCode)
 	}
-	resp, err = http.Get(egressURL)
+	egressURL := "http://" + gw + "/sandboxes/" + sb2.ID + "/proxy/18080/policy"
+	patch := func(hdr map[string]string) int {
+		preq, _ := http.NewRequest(http.MethodPatch, egressURL, strings.NewReader(`[{"action":"allow","target":"*.npmjs.org"}]`))
+		for k, v := range hdr {
+			preq.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(preq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := patch(nil); st != http.StatusUnauthorized {
+		t.Fatalf("PATCH %s without a credential: %d, want 401", egressURL, st)
+	}
+	if st := patch(egressEP.Headers); st != http.StatusOK {
+		t.Fatalf("PATCH %s with the endpoint's headers %v: %d", egressURL, egressEP.Headers, st)
+	}
+	greq, _ := http.NewRequest(http.MethodGet, egressURL, nil)
+	greq.Header.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
+	resp, err = http.DefaultClient.Do(greq)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
+	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
 // component is one part of the stack.
@@ -56,6 +57,7 @@ type Stack struct {
 	Addr net.Addr
 
 	endpoints    atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
+	gatewayKey   string                              // see startLifecycle
 	stopEgressFn func()
 	egress       atomic.Pointer[egressd.Daemon] // for the ready gate (set once egressd runs)
 	http         *http.Server
@@ -192,11 +194,23 @@ func (s *Stack) startDocker(ctx context.Context) error {
 }
 
 func (s *Stack) startLifecycle(ctx context.Context) error {
+	// The gateway forwards admitted egress API requests (sandbox port 18080) to
+	// lifecycle's server proxy with this key (lifecycle.Config.GatewayKey): random per
+	// start, never stored, accepted nowhere else.
+	if !s.cfg.Gateway.Disabled {
+		var r [24]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return err
+		}
+		s.gatewayKey = "gk_" + base64.RawURLEncoding.EncodeToString(r[:])
+	}
 	srv, err := lifecycle.New(lifecycle.Config{
-		Runtime:    s.Docker,
-		Store:      s.Store,
-		APIKey:     s.APIKey,
-		PublicAddr: s.cfg.PublicAddr,
+		Runtime:       s.Docker,
+		Store:         s.Store,
+		APIKey:        s.APIKey,
+		GatewayKey:    s.gatewayKey,
+		DefaultAccess: watch.AccessMode(s.cfg.Gateway.DefaultAccess),
+		PublicAddr:    s.cfg.PublicAddr,
 		Limits: lifecycle.Limits{
 			MaxTimeout: time.Duration(s.cfg.Lifecycle.MaxTimeout),
 		},

@@ -73,3 +73,20 @@ func TestAPIKeyGeneratedStoredReused(t *testing.T) {
 		t.Errorf("configured key ignored: %q", k)
 	}
 }
+
+func TestGatewayDefaultAccess(t *testing.T) {
+	c := Config{}
+	if err := c.setDefaults(); err != nil || c.Gateway.DefaultAccess != "public" {
+		t.Fatalf("default: %q %v", c.Gateway.DefaultAccess, err)
+	}
+	c = Config{Gateway: GatewayConfig{DefaultAccess: "token"}}
+	if err := c.setDefaults(); err != nil || c.Gateway.DefaultAccess != "token" {
+		t.Fatalf("token: %q %v", c.Gateway.DefaultAccess, err)
+	}
+	for _, bad := range []string{"signed", "Token", "private"} {
+		c = Config{Gateway: GatewayConfig{DefaultAccess: bad}}
+		if err := c.setDefaults(); err == nil {
+			t.Errorf("defaultAccess %q accepted", bad)
+		}
+	}
+}

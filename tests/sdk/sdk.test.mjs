@@ -4,10 +4,7 @@
 // stops it at the end; when the server cannot start, the suite fails.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import dgram from "node:dgram";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import {
@@ -16,6 +13,7 @@ import {
   SandboxException,
   SandboxManager,
 } from "@alibaba-group/opensandbox";
+import { fakeResolver, freePort, startServer, stopServer } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
@@ -26,80 +24,7 @@ let stateDir;
 let domain;
 let gateway;
 let apiKey;
-let serverLog = "";
 let resolver;
-
-// fakeResolver is the upstream DNS server egressd forwards to, on loopback: A records
-// for allowed.test and denied.test, NXDOMAIN for every other name. No query leaves
-// this machine.
-function fakeResolver() {
-  const names = { "allowed.test": [203, 0, 113, 10], "denied.test": [203, 0, 113, 20] };
-  return new Promise((resolve) => {
-    const s = dgram.createSocket("udp4");
-    s.on("message", (q, rinfo) => {
-      let i = 12;
-      const labels = [];
-      while (q[i] !== 0) {
-        labels.push(q.subarray(i + 1, i + 1 + q[i]).toString());
-        i += q[i] + 1;
-      }
-      const qEnd = i + 5; // zero label, qtype, qclass
-      const qtype = q.readUInt16BE(i + 1);
-      const ip = names[labels.join(".").toLowerCase()];
-      const hdr = Buffer.from(q.subarray(0, 12));
-      hdr.writeUInt16BE(ip ? 0x8180 : 0x8183, 2); // response, RD, RA; rcode 0 or 3
-      const answer = ip && qtype === 1;
-      hdr.writeUInt16BE(answer ? 1 : 0, 6);
-      hdr.writeUInt16BE(0, 8);
-      hdr.writeUInt16BE(0, 10);
-      const parts = [hdr, q.subarray(12, qEnd)];
-      if (answer) parts.push(Buffer.from([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, ...ip]));
-      s.send(Buffer.concat(parts), rinfo.port, rinfo.address);
-    });
-    s.bind(0, "127.0.0.1", () => resolve(s));
-  });
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-// startServer runs `airlock up` and resolves with its API key once it printed it;
-// it rejects when the process exits first or nothing is printed within 90 s.
-function startServer(configPath) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(BIN, ["up", "--config", configPath], { stdio: ["ignore", "pipe", "pipe"] });
-    server = p;
-    let out = "";
-    const timer = setTimeout(() => reject(new Error(`airlock up printed no API key within 90 s:\n${out}\n${serverLog}`)), 90_000);
-    p.stdout.on("data", (d) => {
-      out += d;
-      const m = out.match(/OPEN-SANDBOX-API-KEY: (\S+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m[1]);
-      }
-    });
-    p.stderr.on("data", (d) => {
-      serverLog += d;
-    });
-    p.once("error", (err) => {
-      clearTimeout(timer);
-      reject(err);
-    });
-    p.once("exit", (code, sig) => {
-      clearTimeout(timer);
-      reject(new Error(`airlock up exited (code ${code}, signal ${sig}) before it was ready:\n${serverLog}`));
-    });
-  });
-}
 
 function config(extra = {}) {
   return new ConnectionConfig({ domain, apiKey, requestTimeoutSeconds: 60, ...extra });
@@ -111,7 +36,7 @@ before(async () => {
   const port = await freePort();
   domain = `127.0.0.1:${port}`;
   gateway = `127.0.0.1:${await freePort()}`;
-  resolver = await fakeResolver();
+  resolver = await fakeResolver({ "allowed.test": [203, 0, 113, 10], "denied.test": [203, 0, 113, 20] });
   const cfg = path.join(stateDir, "airlock.yaml");
   const lines = [
     `listen: ${domain}`,
@@ -126,7 +51,7 @@ before(async () => {
     lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
   }
   writeFileSync(cfg, lines.join("\n") + "\n");
-  apiKey = await startServer(cfg);
+  ({ proc: server, apiKey } = await startServer(BIN, cfg));
 });
 
 after(async () => {
@@ -140,9 +65,7 @@ after(async () => {
     } catch {
       // the server is gone; nothing to clean through it
     }
-    const exited = new Promise((r) => server.once("exit", r));
-    server.kill("SIGTERM");
-    await exited;
+    await stopServer(server);
   }
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   rmSync(`/sys/fs/bpf/airlock-sdktest-${process.pid}`, { recursive: true, force: true });
@@ -174,6 +97,18 @@ test("endpoints point through the gateway", async () => {
   assert.equal(ep.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/44772`);
   const egress = await sbx.getEndpoint(18080);
   assert.equal(egress.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/18080`);
+  // execd and the egress API are never public: their endpoints carry the sandbox's access
+  // token, which the SDK sends with every call; without it the gateway answers 401.
+  for (const e of [ep, egress]) {
+    assert.match(e.headers?.["OpenSandbox-Secure-Access"] ?? "", /^[0-9a-f]{64}$/, JSON.stringify(e));
+  }
+  const url = `http://${ep.endpoint}/ping`;
+  const denied = await fetch(url);
+  assert.equal(denied.status, 401);
+  assert.equal((await denied.json()).code, "UNAUTHORIZED");
+  assert.equal((await fetch(url, { headers: ep.headers })).status, 200);
+  const app = await sbx.getEndpoint(8000);
+  assert.deepEqual(app.headers ?? {}, {}, "an application port is public by default");
 });
 
 test("foreground command sees the sandbox env", async () => {
