@@ -30,6 +30,7 @@ func main() {
 		newUpCmd(), newSandboxCmd(),
 		newPolicyCmd(),
 		newAuditCmd(),
+		newDoctorCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)

@@ -31,6 +31,7 @@ func newUpCmd() *cobra.Command {
 		egressMode string
 		proxyPort  int
 		install    bool
+		skipChecks bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -48,6 +49,10 @@ state directory and prints it; later starts reuse it (--no-auth: no key at all).
 
 Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
 Flags override the file.
+
+Before starting it checks the host like 'airlock doctor' and refuses to start when a
+hard prerequisite fails (root, bpffs, the Docker engine, free ports, ...), printing the
+table with the fixes; --skip-checks starts anyway.
 
 --install-service installs this binary and execd under /usr/local, writes the systemd
 unit ` + systemd.UnitPath + ` (restart on failure, state in /var/lib/airlock, log in
@@ -94,6 +99,11 @@ starts it when systemd runs the host; then it exits.`,
 			if f.Changed("log-level") {
 				cfg.LogLevel = logLevel
 			}
+			if !skipChecks {
+				if err := checkHost(cmd, cfg); err != nil {
+					return err
+				}
+			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
 			stack, err := up.New(cfg, log)
 			if err != nil {
@@ -123,6 +133,7 @@ starts it when systemd runs the host; then it exits.`,
 	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.BoolVar(&skipChecks, "skip-checks", false, "start without the host check (airlock doctor) that refuses a host which cannot run the stack")
 	f.BoolVar(&install, "install-service", false, "install airlock as the systemd service airlock.service (with the other flags given) and exit")
 	return cmd
 }

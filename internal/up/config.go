@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/airlockdev/airlock/internal/doctor"
+	"github.com/airlockdev/airlock/sandboximage"
 )
 
 // DefaultConfigPath is read when no --config is given; a missing file there is fine.
@@ -221,4 +224,27 @@ func DefaultExecdPath() string {
 		}
 	}
 	return "/usr/local/lib/airlock/execd"
+}
+
+// Doctor is the host check (package doctor) for this configuration: the state
+// directory, the listen addresses, the Docker network and the egress plane `airlock up`
+// would use, and the current sandbox image recipe.
+func (c Config) Doctor() (doctor.Config, error) {
+	if err := c.setDefaults(); err != nil {
+		return doctor.Config{}, err
+	}
+	d := doctor.Config{
+		StateDir:   c.StateDir,
+		Listen:     c.Listen,
+		Network:    c.Docker.Network,
+		Egress:     !c.Egress.Disabled,
+		RecipeHash: sandboximage.DefaultRecipe().Hash(),
+	}
+	if !c.Gateway.Disabled {
+		d.GatewayListen = c.Gateway.Listen
+	}
+	if c.Docker.Subnet != "" {
+		d.Subnet = netip.MustParsePrefix(c.Docker.Subnet) // checked by setDefaults
+	}
+	return d, nil
 }
