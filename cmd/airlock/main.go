@@ -30,7 +30,7 @@ func main() {
 		newUpCmd(), newSandboxCmd(),
 		newPolicyCmd(),
 		newAuditCmd(),
-		newDoctorCmd(),
+		newDoctorCmd(), newDownCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)

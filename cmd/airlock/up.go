@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/airlockdev/airlock/deploy/systemd"
+	"github.com/airlockdev/airlock/internal/purge"
 	"github.com/airlockdev/airlock/internal/up"
 )
 
@@ -114,6 +117,11 @@ starts it when systemd runs the host; then it exits.`,
 			if err := stack.Start(ctx); err != nil {
 				return err
 			}
+			pidFile := filepath.Join(stack.StateDir(), purge.PIDFile)
+			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+				log.Warn("writing the pid file failed: airlock down will not find this process", "path", pidFile, "err", err)
+			}
+			defer os.Remove(pidFile)
 			printBanner(os.Stdout, stack)
 			<-ctx.Done()
 			log.Info("shutting down")

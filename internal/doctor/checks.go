@@ -189,6 +189,9 @@ func (c *checker) network(ctx context.Context) Row {
 		for _, ic := range res.Network.IPAM.Config {
 			if ic.Subnet.Addr().Is4() {
 				subnet, c.bridgeGW = ic.Subnet.Masked(), ic.Gateway
+				if !c.bridgeGW.IsValid() { // the engine's default, unreported by Docker 20.10
+					c.bridgeGW = subnet.Addr().Next()
+				}
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/internal/doctor"
 	"github.com/airlockdev/airlock/sandboximage"
 )
@@ -230,7 +231,8 @@ func DefaultExecdPath() string {
 // directory, the listen addresses, the Docker network and the egress plane `airlock up`
 // would use, and the current sandbox image recipe.
 func (c Config) Doctor() (doctor.Config, error) {
-	if err := c.setDefaults(); err != nil {
+	c, err := c.Resolved()
+	if err != nil {
 		return doctor.Config{}, err
 	}
 	d := doctor.Config{
@@ -247,4 +249,19 @@ func (c Config) Doctor() (doctor.Config, error) {
 		d.Subnet = netip.MustParsePrefix(c.Docker.Subnet) // checked by setDefaults
 	}
 	return d, nil
+}
+
+// Resolved is c with every default filled in (state and audit directories, network,
+// pin root, ...) and checked: what `airlock up` would run with.
+func (c Config) Resolved() (Config, error) {
+	if err := c.setDefaults(); err != nil {
+		return c, err
+	}
+	if c.Docker.Network == "" {
+		c.Docker.Network = "airlock0"
+	}
+	if c.Egress.PinRoot == "" {
+		c.Egress.PinRoot = egressbpf.DefaultPinRoot
+	}
+	return c, nil
 }

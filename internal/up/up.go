@@ -91,6 +91,9 @@ func New(cfg Config, log *slog.Logger) (*Stack, error) {
 	return s, nil
 }
 
+// StateDir is the state directory in use (the store, the keys, the pid file).
+func (s *Stack) StateDir() string { return s.cfg.StateDir }
+
 // Registry is the Prometheus registry every component registers on.
 func (s *Stack) Registry() *prometheus.Registry { return s.registry }
 

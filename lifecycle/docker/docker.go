@@ -146,7 +146,10 @@ func (r *Runtime) Setup(ctx context.Context) error {
 			Labels: map[string]string{LabelManagedBy: "airlock"},
 		}
 		if r.cfg.Subnet.IsValid() {
-			opts.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.cfg.Subnet.Masked()}}}
+			// The gateway explicitly: Docker 20.10 picks the first address but does not
+			// report it in the network's IPAM config when only the subnet is given.
+			sub := r.cfg.Subnet.Masked()
+			opts.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: sub, Gateway: sub.Addr().Next()}}}
 		}
 		_, cerr := r.cli.NetworkCreate(ctx, r.cfg.Network, opts)
 		// Another process may have created it meanwhile: what counts is that it exists.
@@ -170,6 +173,11 @@ func (r *Runtime) Setup(ctx context.Context) error {
 	for _, c := range res.Network.IPAM.Config {
 		if c.Subnet.Addr().Is4() {
 			r.subnet, r.gateway = c.Subnet, c.Gateway
+			if !r.gateway.IsValid() {
+				// Created elsewhere with a subnet only: the engine's default gateway is
+				// the subnet's first address.
+				r.gateway = c.Subnet.Masked().Addr().Next()
+			}
 		}
 	}
 	return nil

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/moby/moby/client"
+	"github.com/spf13/cobra"
+
+	"github.com/airlockdev/airlock/internal/purge"
+	"github.com/airlockdev/airlock/internal/up"
+)
+
+func newDownCmd() *cobra.Command {
+	var (
+		configPath, stateDir, nftNetNS string
+		purgeAll, purgeAudit           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop airlock up on this host; --purge also removes what it made",
+		Long: `Stops a running 'airlock up' (airlock.service through systemctl when systemd runs it,
+else the process in <state dir>/` + purge.PIDFile + `: SIGTERM, then SIGKILL after 25 s).
+Sandboxes keep running: a later 'airlock up' adopts them.
+
+--purge also removes everything this installation made on the host: its sandbox
+containers (those carrying its instance id), the Docker network, the pinned eBPF state,
+the nftables table inet airlock and the state directory (store, API key, signing key).
+The audit log is kept, as the compliance record, unless --purge-audit is given.
+Running it again finds nothing to remove. Reads the same configuration as 'airlock up'.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path, optional := configPath, false
+			if path == "" {
+				path, optional = up.DefaultConfigPath, true
+			}
+			cfg, err := up.LoadConfig(path, optional)
+			if err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("state-dir") {
+				cfg.StateDir = stateDir
+			}
+			if cfg, err = cfg.Resolved(); err != nil {
+				return err
+			}
+			pc := purge.Config{
+				StateDir:   cfg.StateDir,
+				AuditDir:   cfg.Audit.Dir,
+				Network:    cfg.Docker.Network,
+				PinRoot:    cfg.Egress.PinRoot,
+				NFTNetNS:   nftNetNS,
+				PurgeAudit: purgeAudit,
+				Out:        cmd.OutOrStdout(),
+			}
+			running, err := purge.Stop(cmd.Context(), pc)
+			if err != nil {
+				return err
+			}
+			if !running {
+				fmt.Fprintf(cmd.OutOrStdout(), "no airlock up running (no live process in %s)\n", cfg.StateDir)
+			}
+			if !purgeAll && !purgeAudit {
+				return nil
+			}
+			docker, err := client.New(client.FromEnv)
+			if err != nil {
+				return err
+			}
+			defer docker.Close()
+			return purge.Purge(cmd.Context(), pc, docker)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
+	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "state directory of the installation")
+	f.BoolVar(&purgeAll, "purge", false, "also remove containers, network, pinned eBPF state, nftables table and state")
+	f.BoolVar(&purgeAudit, "purge-audit", false, "with --purge, remove the audit log too (implies --purge)")
+	f.StringVar(&nftNetNS, "nft-netns", "", "network namespace whose nftables table is removed (tests)")
+	_ = f.MarkHidden("nft-netns")
+	return cmd
+}
