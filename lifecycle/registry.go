@@ -164,7 +164,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	v.spec.SandboxID = id
 	if v.credentialProxy {
 		if s.cfg.CredentialVault == nil {
-			return Sandbox{}, fmt.Errorf("%w: credentialProxy needs the egress plane (airlock up without --no-egress)", ErrInvalidRequest)
+			return Sandbox{}, fmt.Errorf("%w: credentialProxy is not available: this server runs no Credential Vault", ErrInvalidRequest)
 		}
 		_, _, ca, err := s.cfg.CredentialVault.CA(id)
 		if err != nil {
