@@ -18,6 +18,10 @@ const (
 	// SourceIngress is a refused credential at a sandbox's ingress (the gateway or
 	// lifecycle's server proxy): 401 or 403. The record never carries the credential.
 	SourceIngress Source = "ingress"
+	// SourceCredential is a Credential Vault decision of egressd's L7 proxy on one
+	// request: allow (a binding's credential injected; rule = the binding) or deny (no
+	// binding matched: forwarded without a credential, or refused). Never the value.
+	SourceCredential Source = "credential"
 )
 
 // Record is one decision. Field names are fixed: audit consumers rely on them. Empty

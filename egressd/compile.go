@@ -18,8 +18,11 @@ type compiled struct {
 
 // compileOptions are the node's side of compilation: which proxies egressd runs.
 type compileOptions struct {
-	l7    bool           // the transparent L7 proxy (Config.L7Port)
-	proxy netip.AddrPort // the explicit proxy (Config.ProxyPort), zero when off
+	l7 bool // the transparent L7 proxy (Config.L7Port)
+	// credential: the sandbox's HTTP(S) goes through the L7 proxy for its Credential
+	// Vault (credentialProxy.enabled, Config.Vault).
+	credential bool
+	proxy      netip.AddrPort // the explicit proxy (Config.ProxyPort), zero when off
 }
 
 // proxyRef names the datapath rule that lets sandboxes reach the explicit proxy.
@@ -106,7 +109,7 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 		c.policy.IPv6 = datapath.IPv6Filter
 	}
 	c.policy.Report = d.Mode() == policies.Report
-	c.policy.L7 = o.l7 && d.L7() == policies.L7SNI
+	c.policy.L7 = o.l7 && (d.L7() == policies.L7SNI || o.credential)
 	return c
 }
 

@@ -78,6 +78,14 @@ type Config struct {
 	// lifecycle.Config.DefaultEnv). Every sandbox may connect to it; it applies the
 	// sandbox's policy to each CONNECT or http:// request. Zero: no proxy.
 	ProxyPort uint16
+	// Vault, when set with L7Port, is the Credential Vault: sandboxes created with
+	// credentialProxy.enabled get their TCP 80/443 redirected to the L7 proxy, which
+	// intercepts connections to destinations that have a binding and injects the
+	// binding's credential (see credentialProxy). Nil: no interception.
+	Vault CredentialVault
+	// UpstreamCAPEM holds extra PEM CA certificates trusted for intercepted upstreams,
+	// beside the system roots (tests, private PKI).
+	UpstreamCAPEM []byte
 	// Node is this node's name; sandboxes of other nodes are ignored. Empty on one host.
 	Node string
 	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
@@ -100,8 +108,9 @@ type Daemon struct {
 	resolver netip.Addr
 	fallback json.RawMessage
 	metrics  *metrics
-	l7       *l7Proxy       // nil without Config.L7Port
-	proxy    *explicitProxy // nil without Config.ProxyPort
+	l7       *l7Proxy         // nil without Config.L7Port
+	cred     *credentialProxy // nil without Config.Vault and L7Port
+	proxy    *explicitProxy   // nil without Config.ProxyPort
 
 	// applyMu serialises apply and remove (the watch handler and the retry loop);
 	// mu guards the tables the DNS path reads.
@@ -172,6 +181,13 @@ func New(cfg Config) (*Daemon, error) {
 		if d.l7, err = newL7Proxy(d, netip.AddrPortFrom(resolver, cfg.L7Port).String()); err != nil {
 			d.dp.Close()
 			return nil, err
+		}
+		if cfg.Vault != nil {
+			if d.cred, err = newCredentialProxy(d); err != nil {
+				d.l7.close()
+				d.dp.Close()
+				return nil, err
+			}
 		}
 	}
 	if cfg.ProxyPort != 0 {

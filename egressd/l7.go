@@ -113,6 +113,16 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		}
 		return
 	}
+	if d.cred != nil {
+		scheme := "http"
+		if isTLS {
+			scheme = "https"
+		}
+		if d.cfg.Vault.Intercepts(sbx.ID, scheme, name, dst.Port()) {
+			d.cred.serve(c, seen.Bytes(), credTarget{sandbox: sbx.ID, host: policies.NormalizeName(name), dst: dst, src: src.String()}, isTLS)
+			return
+		}
+	}
 	var dialer net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	up, err := dialer.DialContext(dctx, "tcp", dst.String())

@@ -196,7 +196,7 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 		d.metrics.errors.WithLabelValues("policy").Inc()
 		dec, _ = policies.Load(s.ID, []byte(`{"defaultAction":"deny","egress":[]}`), opts)
 	}
-	o := compileOptions{l7: d.l7 != nil}
+	o := compileOptions{l7: d.l7 != nil, credential: s.CredentialProxy && d.cred != nil}
 	if d.cfg.ProxyPort != 0 {
 		o.proxy = netip.AddrPortFrom(d.resolver, d.cfg.ProxyPort)
 	}

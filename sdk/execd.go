@@ -27,7 +27,13 @@ type Execd struct {
 // Execd returns the execd client of sandbox id (it asks for the endpoint of port
 // 44772; no request reaches execd yet).
 func (c *Client) Execd(ctx context.Context, id string) (*Execd, error) {
-	ep, err := c.Endpoint(ctx, id, ExecdPort)
+	return c.portClient(ctx, id, ExecdPort)
+}
+
+// portClient talks to one port of the sandbox through the endpoint the server gives
+// for it, sending the endpoint's headers.
+func (c *Client) portClient(ctx context.Context, id string, port int) (*Execd, error) {
+	ep, err := c.Endpoint(ctx, id, port)
 	if err != nil {
 		return nil, err
 	}

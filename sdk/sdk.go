@@ -217,8 +217,11 @@ type CreateRequest struct {
 	// NetworkPolicy is an egress policy document ({defaultAction, egress:[...]}).
 	NetworkPolicy json.RawMessage
 	SecureAccess  bool
-	Volumes       []Volume
-	Extensions    map[string]string
+	// CredentialProxy is credentialProxy.enabled: the sandbox's HTTP(S) to destinations
+	// bound in its Credential Vault (Client.Vault) gets their credentials injected.
+	CredentialProxy bool
+	Volumes         []Volume
+	Extensions      map[string]string
 }
 
 func (r CreateRequest) wire() map[string]any {
@@ -244,6 +247,9 @@ func (r CreateRequest) wire() map[string]any {
 	}
 	if len(r.NetworkPolicy) > 0 {
 		m["networkPolicy"] = r.NetworkPolicy
+	}
+	if r.CredentialProxy {
+		m["credentialProxy"] = map[string]bool{"enabled": true}
 	}
 	var vols []map[string]any
 	for _, v := range r.Volumes {

@@ -56,7 +56,7 @@ The server is --server, else $AIRLOCK_SERVER, else ` + sdk.DefaultBaseURL + `; t
 	pf.StringVar(&f.server, "server", "", "lifecycle API URL (default $AIRLOCK_SERVER or "+sdk.DefaultBaseURL+")")
 	pf.StringVar(&f.apiKey, "api-key", "", "API key (default $OPEN_SANDBOX_API_KEY or the key airlock up stored)")
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f))
+	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbVault(f))
 	return cmd
 }
 
@@ -338,4 +338,55 @@ func sbRenew(f *sandboxFlags) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&d, "for", 10*time.Minute, "new time to live from now")
 	return cmd
+}
+
+func sbVault(f *sandboxFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "vault ID",
+		Short: "Show a sandbox's Credential Vault: credentials and bindings, never their values",
+		Long: `Shows the sanitized Credential Vault of a sandbox created with credentialProxy.enabled
+(OpenSandbox egress API /credential-vault): its revision, each credential's name and
+source type, each binding's match and auth type. Secret values are write-only and never
+shown. --json prints the API's CredentialVaultState.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.Vault(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			st, err := v.Get(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if f.json {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			fmt.Fprintf(out, "revision %d\n\n", st.Revision)
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "CREDENTIAL\tSOURCE\tREVISION")
+			for _, c := range st.Credentials {
+				fmt.Fprintf(tw, "%s\t%s\t%d\n", c.Name, c.SourceType, c.Revision)
+			}
+			tw.Flush()
+			fmt.Fprintln(out)
+			fmt.Fprintln(tw, "BINDING\tAUTH\tHOSTS\tSCHEMES\tPORTS\tMETHODS\tPATHS\tREVISION")
+			for _, b := range st.Bindings {
+				auth := b.Auth.Type
+				if b.Auth.Name != "" {
+					auth += " " + b.Auth.Name
+				}
+				m := b.Match
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\t%s\t%d\n", b.Name, auth, strings.Join(m.Hosts, ","),
+					strings.Join(m.Schemes, ","), m.Ports, strings.Join(m.Methods, ","), strings.Join(m.Paths, ","), b.Revision)
+			}
+			return tw.Flush()
+		},
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"time"
 
 	egressbpf "github.com/airlockdev/airlock/ebpf"
@@ -36,6 +37,9 @@ type EgressConfig struct {
 	// create request sets them. The proxy applies the sandbox's own policy. Default 0:
 	// off.
 	ProxyPort int `yaml:"proxyPort"`
+	// UpstreamCAFile is a PEM file of extra CA certificates trusted for the upstreams
+	// of intercepted (Credential Vault) connections, beside the system roots.
+	UpstreamCAFile string `yaml:"upstreamCAFile"`
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
@@ -94,17 +98,30 @@ func (s *Stack) startEgress(ctx context.Context) error {
 	if s.APIKey != "" {
 		hdr.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
 	}
+	var upstreamCA []byte
+	if e.UpstreamCAFile != "" {
+		var err error
+		if upstreamCA, err = os.ReadFile(e.UpstreamCAFile); err != nil {
+			return fmt.Errorf("egress.upstreamCAFile: %w", err)
+		}
+	}
+	var credVault egressd.CredentialVault
+	if s.Vault != nil {
+		credVault = s.Vault
+	}
 	d, err := egressd.New(egressd.Config{
-		Watch:     watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
-		Enforcer:  enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
-		DNSListen: netip.AddrPortFrom(gw, 53).String(),
-		L7Port:    uint16(max(e.L7Port, 0)),
-		ProxyPort: uint16(e.ProxyPort),
-		Upstreams: upstreams,
-		Overlay:   ov,
-		Audit:     s.Audit,
-		Registry:  s.registry,
-		Logger:    s.log.With("component", "egressd"),
+		Vault:         credVault,
+		UpstreamCAPEM: upstreamCA,
+		Watch:         watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
+		Enforcer:      enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
+		DNSListen:     netip.AddrPortFrom(gw, 53).String(),
+		L7Port:        uint16(max(e.L7Port, 0)),
+		ProxyPort:     uint16(e.ProxyPort),
+		Upstreams:     upstreams,
+		Overlay:       ov,
+		Audit:         s.Audit,
+		Registry:      s.registry,
+		Logger:        s.log.With("component", "egressd"),
 	})
 	if err != nil {
 		return err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/egressd/vault"
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
@@ -52,7 +53,10 @@ type Stack struct {
 	Lifecycle *lifecycle.Server
 	Gateway   *gateway.Server // nil when the gateway is disabled
 	Egress    *egressd.Daemon // nil when egress enforcement is disabled
-	APIKey    string
+	// Vault is the Credential Vault (credentialProxy sandboxes); nil without egress or
+	// without the L7 proxy.
+	Vault  *vault.Store
+	APIKey string
 	// Addr is the lifecycle API's bound address.
 	Addr net.Addr
 
@@ -139,7 +143,24 @@ func (s *Stack) startStore(context.Context) error {
 		return err
 	}
 	s.APIKey = key
+	if !s.cfg.Egress.Disabled && s.cfg.Egress.L7Port > 0 {
+		if s.Vault, err = vault.Open(filepath.Join(s.cfg.StateDir, "vault"), s.log.With("component", "vault")); err != nil {
+			return err
+		}
+		s.Vault.OnChange(s.auditVaultChange)
+	}
 	return nil
+}
+
+// auditVaultChange records an applied Credential Vault change (names only).
+func (s *Stack) auditVaultChange(c vault.Change) {
+	if s.Audit == nil {
+		return
+	}
+	s.Audit.Append(audit.Record{Time: time.Now(), SandboxID: c.SandboxID, Source: audit.SourceCredential,
+		Action: "allow", Rule: "vault." + c.Op,
+		Reason: fmt.Sprintf("credential vault %s applied: revision %d", c.Op, c.Revision),
+		Extra:  map[string]any{"credentials": c.Credentials, "bindings": c.Bindings}})
 }
 
 // apiKey returns the configured key, the stored one, or a new one it stores.
@@ -217,14 +238,15 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Limits: lifecycle.Limits{
 			MaxTimeout: time.Duration(s.cfg.Lifecycle.MaxTimeout),
 		},
-		ReadyTimeout: time.Duration(s.cfg.Lifecycle.ReadyTimeout),
-		Endpoint:     s.endpoint,
-		Audit:        s.Audit,
-		AuditDir:     s.cfg.Audit.Dir,
-		ReadyGate:    s.readyGate(),
-		DefaultEnv:   s.proxyEnv(),
-		Registry:     s.registry,
-		Log:          s.log.With("component", "lifecycle"),
+		ReadyTimeout:    time.Duration(s.cfg.Lifecycle.ReadyTimeout),
+		Endpoint:        s.endpoint,
+		Audit:           s.Audit,
+		AuditDir:        s.cfg.Audit.Dir,
+		ReadyGate:       s.readyGate(),
+		DefaultEnv:      s.proxyEnv(),
+		CredentialVault: s.credentialVault(),
+		Registry:        s.registry,
+		Log:             s.log.With("component", "lifecycle"),
 	})
 	if err != nil {
 		return err
@@ -260,4 +282,12 @@ func (s *Stack) stopAPI(ctx context.Context) error {
 		return s.http.Close()
 	}
 	return nil
+}
+
+// credentialVault is s.Vault as lifecycle's interface, nil when there is none.
+func (s *Stack) credentialVault() lifecycle.CredentialVault {
+	if s.Vault == nil {
+		return nil
+	}
+	return s.Vault
 }

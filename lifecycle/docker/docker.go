@@ -203,9 +203,16 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			r.removeVolumes(context.WithoutCancel(ctx), created)
 		}
 	}()
-	env := make([]string, 0, len(spec.Env))
-	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
-		env = append(env, k+"="+spec.Env[k])
+	envs := maps.Clone(spec.Env)
+	if len(spec.TrustedCAPEM) > 0 {
+		if envs == nil {
+			envs = map[string]string{}
+		}
+		maps.Copy(envs, trustEnv())
+	}
+	env := make([]string, 0, len(envs))
+	for _, k := range slices.Sorted(maps.Keys(envs)) {
+		env = append(env, k+"="+envs[k])
 	}
 	pids := spec.Pids
 	hc := &container.HostConfig{
@@ -267,6 +274,11 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Content:         bytes.NewReader(r.execd),
 	}); err != nil {
 		return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
+	}
+	if len(spec.TrustedCAPEM) > 0 {
+		if err = r.installTrust(ctx, cres.ID, spec.TrustedCAPEM); err != nil {
+			return inst, err
+		}
 	}
 	if _, err = r.cli.ContainerStart(ctx, cres.ID, client.ContainerStartOptions{}); err != nil {
 		return inst, fmt.Errorf("docker: starting container: %w", err)

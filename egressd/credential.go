@@ -1,0 +1,223 @@
+package egressd
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/vault"
+)
+
+// CredentialVault is the Credential Vault (egressd/vault.Store) as the L7 proxy uses
+// it. Intercepts and Match perform no I/O.
+type CredentialVault interface {
+	// Intercepts reports whether a binding of the sandbox matches scheme ("http" or
+	// "https"), host and port: only then is the connection intercepted.
+	Intercepts(sandboxID, scheme, host string, port uint16) bool
+	// Match returns the headers to set on one request, and false when no binding
+	// matches it.
+	Match(sandboxID string, q vault.Request) (vault.Injection, bool)
+	// CA is the sandbox's interception CA (the sandbox trusts its certificate).
+	CA(sandboxID string) (*x509.Certificate, crypto.Signer, []byte, error)
+}
+
+// credentialProxy terminates the sandbox's HTTP(S) to destinations that have a
+// binding (TLS with a leaf minted by the sandbox's CA for the checked name), and
+// forwards each request through goproxy to the ORIGINAL destination address, with the
+// binding's headers set (replacing the sandbox's own of the same names). Upstream TLS
+// is verified against the system roots plus Config.UpstreamCAPEM. Every request is
+// audited (source credential): injected (allow, rule = binding) or not (deny: no
+// binding matches, so no credential). Values never reach a log or a record.
+type credentialProxy struct {
+	d     *Daemon
+	mitm  *goproxy.ProxyHttpServer
+	mu    sync.Mutex
+	certs map[string]*tls.Config // sandbox|host -> leaf; cleared when it grows past maxLeafCache
+}
+
+const maxLeafCache = 4096
+
+// credTarget is what one intercepted connection's requests are bound to.
+type credTarget struct {
+	sandbox string
+	host    string // the name the L7 check allowed
+	dst     netip.AddrPort
+	src     string
+	scheme  string
+}
+
+type credTargetKey struct{}
+
+func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if len(d.cfg.UpstreamCAPEM) > 0 && !roots.AppendCertsFromPEM(d.cfg.UpstreamCAPEM) {
+		return nil, fmt.Errorf("egressd: UpstreamCAPEM holds no PEM certificate")
+	}
+	cp := &credentialProxy{d: d, certs: map[string]*tls.Config{}}
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = log.New(io.Discard, "", 0) // goproxy's messages may quote requests
+	dialer := &net.Dialer{Timeout: proxyDialTimeout}
+	gp.Tr = &http.Transport{
+		// The original destination, never a fresh lookup of the name.
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			t, _ := ctx.Value(credTargetKey{}).(credTarget)
+			if !t.dst.IsValid() {
+				return nil, fmt.Errorf("no destination for this request")
+			}
+			return dialer.DialContext(ctx, "tcp", t.dst.String())
+		},
+		TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: proxyDialTimeout,
+		// One upstream connection per request: a pool keyed by name alone would let one
+		// sandbox's request ride another sandbox's connection.
+		DisableKeepAlives: true,
+		Proxy:             nil,
+	}
+	gp.OnRequest().DoFunc(cp.inject)
+	cp.mitm = gp
+	return cp, nil
+}
+
+// inject sets the binding's headers on r, or records that none matched.
+func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	t, _ := r.Context().Value(credTargetKey{}).(credTarget)
+	rec := audit.Record{Time: time.Now(), SandboxID: t.sandbox, Source: audit.SourceCredential, Src: t.src,
+		DstHost: t.host, DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme,
+		Extra: map[string]any{"method": r.Method, "path": r.URL.Path}}
+	defer func() {
+		if cp.d.cfg.Audit != nil {
+			cp.d.cfg.Audit.Append(rec)
+		}
+	}()
+	if h := hostOnly(r.Host); h != t.host {
+		// Another name inside a checked connection (domain fronting): refused.
+		rec.Action, rec.Reason = "deny", fmt.Sprintf("Host %q is not the checked name %s", h, t.host)
+		return r, goproxy.NewResponse(r, goproxy.ContentTypeText, http.StatusForbidden, "blocked by the egress policy: Host does not match the connection's name\n")
+	}
+	inj, ok := cp.d.cfg.Vault.Match(t.sandbox, vault.Request{Scheme: t.scheme, Host: t.host, Port: t.dst.Port(), Method: r.Method, Path: r.URL.Path})
+	if !ok {
+		rec.Action, rec.Reason = "deny", fmt.Sprintf("no binding matches %s %s: forwarded without a credential", r.Method, r.URL.Path)
+		return r, nil
+	}
+	for _, h := range inj.Headers {
+		r.Header.Set(h.Name, h.Value) // replaces what the sandbox sent
+	}
+	rec.Action, rec.Rule, rec.Reason = "allow", inj.Binding, "credential injected by binding "+inj.Binding
+	return r, nil
+}
+
+// serve handles one intercepted connection whose first bytes (the ClientHello or the
+// request head) are replayed from seen.
+func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bool) {
+	var conn net.Conn = &replayConn{Conn: c, r: io.MultiReader(strings.NewReader(string(seen)), c)}
+	t.scheme = "http"
+	if isTLS {
+		cfg, err := cp.leaf(t.sandbox, t.host)
+		if err != nil {
+			cp.d.log.Error("credential proxy: minting a certificate failed", "sandbox_id", t.sandbox, "host", t.host, "error", err)
+			return
+		}
+		conn = tls.Server(conn, cfg)
+		t.scheme = "https"
+	}
+	done := make(chan struct{})
+	var closeOnce sync.Once
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.URL.Scheme, r.URL.Host, r.RequestURI = t.scheme, net.JoinHostPort(t.host, fmt.Sprint(t.dst.Port())), ""
+			cp.mitm.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), credTargetKey{}, t)))
+		}),
+		ReadHeaderTimeout: l7SniffTimeout,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				closeOnce.Do(func() { close(done) })
+			}
+		},
+	}
+	go srv.Serve(&oneConnListener{conn: conn, done: done})
+	<-done
+}
+
+// leaf returns the TLS config presenting a certificate for host signed by the
+// sandbox's CA (goproxy's signer), cached per sandbox and host.
+func (cp *credentialProxy) leaf(sandbox, host string) (*tls.Config, error) {
+	key := sandbox + "|" + host
+	cp.mu.Lock()
+	cfg := cp.certs[key]
+	cp.mu.Unlock()
+	if cfg != nil {
+		return cfg, nil
+	}
+	cert, signer, _, err := cp.d.cfg.Vault.CA(sandbox)
+	if err != nil {
+		return nil, err
+	}
+	ca := &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: signer, Leaf: cert}
+	cfg, err = goproxy.TLSConfigFromCA(ca)(host, &goproxy.ProxyCtx{Proxy: cp.mitm})
+	if err != nil {
+		return nil, err
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	cp.mu.Lock()
+	if len(cp.certs) >= maxLeafCache {
+		clear(cp.certs)
+	}
+	cp.certs[key] = cfg
+	cp.mu.Unlock()
+	return cfg, nil
+}
+
+func hostOnly(hostport string) string {
+	h := hostport
+	if hh, _, err := net.SplitHostPort(hostport); err == nil {
+		h = hh
+	}
+	return strings.TrimSuffix(strings.ToLower(h), ".")
+}
+
+// replayConn reads r (the sniffed bytes, then the connection) and writes to Conn.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// oneConnListener hands out one connection, then blocks until it is done, so
+// http.Server serves exactly that connection.
+type oneConnListener struct {
+	conn net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.conn })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }

@@ -1,0 +1,93 @@
+package docker
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+)
+
+// Where a sandbox that must trust extra CAs (lifecycle.Spec.TrustedCAPEM: the
+// credential proxy's interception CA) finds them.
+const (
+	// SystemBundle is Debian's system trust store; the CAs are appended to the image's.
+	SystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	// ExtraCAPath holds the extra CAs alone (NODE_EXTRA_CA_CERTS adds them to Node's).
+	ExtraCAPath = "/usr/local/share/ca-certificates/airlock-credential-proxy.crt"
+)
+
+// trustEnv points OpenSSL, Python requests and Node at the trust store with the extra
+// CAs; it overrides the create request's values of these names.
+func trustEnv() map[string]string {
+	return map[string]string{
+		"SSL_CERT_FILE":       SystemBundle,
+		"REQUESTS_CA_BUNDLE":  SystemBundle,
+		"NODE_EXTRA_CA_CERTS": ExtraCAPath,
+	}
+}
+
+// installTrust writes the image's system bundle plus ca to SystemBundle and ca alone to
+// ExtraCAPath in the created (not yet started) container. An image without a bundle
+// gets one holding ca only.
+func (r *Runtime) installTrust(ctx context.Context, id string, ca []byte) error {
+	var bundle []byte
+	res, err := r.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: SystemBundle})
+	switch {
+	case err == nil:
+		bundle, err = firstFile(res.Content)
+		res.Content.Close()
+		if err != nil {
+			return fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
+		}
+	case !cerrdefs.IsNotFound(err):
+		return fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
+	}
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	now := time.Now()
+	for _, d := range []string{"etc/", "etc/ssl/", "etc/ssl/certs/", "usr/", "usr/local/", "usr/local/share/", "usr/local/share/ca-certificates/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: now}); err != nil {
+			return err
+		}
+	}
+	for name, content := range map[string][]byte{SystemBundle[1:]: append(bundle, ca...), ExtraCAPath[1:]: ca} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content)), ModTime: now}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(content); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if _, err := r.cli.CopyToContainer(ctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf}); err != nil {
+		return fmt.Errorf("docker: installing the credential proxy CA: %w", err)
+	}
+	return nil
+}
+
+// firstFile returns the content of the first regular file in a tar stream.
+func firstFile(r io.Reader) ([]byte, error) {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			if err == io.EOF {
+				return nil, nil
+			}
+			return nil, err
+		}
+		if h.Typeflag == tar.TypeReg {
+			return io.ReadAll(io.LimitReader(tr, 16<<20))
+		}
+	}
+}

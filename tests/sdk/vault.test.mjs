@@ -1,0 +1,297 @@
+// The Credential Vault (OSEP-0012) through the published OpenSandbox JavaScript SDK
+// against a real `airlock up`: a sandbox created with credentialProxy.enabled reaches an
+// HTTPS echo server (its own test CA, in a network namespace this test creates and
+// routes from the host, behind a name the test's fake resolver serves), and the echo
+// server sees exactly the headers the vault's bindings inject. The secret is then
+// searched for everywhere outside the sealed store.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { ConnectionConfig, Sandbox, SandboxException } from "@alibaba-group/opensandbox";
+import { fakeResolver, freePort, startServer, stopServer } from "./harness.mjs";
+
+const BIN = process.env.AIRLOCK_BIN;
+const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
+const RUN = `vault${process.pid}`;
+// The datapath under test: the suite runs once per backend (package.json).
+const MODE = process.env.AIRLOCK_EGRESS_MODE ?? "ebpf";
+const SECRET = `sk-airlock-vault-${randomBytes(12).toString("hex")}`;
+const SECRET2 = `key-airlock-vault-${randomBytes(12).toString("hex")}`;
+
+// The "internet": half of TEST-NET-3, routed from the host into a namespace of this test.
+const NS = `alv${process.pid}`;
+const HOST_IF = `alvh${process.pid}`;
+const PEER_IF = `alvp${process.pid}`;
+const HOST_IP = "203.0.113.129";
+const ECHO_IP = "203.0.113.180";
+
+let dir;
+let cfgPath;
+let server;
+let serverLog = () => "";
+let apiKey;
+let domain;
+let resolver;
+let echo;
+let sbx;
+const responses = []; // every vault API answer, searched for the secrets at the end
+
+function sh(cmd, args, opts = {}) {
+  return execFileSync(cmd, args, { stdio: ["ignore", "pipe", "pipe"], ...opts }).toString();
+}
+
+function config() {
+  return new ConnectionConfig({ domain, apiKey, requestTimeoutSeconds: 60 });
+}
+
+// makeCerts writes a test CA and a leaf for echo.test and plain.test with openssl.
+function makeCerts() {
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+  sh("openssl", ["req", "-x509", ...ec, "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-days", "2", "-subj", "/CN=airlock-sdk-test-ca"]);
+  sh("openssl", ["req", ...ec, "-keyout", `${dir}/echo.key`, "-out", `${dir}/echo.csr`, "-subj", "/CN=echo.test"]);
+  writeFileSync(`${dir}/san.ext`, "subjectAltName=DNS:echo.test,DNS:plain.test\n");
+  sh("openssl", ["x509", "-req", "-in", `${dir}/echo.csr`, "-CA", `${dir}/ca.crt`, "-CAkey", `${dir}/ca.key`,
+    "-CAcreateserial", "-out", `${dir}/echo.crt`, "-days", "2", "-extfile", `${dir}/san.ext`]);
+}
+
+// startEcho runs an HTTPS server in the test's namespace that answers every request
+// with its method, path and headers as JSON.
+function startEcho() {
+  const src = `
+import https from "node:https";
+import { readFileSync } from "node:fs";
+https.createServer({ key: readFileSync(${JSON.stringify(`${dir}/echo.key`)}), cert: readFileSync(${JSON.stringify(`${dir}/echo.crt`)}) }, (req, res) => {
+  res.setHeader("content-type", "application/json");
+  res.end(JSON.stringify({ method: req.method, path: req.url, headers: req.headers }));
+}).listen(443, ${JSON.stringify(ECHO_IP)}, () => console.log("listening"));
+`;
+  writeFileSync(`${dir}/echo.mjs`, src);
+  return new Promise((resolve, reject) => {
+    const p = spawn("ip", ["netns", "exec", NS, process.execPath, `${dir}/echo.mjs`], { stdio: ["ignore", "pipe", "pipe"] });
+    let err = "";
+    p.stderr.on("data", (d) => (err += d));
+    p.stdout.once("data", () => resolve(p));
+    p.once("exit", (code) => reject(new Error(`echo server exited (${code}): ${err}`)));
+  });
+}
+
+function world() {
+  sh("ip", ["netns", "add", NS]);
+  sh("ip", ["link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF]);
+  sh("ip", ["link", "set", PEER_IF, "netns", NS]);
+  sh("ip", ["addr", "add", `${HOST_IP}/25`, "dev", HOST_IF]);
+  sh("ip", ["link", "set", HOST_IF, "up"]);
+  sh("ip", ["-n", NS, "addr", "add", `${ECHO_IP}/25`, "dev", PEER_IF]);
+  sh("ip", ["-n", NS, "link", "set", PEER_IF, "up"]);
+  sh("ip", ["-n", NS, "link", "set", "lo", "up"]);
+  sh("ip", ["-n", NS, "route", "add", "default", "via", HOST_IP]);
+}
+
+function unworld() {
+  try { sh("ip", ["link", "del", HOST_IF]); } catch {}
+  try { sh("ip", ["netns", "del", NS]); } catch {}
+}
+
+before(async () => {
+  assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
+  dir = mkdtempSync(path.join(os.tmpdir(), "airlock-vault-"));
+  unworld();
+  world();
+  makeCerts();
+  echo = await startEcho();
+  resolver = await fakeResolver({ "echo.test": [203, 0, 113, 180], "plain.test": [203, 0, 113, 180] });
+  domain = `127.0.0.1:${await freePort()}`;
+  cfgPath = path.join(dir, "airlock.yaml");
+  const lines = [
+    `listen: ${domain}`,
+    `stateDir: ${dir}/state`,
+    "gateway:",
+    `  listen: 127.0.0.1:${await freePort()}`,
+    "egress:",
+    `  mode: ${MODE}`,
+    `  upstreams: [127.0.0.1:${resolver.address().port}]`,
+    `  pinRoot: /sys/fs/bpf/airlock-vaulttest-${process.pid}`,
+    `  upstreamCAFile: ${dir}/ca.crt`,
+  ];
+  if (process.env.AIRLOCK_EXECD) lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  writeFileSync(cfgPath, lines.join("\n") + "\n");
+  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  sbx = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    metadata: { suite: RUN },
+    networkPolicy: {
+      defaultAction: "deny",
+      egress: [{ action: "allow", target: "echo.test" }, { action: "allow", target: "plain.test" }],
+    },
+    credentialProxy: { enabled: true },
+    timeoutSeconds: 900,
+    readyTimeoutSeconds: 60,
+  });
+});
+
+after(async () => {
+  if (sbx) await sbx.kill().catch(() => {});
+  await stopServer(server);
+  if (echo) echo.kill();
+  if (resolver) resolver.close();
+  unworld();
+  rmSync(`/sys/fs/bpf/airlock-vaulttest-${process.pid}`, { recursive: true, force: true });
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+// seen runs curl in the sandbox and returns what the echo server saw.
+async function seen(args) {
+  const ex = await sbx.commands.run(`curl -sS --max-time 10 ${args}`);
+  assert.equal(ex.error, undefined, `curl ${args}: ${JSON.stringify(ex.error)} ${ex.logs.stderr.map((m) => m.text).join("\n")}`);
+  return JSON.parse(ex.logs.stdout.map((m) => m.text).join(""));
+}
+
+async function issuer(host) {
+  const ex = await sbx.commands.run(
+    `echo | openssl s_client -connect ${host}:443 -servername ${host} 2>/dev/null | openssl x509 -noout -issuer`);
+  return ex.logs.stdout.map((m) => m.text).join("");
+}
+
+function keep(state) {
+  responses.push(JSON.stringify(state));
+  return state;
+}
+
+test(`[${MODE}] the sandbox runs on the ${MODE} datapath`, async () => {
+  assert.match(serverLog() + "", new RegExp(`backend=${MODE}`), "egressd reports the backend under test");
+});
+
+test("a binding outside the networkPolicy is refused and nothing is created", async () => {
+  await assert.rejects(
+    sbx.credentialVault.create({
+      credentials: [{ name: "gh", source: { type: "inline", value: SECRET } }],
+      bindings: [{ name: "elsewhere", match: { hosts: ["other.test"] }, auth: { type: "bearer", credential: "gh" } }],
+    }),
+    (err) => err instanceof SandboxException && err.statusCode === 412,
+  );
+  await assert.rejects(sbx.credentialVault.get(), (err) => err instanceof SandboxException && err.statusCode === 404);
+});
+
+test("create: a bearer binding is injected for its method and path only", async () => {
+  const st = keep(await sbx.credentialVault.create({
+    credentials: [{ name: "gh", source: { type: "inline", value: SECRET } }],
+    bindings: [{
+      name: "gh-api",
+      match: { hosts: ["echo.test"], methods: ["GET"], paths: ["/v1/*"] },
+      auth: { type: "bearer", credential: "gh" },
+    }],
+  }));
+  assert.equal(st.revision, 1);
+  assert.deepEqual(st.credentials.map((c) => [c.name, c.sourceType]), [["gh", "inline"]]);
+  assert.deepEqual(st.bindings.map((b) => [b.name, b.auth.type]), [["gh-api", "bearer"]]);
+
+  const got = await seen("https://echo.test/v1/repos");
+  assert.equal(got.headers.authorization, `Bearer ${SECRET}`);
+  assert.equal(got.path, "/v1/repos");
+  const guessed = await seen("-H 'Authorization: Bearer guess' https://echo.test/v1/x");
+  assert.equal(guessed.headers.authorization, `Bearer ${SECRET}`, "the binding's value replaces the sandbox's own");
+  assert.equal((await seen("-X POST https://echo.test/v1/repos")).headers.authorization, undefined, "method not bound");
+  assert.equal((await seen("https://echo.test/other")).headers.authorization, undefined, "path not bound");
+  assert.equal((await seen("-k https://plain.test/v1/repos")).headers.authorization, undefined, "host not bound");
+  assert.match(await issuer("echo.test"), /Airlock credential proxy CA/, "echo.test is intercepted");
+  assert.match(await issuer("plain.test"), /airlock-sdk-test-ca/, "plain.test is spliced, not intercepted");
+});
+
+test("read: sanitized state, credentials and bindings", async () => {
+  const st = keep(await sbx.credentialVault.get());
+  assert.equal(st.revision, 1);
+  const creds = await sbx.credentialVault.listCredentials();
+  responses.push(JSON.stringify(creds));
+  assert.deepEqual(creds.map((c) => c.name), ["gh"]);
+  const b = await sbx.credentialVault.getBinding("gh-api");
+  responses.push(JSON.stringify(b));
+  assert.deepEqual(b.match.methods, ["GET"]);
+  assert.deepEqual(b.match.schemes, ["https"]);
+  assert.deepEqual(b.match.ports, [443]);
+  await assert.rejects(sbx.credentialVault.getBinding("nope"), (err) => err.statusCode === 404);
+});
+
+test("patch: add, replace and delete bindings atomically", async () => {
+  let st = keep(await sbx.credentialVault.patch({
+    expectedRevision: 1,
+    credentials: { add: [{ name: "svc", source: { type: "inline", value: SECRET2 } }] },
+    bindings: {
+      add: [{ name: "svc-key", match: { hosts: ["echo.test"], paths: ["/v2/*"] }, auth: { type: "apiKey", name: "X-Api-Key", credential: "svc" } }],
+      replace: [{ name: "gh-api", match: { hosts: ["echo.test"], methods: ["GET", "POST"], paths: ["/v1/*"] }, auth: { type: "bearer", credential: "gh" } }],
+    },
+  }));
+  assert.equal(st.revision, 2);
+  assert.equal((await seen("-X POST https://echo.test/v1/repos")).headers.authorization, `Bearer ${SECRET}`, "replaced binding covers POST");
+  const v2 = await seen("-X PUT https://echo.test/v2/items");
+  assert.equal(v2.headers["x-api-key"], SECRET2);
+  assert.equal(v2.headers.authorization, undefined);
+
+  await assert.rejects(sbx.credentialVault.patch({ expectedRevision: 1, bindings: { delete: ["gh-api"] } }),
+    (err) => err.statusCode === 409, "a stale revision is refused");
+  st = keep(await sbx.credentialVault.patch({ expectedRevision: 2, bindings: { delete: ["gh-api"] } }));
+  assert.equal(st.revision, 3);
+  assert.deepEqual(st.bindings.map((b) => b.name), ["svc-key"]);
+  assert.equal((await seen("https://echo.test/v1/repos")).headers.authorization, undefined, "deleted binding injects nothing");
+});
+
+test("the vault survives a restart of airlock up and keeps injecting", async () => {
+  await stopServer(server);
+  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
+  assert.equal(keep(await sbx.credentialVault.get()).revision, 3);
+  let got;
+  for (let i = 0; i < 50; i++) { // egressd re-adopts the sandbox right after start
+    got = await seen("https://echo.test/v2/after-restart").catch(() => undefined);
+    if (got) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  assert.equal(got.headers["x-api-key"], SECRET2);
+  const sealed = files(`${dir}/state`).filter((f) => f.endsWith(".vault"));
+  assert.equal(sealed.length, 1, `one sealed vault file: ${sealed}`);
+  const raw = readFileSync(sealed[0]).toString("latin1");
+  for (const secret of [SECRET, SECRET2]) assert.ok(!raw.includes(secret), "the sealed store holds ciphertext");
+});
+
+test("delete: nothing is injected afterwards", async () => {
+  await sbx.credentialVault.delete();
+  await assert.rejects(sbx.credentialVault.get(), (err) => err.statusCode === 404);
+  const got = await seen("-k https://echo.test/v2/items");
+  assert.equal(got.headers["x-api-key"], undefined);
+});
+
+// files lists every regular file under root.
+function files(root) {
+  const out = [];
+  for (const e of readdirSync(root, { withFileTypes: true })) {
+    const p = path.join(root, e.name);
+    if (e.isDirectory()) out.push(...files(p));
+    else if (e.isFile()) out.push(p);
+  }
+  return out;
+}
+
+test("no secret value outside the sealed store", async () => {
+  const metrics = await (await fetch(`http://${domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } })).text();
+  const places = { "server log": serverLog(), "vault API responses": responses.join("\n"), metrics };
+  for (const f of files(`${dir}/state`)) {
+    places[f] = readFileSync(f).toString("latin1");
+  }
+  for (const [where, text] of Object.entries(places)) {
+    for (const secret of [SECRET, SECRET2]) {
+      assert.ok(!text.includes(secret), `a secret value is in ${where}`);
+    }
+  }
+  assert.ok(Object.keys(places).some((p) => p.includes(`${path.sep}audit${path.sep}`)), "the audit log was searched");
+  const res = await fetch(`http://${domain}/v1/sandboxes/${sbx.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
+  const body = await res.text();
+  assert.equal(res.status, 200, body);
+  const records = JSON.parse(body).records ?? JSON.parse(body);
+  const injected = records.filter((r) => r.source === "credential" && r.rule === "gh-api" && r.action === "allow");
+  assert.ok(injected.length >= 3, `injections of gh-api are audited: ${injected.length}`);
+  assert.ok(records.some((r) => r.source === "credential" && r.action === "deny"), "requests without a matching binding are audited");
+});
