@@ -110,6 +110,8 @@ type Options struct {
 	// DefaultAccess and GatewayKey are passed to lifecycle.Config.
 	DefaultAccess watch.AccessMode
 	GatewayKey    string
+	// CredentialVault is passed to lifecycle.Config (credentialProxy sandboxes).
+	CredentialVault lifecycle.CredentialVault
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -160,18 +162,19 @@ func New(t testing.TB, o Options) *Harness {
 		t.Fatal(err)
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
-		Runtime:        rt,
-		Store:          store,
-		APIKey:         o.APIKey,
-		Limits:         o.Limits,
-		ReapInterval:   o.ReapInterval,
-		ResyncInterval: o.ResyncInterval,
-		ReadyTimeout:   60 * time.Second,
-		Endpoint:       o.Endpoint,
-		Audit:          o.Audit,
-		AuditDir:       o.AuditDir,
-		DefaultAccess:  o.DefaultAccess,
-		GatewayKey:     o.GatewayKey,
+		Runtime:         rt,
+		Store:           store,
+		APIKey:          o.APIKey,
+		Limits:          o.Limits,
+		ReapInterval:    o.ReapInterval,
+		ResyncInterval:  o.ResyncInterval,
+		ReadyTimeout:    60 * time.Second,
+		Endpoint:        o.Endpoint,
+		Audit:           o.Audit,
+		AuditDir:        o.AuditDir,
+		DefaultAccess:   o.DefaultAccess,
+		GatewayKey:      o.GatewayKey,
+		CredentialVault: o.CredentialVault,
 	})
 	if err != nil {
 		t.Fatal(err)
