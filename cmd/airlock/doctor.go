@@ -12,8 +12,8 @@ import (
 
 func newDoctorCmd() *cobra.Command {
 	var (
-		configPath, stateDir, listen, gwListen string
-		noGateway, noEgress, asJSON            bool
+		sf     stackFlags
+		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor",
@@ -28,29 +28,9 @@ fix; "(hard)" marks what keeps the stack from running.
 Exit status 0 only when the stack can run. --json prints {"rows": [...], "ok": bool}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path, optional := configPath, false
-			if path == "" {
-				path, optional = up.DefaultConfigPath, true
-			}
-			cfg, err := up.LoadConfig(path, optional)
+			cfg, err := sf.load(cmd)
 			if err != nil {
 				return err
-			}
-			f := cmd.Flags()
-			if f.Changed("state-dir") {
-				cfg.StateDir = stateDir
-			}
-			if f.Changed("listen") {
-				cfg.Listen = listen
-			}
-			if f.Changed("gateway-listen") {
-				cfg.Gateway.Listen = gwListen
-			}
-			if f.Changed("no-gateway") {
-				cfg.Gateway.Disabled = noGateway
-			}
-			if f.Changed("no-egress") {
-				cfg.Egress.Disabled = noEgress
 			}
 			dc, err := cfg.Doctor()
 			if err != nil {
@@ -71,14 +51,8 @@ Exit status 0 only when the stack can run. --json prints {"rows": [...], "ok": b
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
-	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "state directory airlock up would use")
-	f.StringVar(&listen, "listen", "127.0.0.1:8080", "lifecycle API address airlock up would use")
-	f.StringVar(&gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address airlock up would use")
-	f.BoolVar(&noGateway, "no-gateway", false, "check for airlock up --no-gateway")
-	f.BoolVar(&noEgress, "no-egress", false, "check for airlock up --no-egress")
-	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	sf.register(cmd, true)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
 }
 

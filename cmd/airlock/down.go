@@ -7,13 +7,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlockdev/airlock/internal/purge"
-	"github.com/airlockdev/airlock/internal/up"
 )
 
 func newDownCmd() *cobra.Command {
 	var (
-		configPath, stateDir, nftNetNS string
-		purgeAll, purgeAudit           bool
+		sf                   stackFlags
+		nftNetNS             string
+		purgeAll, purgeAudit bool
 	)
 	cmd := &cobra.Command{
 		Use:   "down",
@@ -29,16 +29,9 @@ The audit log is kept, as the compliance record, unless --purge-audit is given.
 Running it again finds nothing to remove. Reads the same configuration as 'airlock up'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path, optional := configPath, false
-			if path == "" {
-				path, optional = up.DefaultConfigPath, true
-			}
-			cfg, err := up.LoadConfig(path, optional)
+			cfg, err := sf.load(cmd)
 			if err != nil {
 				return err
-			}
-			if cmd.Flags().Changed("state-dir") {
-				cfg.StateDir = stateDir
 			}
 			if cfg, err = cfg.Resolved(); err != nil {
 				return err
@@ -71,8 +64,7 @@ Running it again finds nothing to remove. Reads the same configuration as 'airlo
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
-	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "state directory of the installation")
+	sf.register(cmd, false)
 	f.BoolVar(&purgeAll, "purge", false, "also remove containers, network, pinned eBPF state, nftables table and state")
 	f.BoolVar(&purgeAudit, "purge-audit", false, "with --purge, remove the audit log too (implies --purge)")
 	f.StringVar(&nftNetNS, "nft-netns", "", "network namespace whose nftables table is removed (tests)")

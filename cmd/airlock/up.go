@@ -23,14 +23,9 @@ import (
 
 func newUpCmd() *cobra.Command {
 	var (
-		configPath string
-		listen     string
-		stateDir   string
+		sf         stackFlags
 		noAuth     bool
 		logLevel   string
-		gwListen   string
-		noGateway  bool
-		noEgress   bool
 		egressMode string
 		proxyPort  int
 		install    bool
@@ -66,32 +61,13 @@ starts it when systemd runs the host; then it exits.`,
 			if install {
 				return installService(cmd)
 			}
-			path, optional := configPath, false
-			if path == "" {
-				path, optional = up.DefaultConfigPath, true
-			}
-			cfg, err := up.LoadConfig(path, optional)
+			cfg, err := sf.load(cmd)
 			if err != nil {
 				return err
 			}
 			f := cmd.Flags()
-			if f.Changed("listen") {
-				cfg.Listen = listen
-			}
-			if f.Changed("state-dir") {
-				cfg.StateDir = stateDir
-			}
 			if f.Changed("no-auth") {
 				cfg.NoAuth = noAuth
-			}
-			if f.Changed("gateway-listen") {
-				cfg.Gateway.Listen = gwListen
-			}
-			if f.Changed("no-gateway") {
-				cfg.Gateway.Disabled = noGateway
-			}
-			if f.Changed("no-egress") {
-				cfg.Egress.Disabled = noEgress
 			}
 			if f.Changed("egress-mode") {
 				cfg.Egress.Mode = egressMode
@@ -131,12 +107,7 @@ starts it when systemd runs the host; then it exits.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configPath, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
-	f.StringVar(&listen, "listen", "127.0.0.1:8080", "lifecycle API address")
-	f.StringVar(&stateDir, "state-dir", "/var/lib/airlock", "directory of the store and the generated API key")
-	f.StringVar(&gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
-	f.BoolVar(&noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
-	f.BoolVar(&noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
+	sf.register(cmd, true)
 	f.StringVar(&egressMode, "egress-mode", "auto", "egress datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")

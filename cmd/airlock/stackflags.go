@@ -1,0 +1,58 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/airlockdev/airlock/internal/up"
+)
+
+// stackFlags are the flags that say which stack a command is about, shared by up,
+// doctor and down: the configuration file and the overrides of where it lives.
+type stackFlags struct {
+	config, stateDir, listen, gwListen string
+	noGateway, noEgress                bool
+}
+
+// register adds --config and --state-dir, and with addrs the listen addresses and the
+// component switches.
+func (s *stackFlags) register(cmd *cobra.Command, addrs bool) {
+	f := cmd.Flags()
+	f.StringVar(&s.config, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
+	f.StringVar(&s.stateDir, "state-dir", "/var/lib/airlock", "directory of the store, the keys and the audit log")
+	if addrs {
+		f.StringVar(&s.listen, "listen", "127.0.0.1:8080", "lifecycle API address")
+		f.StringVar(&s.gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
+		f.BoolVar(&s.noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
+		f.BoolVar(&s.noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
+	}
+}
+
+// load reads the configuration file (the default one only when present) and applies
+// the flags the user set.
+func (s *stackFlags) load(cmd *cobra.Command) (up.Config, error) {
+	path, optional := s.config, false
+	if path == "" {
+		path, optional = up.DefaultConfigPath, true
+	}
+	cfg, err := up.LoadConfig(path, optional)
+	if err != nil {
+		return cfg, err
+	}
+	f := cmd.Flags()
+	if f.Changed("state-dir") {
+		cfg.StateDir = s.stateDir
+	}
+	if f.Changed("listen") {
+		cfg.Listen = s.listen
+	}
+	if f.Changed("gateway-listen") {
+		cfg.Gateway.Listen = s.gwListen
+	}
+	if f.Changed("no-gateway") {
+		cfg.Gateway.Disabled = s.noGateway
+	}
+	if f.Changed("no-egress") {
+		cfg.Egress.Disabled = s.noEgress
+	}
+	return cfg, nil
+}
