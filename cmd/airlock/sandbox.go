@@ -109,7 +109,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 		image, cpu, memory string
 		timeout            time.Duration
 		env, metadata      []string
-		noWait             bool
+		noWait, credProxy  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create [flags] [-- entrypoint...]",
@@ -130,7 +130,8 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 			ctx := cmd.Context()
 			sb, err := c.Create(ctx, sdk.CreateRequest{
 				Image: image, Entrypoint: args, Timeout: timeout, Env: envs, Metadata: md,
-				Resources: map[string]string{"cpu": cpu, "memory": memory},
+				Resources:       map[string]string{"cpu": cpu, "memory": memory},
+				CredentialProxy: credProxy,
 			})
 			if err != nil {
 				return err
@@ -153,6 +154,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 	fl.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fl.StringArrayVarP(&metadata, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	fl.BoolVar(&noWait, "no-wait", false, "answer at once (state Pending)")
+	fl.BoolVar(&credProxy, "credential-proxy", false, "enable the Credential Vault: egressd injects bound credentials into the sandbox's HTTP(S) (see sandbox vault)")
 	return cmd
 }
 
