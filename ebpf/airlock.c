@@ -1,12 +1,18 @@
 //go:build ignore
 
-// Airlock egress filter: TC programs on the host side of a sandbox's veth.
+// Airlock egress filter: TC programs on the host side of a sandbox's veth, and socket
+// programs on the sandbox's cgroup.
 //
 //   airlock_from_sbx  TCX ingress of the host veth = every packet the sandbox sends.
-//                     Verdict per packet: pass, or drop with an event.
+//                     Verdict per packet: pass, or drop with an event. The
+//                     enforcement of record.
 //   airlock_to_sbx    TCX egress of the host veth = every packet delivered to the
 //                     sandbox. Never drops; records inbound TCP connections (SYN) so
 //                     the sandbox's replies pass.
+//   airlock_connect4/6, airlock_sendmsg4/6
+//                     cgroup/connect and cgroup/sendmsg of the sandbox's cgroup: the
+//                     same decision at connect() and unconnected sendmsg(), refusing a
+//                     denied destination with EPERM at once (one event, no packet).
 //
 // Per-sandbox state lives in inner maps of array-of-maps indexed by the sandbox index
 // (rules4_of, rules6_of, learned_of); the sandbox is found by the veth's ifindex
@@ -83,7 +89,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 volatile const __u64 tcp_idle_ns = 3600ULL * 1000000000ULL;
 volatile const __u64 udp_idle_ns = 120ULL * 1000000000ULL;
 volatile const __u64 other_idle_ns = 30ULL * 1000000000ULL;
-volatile const __u64 drop_event_gap_ns = 1000000000ULL;
+volatile const __u64 drop_flow_ns = 2000000000ULL;
 volatile const __u32 l7_mark = 0x1a170000;
 volatile const __u32 l7_mark_mask = 0xffff0000;
 
@@ -103,6 +109,7 @@ struct sbx_meta {
 	__u32 gen;
 	__u32 attach_mode;
 	__u32 pad;
+	__u64 cgroup_id; // 0: no socket programs
 };
 
 struct rule_ent {
@@ -174,9 +181,25 @@ struct event {
 	__u16 sport;
 	__u16 dport;
 	__u16 rule;
-	__u16 pad;
+	__u16 flags; // EVF_*
+	__u32 len;   // bytes of the packet (0 for a socket refusal)
+	__u32 pad;
 	__u8 saddr[16];
 	__u8 daddr[16];
+};
+
+// event.flags
+#define EVF_SOCKET 1 // refused at connect()/sendmsg() by a cgroup program: no packet left
+
+// A denied flow's accounting (drop_seen): a packet of a flow last seen less than
+// drop_flow_ns ago only updates it; an older or absent entry starts a new flow, the
+// only packet that emits an event. Userspace reads the counters when it writes the
+// flow's audit record.
+struct drop_val {
+	__u64 first_ns;
+	__u64 last_ns;
+	__u64 packets;
+	__u64 bytes;
 };
 
 struct sbx_counters {
@@ -193,6 +216,7 @@ const struct lpm4_key *unused_lpm4 __attribute__((unused));
 const struct lpm6_key *unused_lpm6 __attribute__((unused));
 const struct learned_val *unused_learned __attribute__((unused));
 const struct addr16 *unused_addr16 __attribute__((unused));
+const struct drop_val *unused_drop_val __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -264,9 +288,17 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct flow_key);
-	__type(value, __u64);
+	__type(value, struct drop_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } drop_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SANDBOXES);
+	__type(key, __u64);   // cgroup v2 id of the sandbox's cgroup
+	__type(value, __u32); // host veth ifindex (key of cfg_by_ifindex)
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ifindex_by_cgroup SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -419,7 +451,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 }
 
 static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, __u8 reason,
-				 __u16 rule)
+				 __u16 rule, __u16 flags, __u32 len)
 {
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -436,6 +468,8 @@ static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, 
 	e->sport = p->sport;
 	e->dport = p->dport;
 	e->rule = rule;
+	e->flags = flags;
+	e->len = len;
 	e->pad = 0;
 	__builtin_memcpy(e->saddr, p->saddr, 16);
 	__builtin_memcpy(e->daddr, p->daddr, 16);
@@ -475,9 +509,10 @@ static __always_inline void sbx_count(__u32 idx, int drop, int flow)
 		c->flows++;
 }
 
-// drop counts and reports a dropped packet (at most one event per 5-tuple per
-// drop_event_gap_ns) and returns TC_ACT_SHOT.
-static __always_inline int drop(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+// account counts a denied packet (or socket refusal) into its flow and reports the
+// first of a flow (see struct drop_val).
+static __always_inline void account(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule,
+				    __u16 flags, __u32 len)
 {
 	count(ST_DROP);
 	if (cfg)
@@ -485,11 +520,23 @@ static __always_inline int drop(struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
 	struct flow_key k = {};
 	fill_key(&k, cfg ? cfg->idx : 0xffffffff, p);
 	__u64 now = bpf_ktime_get_ns();
-	__u64 *last = bpf_map_lookup_elem(&drop_seen, &k);
-	if (last && now - *last < drop_event_gap_ns)
-		return TC_ACT_SHOT;
-	bpf_map_update_elem(&drop_seen, &k, &now, BPF_ANY);
-	emit(cfg, p, EV_DROP, reason, rule);
+	struct drop_val *dv = bpf_map_lookup_elem(&drop_seen, &k);
+	if (dv && now - dv->last_ns < drop_flow_ns) {
+		dv->last_ns = now;
+		__sync_fetch_and_add(&dv->packets, 1);
+		__sync_fetch_and_add(&dv->bytes, len);
+		return;
+	}
+	struct drop_val nv = {.first_ns = now, .last_ns = now, .packets = 1, .bytes = len};
+	bpf_map_update_elem(&drop_seen, &k, &nv, BPF_ANY);
+	emit(cfg, p, EV_DROP, reason, rule, flags, len);
+}
+
+// drop counts and reports a dropped packet and returns TC_ACT_SHOT.
+static __always_inline int drop(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
+				__u16 rule)
+{
+	account(cfg, p, reason, rule, 0, skb->len);
 	return TC_ACT_SHOT;
 }
 
@@ -574,21 +621,23 @@ static __always_inline int is_resolver(struct sbx_cfg *cfg, struct pkt *p)
 }
 
 // deny applies report mode: a policy drop becomes a pass with a would-drop event.
-static __always_inline int deny(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+static __always_inline int deny(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
+				__u16 rule)
 {
 	if (!(cfg->flags & CFG_REPORT))
-		return drop(cfg, p, reason, rule);
+		return drop(skb, cfg, p, reason, rule);
 	struct flow_key k = {};
 	fill_key(&k, cfg->idx, p);
 	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen, .flags = FLOW_REPORTED};
 	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
 	count(ST_PASS);
 	sbx_count(cfg->idx, 0, 1);
-	emit(cfg, p, EV_WOULD_DROP, reason, rule);
+	emit(cfg, p, EV_WOULD_DROP, reason, rule, 0, skb->len);
 	return TC_ACT_OK;
 }
 
-static __always_inline int allow_new(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+static __always_inline int allow_new(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
+				     __u16 rule)
 {
 	struct flow_key k = {};
 	fill_key(&k, cfg->idx, p);
@@ -597,7 +646,7 @@ static __always_inline int allow_new(struct sbx_cfg *cfg, struct pkt *p, __u8 re
 	count(ST_PASS);
 	count(ST_FLOW_NEW);
 	sbx_count(cfg->idx, 0, 1);
-	emit(cfg, p, EV_FLOW, reason, rule);
+	emit(cfg, p, EV_FLOW, reason, rule, 0, skb->len);
 	return TC_ACT_OK;
 }
 
@@ -619,26 +668,26 @@ int airlock_from_sbx(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, &ifindex);
 	if (!cfg)
-		return drop(0, &p, R_NO_CONFIG, 0);
+		return drop(skb, 0, &p, R_NO_CONFIG, 0);
 	if (r < 0)
-		return drop(cfg, &p, -r, 0);
+		return drop(skb, cfg, &p, -r, 0);
 
 	// Neighbour discovery (RS, RA, NS, NA, redirect) keeps the link working.
 	if (p.family == 6 && p.proto == IPPROTO_ICMPV6_ && p.icmp_type >= 133 && p.icmp_type <= 137)
 		return pass(cfg);
 	if (!src_ok(cfg, &p))
-		return drop(cfg, &p, R_SPOOFED, 0);
+		return drop(skb, cfg, &p, R_SPOOFED, 0);
 
 	int l4 = p.proto == IPPROTO_TCP || p.proto == IPPROTO_UDP;
 	if (l4 && !p.frag && p.dport == 53) {
 		if (is_resolver(cfg, &p))
 			return pass(cfg);
-		return deny(cfg, &p, R_DNS, 0);
+		return deny(skb, cfg, &p, R_DNS, 0);
 	}
 	if (l4 && !p.frag && p.dport == 853)
-		return deny(cfg, &p, R_DOT, 0);
+		return deny(skb, cfg, &p, R_DOT, 0);
 	if (p.family == 6 && (cfg->flags & CFG_V6_BLOCK))
-		return deny(cfg, &p, R_V6_BLOCKED, 0);
+		return deny(skb, cfg, &p, R_V6_BLOCKED, 0);
 
 	struct flow_key k = {};
 	fill_key(&k, cfg->idx, &p);
@@ -660,21 +709,21 @@ int airlock_from_sbx(struct __sk_buff *skb)
 	__u16 rule = 0;
 	int act = lookup_rules(cfg, &p, &rule);
 	if (act == ACT_ALLOW)
-		return allow_new(cfg, &p, R_RULE_ALLOW, rule);
+		return allow_new(skb, cfg, &p, R_RULE_ALLOW, rule);
 	if (act == ACT_DENY)
-		return deny(cfg, &p, R_RULE_DENY, rule);
+		return deny(skb, cfg, &p, R_RULE_DENY, rule);
 	if (act == ACT_DENY_ALWAYS)
-		return drop(cfg, &p, R_RULE_DENY, rule);
+		return drop(skb, cfg, &p, R_RULE_DENY, rule);
 
 	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443)) {
 		skb->mark = (skb->mark & ~l7_mark_mask) | l7_mark;
 		return pass(cfg);
 	}
 	if (learned(cfg, &p))
-		return allow_new(cfg, &p, R_LEARNED, 0);
+		return allow_new(skb, cfg, &p, R_LEARNED, 0);
 	if (cfg->flags & CFG_DEFAULT_ALLOW)
-		return allow_new(cfg, &p, R_DEFAULT_ALLOW, 0);
-	return deny(cfg, &p, R_DEFAULT_DENY, 0);
+		return allow_new(skb, cfg, &p, R_DEFAULT_ALLOW, 0);
+	return deny(skb, cfg, &p, R_DEFAULT_DENY, 0);
 }
 
 SEC("tc")
@@ -726,3 +775,133 @@ int airlock_to_sbx(struct __sk_buff *skb)
 	count(ST_INBOUND);
 	return TC_ACT_OK;
 }
+
+// ---- socket layer: cgroup/connect4|6 and cgroup/sendmsg4|6 ----
+//
+// The same decision as airlock_from_sbx for a new flow, taken when a process of the
+// sandbox connects (TCP, connected UDP) or sends an unconnected datagram: a denied
+// destination gets EPERM at once instead of a silent drop the caller waits out. The
+// TC program stays the enforcement of record (it sees every packet, raw sockets and
+// ICMP included); this layer only refuses earlier. Return 1 lets the call go on, 0
+// makes it fail with EPERM.
+
+static __always_inline int sock_refuse(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+{
+	account(cfg, p, reason, rule, EVF_SOCKET, 0);
+	return 0;
+}
+
+// sock_deny applies report mode like deny: the TC program reports the would-drop.
+static __always_inline int sock_deny(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
+{
+	if (cfg->flags & CFG_REPORT)
+		return 1;
+	return sock_refuse(cfg, p, reason, rule);
+}
+
+// sock_local reports destinations that never reach the veth: loopback, the unspecified
+// address (the local host) and the sandbox's own addresses.
+static __always_inline int sock_local(struct sbx_cfg *cfg, struct pkt *p)
+{
+	if (p->family == 4) {
+		__u32 a = bpf_ntohl(p->daddr4);
+		if ((a >> 24) == 127 || a == 0)
+			return 1;
+	} else {
+		const __u64 *x = (const __u64 *)p->daddr;
+		if (x[0] == 0 && (x[1] == 0 || x[1] == bpf_cpu_to_be64(1)))
+			return 1; // :: and ::1
+	}
+#pragma unroll
+	for (int i = 0; i < MAX_ADDRS; i++) {
+		if (p->family == 4) {
+			if (cfg->addr4[i] != 0 && cfg->addr4[i] == p->daddr4)
+				return 1;
+		} else if (!addr6_zero(cfg->addr6[i]) && addr6_eq(cfg->addr6[i], p->daddr)) {
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int sock_verdict(struct bpf_sock_addr *ctx, int v6)
+{
+	__u64 cg = bpf_get_current_cgroup_id();
+	__u32 *ifindex = bpf_map_lookup_elem(&ifindex_by_cgroup, &cg);
+	if (!ifindex)
+		return 1; // a sub-cgroup or an unknown one: the TC program decides
+	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, ifindex);
+	if (!cfg)
+		return 1;
+
+	struct pkt p = {};
+	__u32 proto = ctx->protocol;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 1;
+	p.proto = proto;
+	p.dport = bpf_ntohs((__u16)ctx->user_port);
+	if (!v6) {
+		p.family = 4;
+		p.daddr4 = ctx->user_ip4;
+	} else {
+		__u32 w0 = ctx->user_ip6[0], w1 = ctx->user_ip6[1], w2 = ctx->user_ip6[2], w3 = ctx->user_ip6[3];
+		if (w0 == 0 && w1 == 0 && w2 == bpf_htonl(0xffff)) {
+			p.family = 4; // an IPv4-mapped address leaves as IPv4
+			p.daddr4 = w3;
+		} else {
+			p.family = 6;
+			__u32 *d = (__u32 *)p.daddr;
+			d[0] = w0;
+			d[1] = w1;
+			d[2] = w2;
+			d[3] = w3;
+		}
+	}
+	if (p.family == 4) {
+		map4(p.daddr, p.daddr4);
+		p.saddr4 = cfg->addr4[0];
+		map4(p.saddr, p.saddr4);
+	} else {
+		__builtin_memcpy(p.saddr, cfg->addr6[0], 16);
+	}
+	if (sock_local(cfg, &p))
+		return 1;
+
+	if (p.dport == 53) {
+		if (is_resolver(cfg, &p))
+			return 1;
+		return sock_deny(cfg, &p, R_DNS, 0);
+	}
+	if (p.dport == 853)
+		return sock_deny(cfg, &p, R_DOT, 0);
+	if (p.family == 6 && (cfg->flags & CFG_V6_BLOCK))
+		return sock_deny(cfg, &p, R_V6_BLOCKED, 0);
+
+	__u16 rule = 0;
+	int act = lookup_rules(cfg, &p, &rule);
+	if (act == ACT_ALLOW)
+		return 1;
+	if (act == ACT_DENY)
+		return sock_deny(cfg, &p, R_RULE_DENY, rule);
+	if (act == ACT_DENY_ALWAYS)
+		return sock_refuse(cfg, &p, R_RULE_DENY, rule);
+	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443))
+		return 1;
+	if (learned(cfg, &p))
+		return 1;
+	if (cfg->flags & CFG_DEFAULT_ALLOW)
+		return 1;
+	return sock_deny(cfg, &p, R_DEFAULT_DENY, 0);
+}
+
+SEC("cgroup/connect4")
+int airlock_connect4(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 0); }
+
+SEC("cgroup/connect6")
+int airlock_connect6(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 1); }
+
+SEC("cgroup/sendmsg4")
+int airlock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 0); }
+
+SEC("cgroup/sendmsg6")
+int airlock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 1); }

@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type airlockDropVal struct {
+	_       structs.HostLayout
+	FirstNs uint64
+	LastNs  uint64
+	Packets uint64
+	Bytes   uint64
+}
+
 type airlockEvent struct {
 	_      structs.HostLayout
 	TsNs   uint64
@@ -25,7 +33,9 @@ type airlockEvent struct {
 	Sport  uint16
 	Dport  uint16
 	Rule   uint16
-	Pad    uint16
+	Flags  uint16
+	Len    uint32
+	Pad    uint32
 	Saddr  [16]uint8
 	Daddr  [16]uint8
 	_      [4]byte
@@ -112,37 +122,44 @@ type airlockSbxMeta struct {
 	Gen        uint32
 	AttachMode uint32
 	Pad        uint32
+	CgroupId   uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	airlockMapCfgByIfindex    = "cfg_by_ifindex"
-	airlockMapDropSeen        = "drop_seen"
-	airlockMapEvents          = "events"
-	airlockMapFlows           = "flows"
-	airlockMapLearnedOf       = "learned_of"
-	airlockMapMetaByIdx       = "meta_by_idx"
-	airlockMapRules4Of        = "rules4_of"
-	airlockMapRules6Of        = "rules6_of"
-	airlockMapSbxStats        = "sbx_stats"
-	airlockMapStats           = "stats"
-	airlockProgAirlockFromSbx = "airlock_from_sbx"
-	airlockProgAirlockToSbx   = "airlock_to_sbx"
-	airlockVarDropEventGapNs  = "drop_event_gap_ns"
-	airlockVarL7Mark          = "l7_mark"
-	airlockVarL7MarkMask      = "l7_mark_mask"
-	airlockVarOtherIdleNs     = "other_idle_ns"
-	airlockVarTcpIdleNs       = "tcp_idle_ns"
-	airlockVarUdpIdleNs       = "udp_idle_ns"
-	airlockVarUnusedAddr16    = "unused_addr16"
-	airlockVarUnusedEvent     = "unused_event"
-	airlockVarUnusedLearned   = "unused_learned"
-	airlockVarUnusedLpm4      = "unused_lpm4"
-	airlockVarUnusedLpm6      = "unused_lpm6"
-	airlockVarUnusedMeta      = "unused_meta"
-	airlockVarUnusedRuleVal   = "unused_rule_val"
+	airlockMapCfgByIfindex     = "cfg_by_ifindex"
+	airlockMapDropSeen         = "drop_seen"
+	airlockMapEvents           = "events"
+	airlockMapFlows            = "flows"
+	airlockMapIfindexByCgroup  = "ifindex_by_cgroup"
+	airlockMapLearnedOf        = "learned_of"
+	airlockMapMetaByIdx        = "meta_by_idx"
+	airlockMapRules4Of         = "rules4_of"
+	airlockMapRules6Of         = "rules6_of"
+	airlockMapSbxStats         = "sbx_stats"
+	airlockMapStats            = "stats"
+	airlockProgAirlockConnect4 = "airlock_connect4"
+	airlockProgAirlockConnect6 = "airlock_connect6"
+	airlockProgAirlockFromSbx  = "airlock_from_sbx"
+	airlockProgAirlockSendmsg4 = "airlock_sendmsg4"
+	airlockProgAirlockSendmsg6 = "airlock_sendmsg6"
+	airlockProgAirlockToSbx    = "airlock_to_sbx"
+	airlockVarDropFlowNs       = "drop_flow_ns"
+	airlockVarL7Mark           = "l7_mark"
+	airlockVarL7MarkMask       = "l7_mark_mask"
+	airlockVarOtherIdleNs      = "other_idle_ns"
+	airlockVarTcpIdleNs        = "tcp_idle_ns"
+	airlockVarUdpIdleNs        = "udp_idle_ns"
+	airlockVarUnusedAddr16     = "unused_addr16"
+	airlockVarUnusedDropVal    = "unused_drop_val"
+	airlockVarUnusedEvent      = "unused_event"
+	airlockVarUnusedLearned    = "unused_learned"
+	airlockVarUnusedLpm4       = "unused_lpm4"
+	airlockVarUnusedLpm6       = "unused_lpm6"
+	airlockVarUnusedMeta       = "unused_meta"
+	airlockVarUnusedRuleVal    = "unused_rule_val"
 )
 
 // loadAirlock returns the embedded CollectionSpec for airlock.
@@ -187,43 +204,49 @@ type airlockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type airlockProgramSpecs struct {
-	AirlockFromSbx *ebpf.ProgramSpec `ebpf:"airlock_from_sbx"`
-	AirlockToSbx   *ebpf.ProgramSpec `ebpf:"airlock_to_sbx"`
+	AirlockConnect4 *ebpf.ProgramSpec `ebpf:"airlock_connect4"`
+	AirlockConnect6 *ebpf.ProgramSpec `ebpf:"airlock_connect6"`
+	AirlockFromSbx  *ebpf.ProgramSpec `ebpf:"airlock_from_sbx"`
+	AirlockSendmsg4 *ebpf.ProgramSpec `ebpf:"airlock_sendmsg4"`
+	AirlockSendmsg6 *ebpf.ProgramSpec `ebpf:"airlock_sendmsg6"`
+	AirlockToSbx    *ebpf.ProgramSpec `ebpf:"airlock_to_sbx"`
 }
 
 // airlockMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type airlockMapSpecs struct {
-	CfgByIfindex *ebpf.MapSpec `ebpf:"cfg_by_ifindex"`
-	DropSeen     *ebpf.MapSpec `ebpf:"drop_seen"`
-	Events       *ebpf.MapSpec `ebpf:"events"`
-	Flows        *ebpf.MapSpec `ebpf:"flows"`
-	LearnedOf    *ebpf.MapSpec `ebpf:"learned_of"`
-	MetaByIdx    *ebpf.MapSpec `ebpf:"meta_by_idx"`
-	Rules4Of     *ebpf.MapSpec `ebpf:"rules4_of"`
-	Rules6Of     *ebpf.MapSpec `ebpf:"rules6_of"`
-	SbxStats     *ebpf.MapSpec `ebpf:"sbx_stats"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
+	CfgByIfindex    *ebpf.MapSpec `ebpf:"cfg_by_ifindex"`
+	DropSeen        *ebpf.MapSpec `ebpf:"drop_seen"`
+	Events          *ebpf.MapSpec `ebpf:"events"`
+	Flows           *ebpf.MapSpec `ebpf:"flows"`
+	IfindexByCgroup *ebpf.MapSpec `ebpf:"ifindex_by_cgroup"`
+	LearnedOf       *ebpf.MapSpec `ebpf:"learned_of"`
+	MetaByIdx       *ebpf.MapSpec `ebpf:"meta_by_idx"`
+	Rules4Of        *ebpf.MapSpec `ebpf:"rules4_of"`
+	Rules6Of        *ebpf.MapSpec `ebpf:"rules6_of"`
+	SbxStats        *ebpf.MapSpec `ebpf:"sbx_stats"`
+	Stats           *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // airlockVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type airlockVariableSpecs struct {
-	DropEventGapNs *ebpf.VariableSpec `ebpf:"drop_event_gap_ns"`
-	L7Mark         *ebpf.VariableSpec `ebpf:"l7_mark"`
-	L7MarkMask     *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
-	OtherIdleNs    *ebpf.VariableSpec `ebpf:"other_idle_ns"`
-	TcpIdleNs      *ebpf.VariableSpec `ebpf:"tcp_idle_ns"`
-	UdpIdleNs      *ebpf.VariableSpec `ebpf:"udp_idle_ns"`
-	UnusedAddr16   *ebpf.VariableSpec `ebpf:"unused_addr16"`
-	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedLearned  *ebpf.VariableSpec `ebpf:"unused_learned"`
-	UnusedLpm4     *ebpf.VariableSpec `ebpf:"unused_lpm4"`
-	UnusedLpm6     *ebpf.VariableSpec `ebpf:"unused_lpm6"`
-	UnusedMeta     *ebpf.VariableSpec `ebpf:"unused_meta"`
-	UnusedRuleVal  *ebpf.VariableSpec `ebpf:"unused_rule_val"`
+	DropFlowNs    *ebpf.VariableSpec `ebpf:"drop_flow_ns"`
+	L7Mark        *ebpf.VariableSpec `ebpf:"l7_mark"`
+	L7MarkMask    *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
+	OtherIdleNs   *ebpf.VariableSpec `ebpf:"other_idle_ns"`
+	TcpIdleNs     *ebpf.VariableSpec `ebpf:"tcp_idle_ns"`
+	UdpIdleNs     *ebpf.VariableSpec `ebpf:"udp_idle_ns"`
+	UnusedAddr16  *ebpf.VariableSpec `ebpf:"unused_addr16"`
+	UnusedDropVal *ebpf.VariableSpec `ebpf:"unused_drop_val"`
+	UnusedEvent   *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedLearned *ebpf.VariableSpec `ebpf:"unused_learned"`
+	UnusedLpm4    *ebpf.VariableSpec `ebpf:"unused_lpm4"`
+	UnusedLpm6    *ebpf.VariableSpec `ebpf:"unused_lpm6"`
+	UnusedMeta    *ebpf.VariableSpec `ebpf:"unused_meta"`
+	UnusedRuleVal *ebpf.VariableSpec `ebpf:"unused_rule_val"`
 }
 
 // airlockObjects contains all objects after they have been loaded into the kernel.
@@ -246,16 +269,17 @@ func (o *airlockObjects) Close() error {
 //
 // It can be passed to loadAirlockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type airlockMaps struct {
-	CfgByIfindex *ebpf.Map `ebpf:"cfg_by_ifindex"`
-	DropSeen     *ebpf.Map `ebpf:"drop_seen"`
-	Events       *ebpf.Map `ebpf:"events"`
-	Flows        *ebpf.Map `ebpf:"flows"`
-	LearnedOf    *ebpf.Map `ebpf:"learned_of"`
-	MetaByIdx    *ebpf.Map `ebpf:"meta_by_idx"`
-	Rules4Of     *ebpf.Map `ebpf:"rules4_of"`
-	Rules6Of     *ebpf.Map `ebpf:"rules6_of"`
-	SbxStats     *ebpf.Map `ebpf:"sbx_stats"`
-	Stats        *ebpf.Map `ebpf:"stats"`
+	CfgByIfindex    *ebpf.Map `ebpf:"cfg_by_ifindex"`
+	DropSeen        *ebpf.Map `ebpf:"drop_seen"`
+	Events          *ebpf.Map `ebpf:"events"`
+	Flows           *ebpf.Map `ebpf:"flows"`
+	IfindexByCgroup *ebpf.Map `ebpf:"ifindex_by_cgroup"`
+	LearnedOf       *ebpf.Map `ebpf:"learned_of"`
+	MetaByIdx       *ebpf.Map `ebpf:"meta_by_idx"`
+	Rules4Of        *ebpf.Map `ebpf:"rules4_of"`
+	Rules6Of        *ebpf.Map `ebpf:"rules6_of"`
+	SbxStats        *ebpf.Map `ebpf:"sbx_stats"`
+	Stats           *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *airlockMaps) Close() error {
@@ -264,6 +288,7 @@ func (m *airlockMaps) Close() error {
 		m.DropSeen,
 		m.Events,
 		m.Flows,
+		m.IfindexByCgroup,
 		m.LearnedOf,
 		m.MetaByIdx,
 		m.Rules4Of,
@@ -277,32 +302,41 @@ func (m *airlockMaps) Close() error {
 //
 // It can be passed to loadAirlockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type airlockVariables struct {
-	DropEventGapNs *ebpf.Variable `ebpf:"drop_event_gap_ns"`
-	L7Mark         *ebpf.Variable `ebpf:"l7_mark"`
-	L7MarkMask     *ebpf.Variable `ebpf:"l7_mark_mask"`
-	OtherIdleNs    *ebpf.Variable `ebpf:"other_idle_ns"`
-	TcpIdleNs      *ebpf.Variable `ebpf:"tcp_idle_ns"`
-	UdpIdleNs      *ebpf.Variable `ebpf:"udp_idle_ns"`
-	UnusedAddr16   *ebpf.Variable `ebpf:"unused_addr16"`
-	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
-	UnusedLearned  *ebpf.Variable `ebpf:"unused_learned"`
-	UnusedLpm4     *ebpf.Variable `ebpf:"unused_lpm4"`
-	UnusedLpm6     *ebpf.Variable `ebpf:"unused_lpm6"`
-	UnusedMeta     *ebpf.Variable `ebpf:"unused_meta"`
-	UnusedRuleVal  *ebpf.Variable `ebpf:"unused_rule_val"`
+	DropFlowNs    *ebpf.Variable `ebpf:"drop_flow_ns"`
+	L7Mark        *ebpf.Variable `ebpf:"l7_mark"`
+	L7MarkMask    *ebpf.Variable `ebpf:"l7_mark_mask"`
+	OtherIdleNs   *ebpf.Variable `ebpf:"other_idle_ns"`
+	TcpIdleNs     *ebpf.Variable `ebpf:"tcp_idle_ns"`
+	UdpIdleNs     *ebpf.Variable `ebpf:"udp_idle_ns"`
+	UnusedAddr16  *ebpf.Variable `ebpf:"unused_addr16"`
+	UnusedDropVal *ebpf.Variable `ebpf:"unused_drop_val"`
+	UnusedEvent   *ebpf.Variable `ebpf:"unused_event"`
+	UnusedLearned *ebpf.Variable `ebpf:"unused_learned"`
+	UnusedLpm4    *ebpf.Variable `ebpf:"unused_lpm4"`
+	UnusedLpm6    *ebpf.Variable `ebpf:"unused_lpm6"`
+	UnusedMeta    *ebpf.Variable `ebpf:"unused_meta"`
+	UnusedRuleVal *ebpf.Variable `ebpf:"unused_rule_val"`
 }
 
 // airlockPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadAirlockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type airlockPrograms struct {
-	AirlockFromSbx *ebpf.Program `ebpf:"airlock_from_sbx"`
-	AirlockToSbx   *ebpf.Program `ebpf:"airlock_to_sbx"`
+	AirlockConnect4 *ebpf.Program `ebpf:"airlock_connect4"`
+	AirlockConnect6 *ebpf.Program `ebpf:"airlock_connect6"`
+	AirlockFromSbx  *ebpf.Program `ebpf:"airlock_from_sbx"`
+	AirlockSendmsg4 *ebpf.Program `ebpf:"airlock_sendmsg4"`
+	AirlockSendmsg6 *ebpf.Program `ebpf:"airlock_sendmsg6"`
+	AirlockToSbx    *ebpf.Program `ebpf:"airlock_to_sbx"`
 }
 
 func (p *airlockPrograms) Close() error {
 	return _AirlockClose(
+		p.AirlockConnect4,
+		p.AirlockConnect6,
 		p.AirlockFromSbx,
+		p.AirlockSendmsg4,
+		p.AirlockSendmsg6,
 		p.AirlockToSbx,
 	)
 }

@@ -23,6 +23,38 @@ const (
 	stEventsLost = 3
 )
 
+// evfSocket is event.flags EVF_SOCKET (airlock.c).
+const evfSocket = 1
+
+// TakeDropCount implements datapath.DropCounter from the drop_seen entry of e's
+// 5-tuple.
+func (d *Datapath) TakeDropCount(e datapath.Event) (datapath.DropCount, bool) {
+	d.mu.Lock()
+	s, ok := d.byID[e.Sandbox]
+	d.mu.Unlock()
+	if !ok {
+		return datapath.DropCount{}, false
+	}
+	k := airlockFlowKey{Idx: s.idx, Proto: uint8(e.Proto), Family: 4, Lport: e.Src.Port(), Rport: e.Dst.Port(), Raddr: e.Dst.Addr().As16()}
+	if e.Dst.Addr().Is6() && !e.Dst.Addr().Is4In6() {
+		k.Family = 6
+	}
+	var v airlockDropVal
+	if err := d.objs.DropSeen.LookupAndDelete(&k, &v); err != nil {
+		if d.objs.DropSeen.Lookup(&k, &v) != nil {
+			return datapath.DropCount{}, false
+		}
+		d.objs.DropSeen.Delete(&k) // LRU hash maps have no lookup-and-delete before 5.14
+	}
+	now, mono := time.Now(), monoNow()
+	return datapath.DropCount{
+		First:   now.Add(time.Duration(v.FirstNs) - mono),
+		Last:    now.Add(time.Duration(v.LastNs) - mono),
+		Packets: v.Packets,
+		Bytes:   v.Bytes,
+	}, true
+}
+
 // readEvents drains the ring buffer into the Events channel until Close.
 func (d *Datapath) readEvents() {
 	defer close(d.readerDone)
@@ -51,13 +83,15 @@ func (d *Datapath) readEvents() {
 
 func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 	e := datapath.Event{
-		Time:   time.Now().Add(time.Duration(r.TsNs) - monoNow()),
-		Kind:   datapath.Kind(r.Kind),
-		Reason: datapath.Reason(r.Reason),
-		Proto:  datapath.Proto(r.Proto),
-		Src:    netip.AddrPortFrom(netip.AddrFrom16(r.Saddr).Unmap(), r.Sport),
-		Dst:    netip.AddrPortFrom(netip.AddrFrom16(r.Daddr).Unmap(), r.Dport),
-		Rule:   r.Rule,
+		Time:    time.Now().Add(time.Duration(r.TsNs) - monoNow()),
+		Kind:    datapath.Kind(r.Kind),
+		Reason:  datapath.Reason(r.Reason),
+		Proto:   datapath.Proto(r.Proto),
+		Src:     netip.AddrPortFrom(netip.AddrFrom16(r.Saddr).Unmap(), r.Sport),
+		Dst:     netip.AddrPortFrom(netip.AddrFrom16(r.Daddr).Unmap(), r.Dport),
+		Rule:    r.Rule,
+		Refused: r.Flags&evfSocket != 0,
+		Bytes:   r.Len,
 	}
 	if r.Family == 6 {
 		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)

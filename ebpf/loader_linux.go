@@ -62,6 +62,10 @@ type sandbox struct {
 	learned *ebpf.Map
 	links   []link.Link // TCX: ingress, egress
 	nRules  int
+	// cgroupID and sockLinks are the socket layer (socket_linux.go); 0 and nil when
+	// the sandbox has no cgroup.
+	cgroupID  uint64
+	sockLinks []link.Link
 }
 
 // New loads the programs, creates or reuses the pinned maps under cfg.PinRoot and
@@ -86,6 +90,7 @@ func New(cfg Config) (*Datapath, error) {
 		"other_idle_ns": uint64(cfg.OtherIdle),
 		"l7_mark":       cfg.L7Mark,
 		"l7_mark_mask":  cfg.L7MarkMask,
+		"drop_flow_ns":  uint64(cfg.DropFlowWindow),
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -149,7 +154,11 @@ func (d *Datapath) pinPrograms() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	for name, p := range map[string]*ebpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx} {
+	progs := map[string]*ebpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx}
+	for _, p := range d.sockProgs() {
+		progs[p.name] = p.prog
+	}
+	for name, p := range progs {
 		path := filepath.Join(dir, name)
 		_ = os.Remove(path)
 		if err := p.Pin(path); err != nil {
@@ -175,6 +184,8 @@ func (d *Datapath) adopt() error {
 			gen:     meta.Gen,
 			ifindex: int(meta.Ifindex),
 			mode:    AttachMode(meta.AttachMode),
+			// The id is kept so detach can remove the map entry.
+			cgroupID: meta.CgroupId,
 		}
 		adopted = append(adopted, s)
 	}
@@ -196,6 +207,9 @@ func (d *Datapath) adopt() error {
 		}
 		if err := d.rehook(s); err != nil {
 			d.log.Warn("adopted sandbox hooks could not be refreshed", "sandbox_id", s.id, "err", err)
+		}
+		if err := d.rehookCgroup(s); err != nil {
+			d.log.Warn("adopted sandbox socket hooks could not be refreshed", "sandbox_id", s.id, "err", err)
 		}
 		d.byID[s.id] = s
 		d.byIdx[s.idx] = s
@@ -243,10 +257,10 @@ func (d *Datapath) closeHandles() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, s := range d.byID {
-		for _, l := range s.links {
+		for _, l := range append(s.links, s.sockLinks...) {
 			l.Close()
 		}
-		s.links = nil
+		s.links, s.sockLinks = nil, nil
 		if s.learned != nil {
 			s.learned.Close()
 		}

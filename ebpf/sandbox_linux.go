@@ -89,7 +89,9 @@ func (d *Datapath) attachNew(spec datapath.Spec) (err error) {
 	if err := d.hook(s); err != nil {
 		return err
 	}
+	d.hookSocket(s, spec.Cgroup)
 	meta.AttachMode = uint32(s.mode)
+	meta.CgroupId = s.cgroupID
 	if err := d.objs.MetaByIdx.Put(idx, &meta); err != nil {
 		return fmt.Errorf("write meta: %w", err)
 	}
@@ -116,7 +118,29 @@ func (d *Datapath) reattach(s *sandbox, spec datapath.Spec) error {
 			return err
 		}
 	}
+	if s.cgroupID == 0 && spec.Cgroup != "" {
+		d.hookSocket(s, spec.Cgroup)
+		var meta airlockSbxMeta
+		if d.objs.MetaByIdx.Lookup(s.idx, &meta) == nil {
+			meta.CgroupId = s.cgroupID
+			if err := d.objs.MetaByIdx.Put(s.idx, &meta); err != nil {
+				return fmt.Errorf("write meta: %w", err)
+			}
+		}
+	}
 	return d.cutFlows(s, netip.Addr{})
+}
+
+// hookSocket adds the socket layer when the sandbox has a cgroup. It is the polite
+// refusal, not the enforcement of record (the veth hooks are): a failure is logged
+// and the sandbox stays enforced without it.
+func (d *Datapath) hookSocket(s *sandbox, cgroup string) {
+	if cgroup == "" {
+		return
+	}
+	if err := d.hookCgroup(s, cgroup); err != nil {
+		d.log.Warn("socket layer not attached; denied connections are dropped, not refused", "sandbox_id", s.id, "err", err)
+	}
 }
 
 func buildCfg(s *sandbox, spec datapath.Spec) airlockSbxCfg {
@@ -389,6 +413,9 @@ func (d *Datapath) Detach(id string) error {
 // counters, meta and the sandbox's flow and drop-suppression entries.
 func (d *Datapath) detach(s *sandbox) error {
 	var errs []error
+	if err := d.unhookCgroup(s); err != nil {
+		errs = append(errs, err)
+	}
 	if err := d.unhook(s); err != nil {
 		errs = append(errs, err)
 	}
@@ -409,7 +436,7 @@ func (d *Datapath) detach(s *sandbox) error {
 		s.learned.Close()
 		s.learned = nil
 	}
-	errs = append(errs, d.deleteByIdx(d.objs.Flows, s.idx, new(airlockFlowVal)), d.deleteByIdx(d.objs.DropSeen, s.idx, new(uint64)))
+	errs = append(errs, d.deleteByIdx(d.objs.Flows, s.idx, new(airlockFlowVal)), d.deleteByIdx(d.objs.DropSeen, s.idx, new(airlockDropVal)))
 	delete(d.byID, s.id)
 	delete(d.byIdx, s.idx)
 	d.idCache.Delete(cacheKey(s.idx, s.gen))

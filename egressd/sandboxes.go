@@ -11,6 +11,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 )
@@ -146,7 +147,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 		if err == nil {
 			err = d.dp.Attach(datapath.Spec{
 				ID: s.ID, HostIfindex: ifindex, HostIfname: ifname, Addrs: addrs,
-				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy,
+				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy, Cgroup: sandboxCgroup(s.Runtime.Pid),
 			})
 		}
 		if err != nil {
@@ -179,6 +180,20 @@ func (d *Daemon) apply(s watch.Sandbox) {
 	}
 	d.metrics.sandboxes.Set(float64(len(d.byID)))
 	d.mu.Unlock()
+}
+
+// sandboxCgroup is the cgroup v2 directory of the sandbox's process, where the
+// datapath's socket layer attaches; "" when it cannot be found (the veth filter
+// enforces alone then).
+func sandboxCgroup(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	dir, err := cgroupv2.OfPid(pid)
+	if err != nil {
+		return ""
+	}
+	return dir
 }
 
 // compile compiles s's policy document under the overlay; a sandbox without one gets

@@ -242,6 +242,40 @@ func sh(t *testing.T, x *sdk.Execd, cmd string) (int, string) {
 	return ex.ExitCode(), strings.TrimSpace(strings.Join(ex.Stdout, "\n"))
 }
 
+// attempt tries one connection from the sandbox (TCP connect, or a connected UDP
+// socket's send and receive) and names the outcome: "eperm" (refused at the socket),
+// "reset" (ECONNREFUSED), "unreachable" (EHOSTUNREACH: ICMP administratively
+// prohibited), "timeout" (3 s) or "ok".
+func attempt(t *testing.T, x *sdk.Execd, proto string, host netip.Addr, port int) string {
+	t.Helper()
+	py := `import socket,errno
+t=socket.SOCK_STREAM if '%s'=='tcp' else socket.SOCK_DGRAM
+s=socket.socket(socket.AF_INET,t);s.settimeout(3)
+try:
+    s.connect(('%s',%d))
+    if t==socket.SOCK_DGRAM:
+        s.send(b'x');s.recv(512)
+    print('ok')
+except socket.timeout:
+    print('timeout')
+except OSError as e:
+    print({errno.EPERM:'eperm',errno.ECONNREFUSED:'reset',errno.EHOSTUNREACH:'unreachable'}.get(e.errno,'errno%%d'%%e.errno))`
+	_, out := sh(t, x, "python3 -c \""+fmt.Sprintf(py, proto, host, port)+"\"")
+	return out
+}
+
+// refusal is what a denied attempt meets on each backend: EPERM from the socket layer
+// (eBPF), a TCP reset or ICMP administratively prohibited (nftables).
+func refusal(mode enforcer.Mode, proto string) string {
+	switch {
+	case mode == enforcer.ModeEBPF:
+		return "eperm"
+	case proto == "tcp":
+		return "reset"
+	}
+	return "unreachable"
+}
+
 // curl fetches url from the sandbox; it returns the body, or "" when the request failed.
 func curl(t *testing.T, x *sdk.Execd, url string) string {
 	t.Helper()

@@ -24,7 +24,12 @@
 //
 // In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
 // instead and is reported as KindWouldDrop, except a rule with ActionDenyAlways. A new allowed flow is reported as KindFlow
-// and a drop as KindDrop (at most one drop event per 5-tuple per second).
+// and a drop as KindDrop: eBPF reports the first packet of a denied flow (the
+// packets of a 5-tuple less than 2 s apart) and counts the rest (DropCounter);
+// nftables reports every dropped packet and resets TCP (reset) or answers ICMP
+// administratively prohibited for other protocols, so the caller fails at once.
+// With Spec.Cgroup, eBPF refuses a denied connect or unconnected sendmsg with EPERM
+// before any packet (Event.Refused).
 package datapath
 
 import (
@@ -119,6 +124,12 @@ type Spec struct {
 	// At most one per family.
 	Resolvers []netip.Addr
 	Policy    Policy
+	// Cgroup is the sandbox's cgroup v2 directory (for example
+	// /sys/fs/cgroup/unified/docker/<container id>). When set, a backend that can
+	// refuse at the socket attaches there too (eBPF: cgroup connect and sendmsg
+	// programs return EPERM for a denied destination at once). Optional: without it
+	// denied packets are dropped on the veth only.
+	Cgroup string
 }
 
 // Policy is the compiled, address-level part of a sandbox's egress policy. Names are

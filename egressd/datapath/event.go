@@ -22,11 +22,33 @@ type Event struct {
 	Dst     netip.AddrPort
 	// Rule is the static rule's ID for ReasonRuleAllow/ReasonRuleDeny, else 0.
 	Rule uint16
+	// Refused is set for a drop refused at the socket (connect or sendmsg failed with
+	// EPERM, eBPF cgroup programs): no packet left the sandbox, Src has port 0.
+	Refused bool
+	// Bytes is the packet's length (0 when Refused).
+	Bytes uint32
+}
+
+// DropCount is the kernel's account of one denied flow: the packets of a 5-tuple that
+// arrived less than the backend's flow window apart.
+type DropCount struct {
+	First, Last    time.Time
+	Packets, Bytes uint64
+}
+
+// DropCounter is implemented by datapaths that count denied flows in the kernel and
+// report only a flow's first packet as an event (eBPF). Without it every dropped
+// packet is an event and the consumer counts.
+type DropCounter interface {
+	// TakeDropCount returns the counters of the denied flow whose first packet was e
+	// and forgets them (the next packet of the 5-tuple starts a new flow). ok is
+	// false when the kernel holds no such flow (evicted, or the sandbox detached).
+	TakeDropCount(e Event) (c DropCount, ok bool)
 }
 
 // String renders the event for logs and test failures.
 func (e Event) String() string {
-	return fmt.Sprintf("%s %s %s %s %s->%s rule=%d", e.Sandbox, e.Kind, e.Reason, e.Proto, e.Src, e.Dst, e.Rule)
+	return fmt.Sprintf("%s %s %s %s %s->%s rule=%d refused=%t", e.Sandbox, e.Kind, e.Reason, e.Proto, e.Src, e.Dst, e.Rule, e.Refused)
 }
 
 // Kind says what an event reports.

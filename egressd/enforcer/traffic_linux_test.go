@@ -39,6 +39,10 @@ func TestMain(m *testing.M) {
 		childMain()
 		return
 	}
+	if os.Getenv(connectChildEnv) != "" {
+		connectChildMain()
+		return
+	}
 	os.Exit(m.Run())
 }
 

@@ -37,14 +37,22 @@ func logPrefix(kind datapath.Kind, reason datapath.Reason, rule uint16, id strin
 func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 	var rules [][]expr.Any
 	add := func(r ...[]expr.Any) { rules = append(rules, cat(r...)) }
-	dropAlways := func(reason datapath.Reason, rule uint16) []expr.Any {
-		return cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id), one(drop))
+	dropSilently := func(reason datapath.Reason) []expr.Any {
+		return cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, 0, id), one(drop))
 	}
-	deny := func(reason datapath.Reason, rule uint16) []expr.Any {
+	// refuse ends a denied packet's rule so that the caller fails at once: a TCP reset
+	// for TCP, ICMP administratively prohibited for the rest (two rules, TCP first).
+	refuse := func(match []expr.Any, reason datapath.Reason, rule uint16) {
+		act := cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id))
+		add(match, l4proto(protoTC), act, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		add(match, act, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
+	}
+	deny := func(match []expr.Any, reason datapath.Reason, rule uint16) {
 		if p.Report {
-			return cat(f.logExpr(datapath.KindWouldDrop, reason, rule, id), one(accept))
+			add(match, f.logExpr(datapath.KindWouldDrop, reason, rule, id), one(accept))
+			return
 		}
-		return dropAlways(reason, rule)
+		refuse(match, reason, rule)
 	}
 	allowNew := func(fm fam, reason datapath.Reason, rule uint16) []expr.Any {
 		return cat(flowKey(fm), one(addFlow(flowSet(fm, id), f.cfg.FlowIdle), counter(flowCounter(id))),
@@ -55,17 +63,18 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 	add(nfproto(v6), l4proto(unix.IPPROTO_ICMPV6), icmpType(133, 137), one(accept))
 	for _, fm := range []fam{v4, v6} {
 		// 2. source address
-		add(nfproto(fm), addrInSet(fm, true, srcSet(fm, id), true), deny(datapath.ReasonSpoofed, 0))
+		// (dropped silently even in report mode: a refusal would answer a forged address)
+		add(nfproto(fm), addrInSet(fm, true, srcSet(fm, id), true), dropSilently(datapath.ReasonSpoofed))
 		// 3. DNS only to the resolver, no DoT
 		for _, pr := range []byte{protoTC, protoUD} {
 			add(nfproto(fm), l4proto(pr), dport(53, 53), addrInSet(fm, false, resSet(fm, id), false), one(accept))
-			add(nfproto(fm), l4proto(pr), dport(53, 53), deny(datapath.ReasonDNS, 0))
-			add(nfproto(fm), l4proto(pr), dport(853, 853), deny(datapath.ReasonDoT, 0))
+			deny(cat(nfproto(fm), l4proto(pr), dport(53, 53)), datapath.ReasonDNS, 0)
+			deny(cat(nfproto(fm), l4proto(pr), dport(853, 853)), datapath.ReasonDoT, 0)
 		}
 	}
 	// 4. IPv6 blocked
 	if p.IPv6 == datapath.IPv6Block {
-		add(nfproto(v6), deny(datapath.ReasonIPv6Blocked, 0))
+		deny(nfproto(v6), datapath.ReasonIPv6Blocked, 0)
 	}
 	for _, fm := range []fam{v4, v6} {
 		if fm == v6 && p.IPv6 == datapath.IPv6Block {
@@ -95,9 +104,9 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 			case datapath.ActionAllow:
 				add(m, allowNew(fm, datapath.ReasonRuleAllow, r.ID))
 			case datapath.ActionDenyAlways:
-				add(m, dropAlways(datapath.ReasonRuleDeny, r.ID))
+				refuse(m, datapath.ReasonRuleDeny, r.ID)
 			default:
-				add(m, deny(datapath.ReasonRuleDeny, r.ID))
+				deny(m, datapath.ReasonRuleDeny, r.ID)
 			}
 		}
 		// 7. L7 redirect mark
@@ -115,7 +124,7 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 			add(nfproto(fm), allowNew(fm, datapath.ReasonDefaultAllow, 0))
 			add(nfproto(fm), one(accept)) // packets without a transport header to key on
 		} else {
-			add(nfproto(fm), deny(datapath.ReasonDefaultDeny, 0))
+			deny(nfproto(fm), datapath.ReasonDefaultDeny, 0)
 		}
 	}
 	return rules
