@@ -79,6 +79,8 @@ func toHTTP(err error) (int, string) {
 		return http.StatusNotImplemented, "NOT_AVAILABLE"
 	case errors.Is(err, ErrClosed):
 		return http.StatusServiceUnavailable, "SHUTTING_DOWN"
+	case errors.Is(err, ErrHeld):
+		return http.StatusServiceUnavailable, "STARTING"
 	default:
 		return http.StatusInternalServerError, "RUNTIME_ERROR"
 	}

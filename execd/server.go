@@ -44,6 +44,9 @@ type Config struct {
 	// Procs tracks the processes execd starts (shared with Supervise in PID 1 mode).
 	// A fresh tracker when nil.
 	Procs *Procs
+	// Hold, when set, refuses every request but GET /ping with 503 STARTING until it
+	// is released through POST ReleasePath (see Hold). Nil: no hold.
+	Hold *Hold
 }
 
 // Server is the execd HTTP API.
@@ -214,6 +217,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(ErrNotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
+	if s.cfg.Hold != nil {
+		return s.middleware(holdMiddleware(s.cfg.Hold, mux))
+	}
 	return s.middleware(mux)
 }
 

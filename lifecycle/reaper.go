@@ -2,32 +2,46 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/airlockdev/airlock/execd"
 )
 
 // pingInterval is how often a new sandbox's execd is asked /ping until it answers.
 const pingInterval = 20 * time.Millisecond
 
-// awaitReadyAsync polls execd /ping at addr (the container's address on the Airlock
-// network, never a published port) and moves the sandbox from Pending to Running when
-// it answers 200, or to Failed after ReadyTimeout.
+// awaitReadyAsync moves a new sandbox from Pending to Running: once the ready gate
+// (egress enforced) reports true, it polls execd /ping at addr (the container's
+// address on the Airlock network, never a published port), then releases execd's
+// hold (POST /_airlock/release: the user's entrypoint starts now, under the policy)
+// and marks the sandbox Running; Failed after ReadyTimeout. The probe connects only
+// after enforcement, so its replies are a recorded inbound flow, never a denial.
 func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 	s.wg.Go(func() {
-		url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + "/ping"
+		base := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
 		deadline := time.Now().Add(s.cfg.ReadyTimeout)
+		gated := s.cfg.ReadyGate == nil
 		for {
-			if s.pingOnce(url) && (s.cfg.ReadyGate == nil || s.cfg.ReadyGate(id)) {
+			if !gated {
+				gated = s.cfg.ReadyGate(id)
+			}
+			if gated && s.pingOnce(base+"/ping") {
+				if err := s.release(base + execd.ReleasePath); err != nil {
+					s.markReady(id, Failed, "release_failed", "execd did not start the entrypoint: "+err.Error())
+					return
+				}
 				s.markReady(id, Running, "ready", "execd answers")
 				return
 			}
 			if time.Now().After(deadline) {
 				msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
-				if s.cfg.ReadyGate != nil && s.pingOnce(url) {
+				if !gated {
 					msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
 				}
 				s.markReady(id, Failed, "ready_timeout", msg)
@@ -47,6 +61,23 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 			}
 		}
 	})
+}
+
+// release ends execd's hold. An execd that does not know the path (404: an image's
+// own execd, a test stub) holds nothing.
+func (s *Server) release(url string) error {
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	resp, err := s.ping.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotFound {
+		return fmt.Errorf("%s answered %s", url, resp.Status)
+	}
+	return nil
 }
 
 func (s *Server) pingOnce(url string) bool {

@@ -162,6 +162,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	}
 	id := newSandboxID()
 	v.spec.SandboxID = id
+	v.spec.Hold = true // released by awaitReadyAsync once enforced
 	if v.credentialProxy {
 		if s.cfg.CredentialVault == nil {
 			return Sandbox{}, fmt.Errorf("%w: credentialProxy is not available: this server runs no Credential Vault", ErrInvalidRequest)

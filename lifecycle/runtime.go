@@ -55,6 +55,11 @@ type Spec struct {
 	// trust store and points SSL_CERT_FILE, REQUESTS_CA_BUNDLE and NODE_EXTRA_CA_CERTS
 	// at them. Never a key.
 	TrustedCAPEM []byte
+	// Hold starts execd held (execd --hold): the user's entrypoint and the execd API
+	// wait until lifecycle's POST /_airlock/release, which the Server sends once the
+	// sandbox's egress is enforced (Config.ReadyGate), so no process of the user runs
+	// unfiltered. The Server sets it on every create.
+	Hold bool
 }
 
 // Instance is a sandbox's container as the runtime sees it.

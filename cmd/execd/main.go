@@ -41,6 +41,9 @@ func main() {
 	workdir := fs.String("workdir", os.Getenv("EXECD_WORKDIR"),
 		"working directory of commands and base of relative paths; /workspace when it exists, else / (env EXECD_WORKDIR)")
 	execMode := fs.Bool("exec", false, "run the command after -- as a supervised child (PID 1 mode)")
+	hold := fs.Bool("hold", os.Getenv("EXECD_HOLD") == "1",
+		"start held: the API answers only GET /ping (others get 503 STARTING) and --exec's command does not start "+
+			"until POST "+execd.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -75,7 +78,12 @@ func main() {
 	}
 
 	procs := &execd.Procs{}
+	var held *execd.Hold
+	if *hold {
+		held = &execd.Hold{}
+	}
 	srv, err := execd.New(execd.Config{
+		Hold:        held,
 		Addr:        net.JoinHostPort(*host, strconv.Itoa(*port)),
 		AccessToken: *token,
 		Workdir:     *workdir,
@@ -111,6 +119,20 @@ func main() {
 			logger.Error("execd API stopped", "err", err)
 		}
 	}()
+	if held != nil { // without an API nobody can release: fail closed
+		// Nothing of the user runs before the release; a stop request still ends execd.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		select {
+		case <-held.Released():
+			signal.Stop(sigs)
+			logger.Info("released; starting the entrypoint")
+		case sig := <-sigs:
+			logger.Info("stopped while held; the entrypoint never ran", "signal", sig.String())
+			cancel()
+			os.Exit(128 + int(sig.(syscall.Signal)))
+		}
+	}
 	code, err := execd.Supervise(context.Background(), execd.SuperviseConfig{Argv: fs.Args(), Procs: procs, Logger: logger})
 	if err != nil {
 		logger.Error("supervising the entrypoint", "err", err)

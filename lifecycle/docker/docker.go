@@ -34,6 +34,14 @@ const (
 	LabelManagedBy = "airlock.dev/managed-by"
 )
 
+// execdArgs is execd's command line in front of the user's entrypoint.
+func execdArgs(hold bool) []string {
+	if hold {
+		return []string{ExecdPath, "--exec", "--hold", "--"}
+	}
+	return []string{ExecdPath, "--exec", "--"}
+}
+
 // ExecdPath is where execd lives inside every sandbox.
 const ExecdPath = "/opt/airlock/execd"
 
@@ -245,7 +253,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
 			Image:      spec.Image,
-			Entrypoint: append([]string{ExecdPath, "--exec", "--"}, spec.Entrypoint...),
+			Entrypoint: append(execdArgs(spec.Hold), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
 			Labels:     labels,
