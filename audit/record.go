@@ -24,6 +24,15 @@ const (
 	SourceCredential Source = "credential"
 )
 
+// Actions besides a policy verdict (allow, deny).
+const (
+	// ActionLoss: records the writer could not append, extra.lost = how many.
+	ActionLoss = "loss"
+	// ActionSuppressed: flow records a sandbox's audit rate limit held back,
+	// extra.suppressed = how many (egressd; audit/README.md, "Flow records").
+	ActionSuppressed = "suppressed"
+)
+
 // Record is one decision. Field names are fixed: audit consumers rely on them. Empty
 // fields are omitted from the JSON form except the chain fields.
 type Record struct {

@@ -278,7 +278,7 @@ func (w *Writer) writeLoss() {
 	var recs []Record
 	w.lost.Range(func(k, v any) bool {
 		if n := v.(*atomic.Uint64).Swap(0); n > 0 {
-			recs = append(recs, Record{Time: time.Now(), Source: k.(Source), Action: "loss",
+			recs = append(recs, Record{Time: time.Now(), Source: k.(Source), Action: ActionLoss,
 				Reason: "audit queue full: records dropped", Extra: map[string]any{"lost": n}})
 			w.log.Warn("audit records lost", "source", string(k.(Source)), "lost", n)
 		}

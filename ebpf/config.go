@@ -3,6 +3,8 @@ package egressbpf
 import (
 	"log/slog"
 	"time"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
 // DefaultPinRoot is where programs, links and maps are pinned.
@@ -72,7 +74,7 @@ func (c *Config) defaults() {
 		c.L7Mark, c.L7MarkMask = DefaultL7Mark, DefaultL7MarkMask
 	}
 	if c.DropFlowWindow <= 0 {
-		c.DropFlowWindow = 2 * time.Second
+		c.DropFlowWindow = datapath.DefaultFlowWindow
 	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 4096

@@ -26,9 +26,9 @@ const (
 // evfSocket is event.flags EVF_SOCKET (airlock.c).
 const evfSocket = 1
 
-// TakeDropCount implements datapath.DropCounter from the drop_seen entry of e's
-// 5-tuple.
-func (d *Datapath) TakeDropCount(e datapath.Event) (datapath.DropCount, bool) {
+// DropCount implements datapath.DropCounter from the drop_seen entry of e's 5-tuple
+// (read, not removed: the kernel starts the next flow of the 5-tuple over it).
+func (d *Datapath) DropCount(e datapath.Event) (datapath.DropCount, bool) {
 	d.mu.Lock()
 	s, ok := d.byID[e.Sandbox]
 	d.mu.Unlock()
@@ -40,11 +40,8 @@ func (d *Datapath) TakeDropCount(e datapath.Event) (datapath.DropCount, bool) {
 		k.Family = 6
 	}
 	var v airlockDropVal
-	if err := d.objs.DropSeen.LookupAndDelete(&k, &v); err != nil {
-		if d.objs.DropSeen.Lookup(&k, &v) != nil {
-			return datapath.DropCount{}, false
-		}
-		d.objs.DropSeen.Delete(&k) // LRU hash maps have no lookup-and-delete before 5.14
+	if err := d.objs.DropSeen.Lookup(&k, &v); err != nil {
+		return datapath.DropCount{}, false
 	}
 	now, mono := time.Now(), monoNow()
 	return datapath.DropCount{
@@ -54,6 +51,9 @@ func (d *Datapath) TakeDropCount(e datapath.Event) (datapath.DropCount, bool) {
 		Bytes:   v.Bytes,
 	}, true
 }
+
+// DropFlowWindow implements datapath.DropCounter: Config.DropFlowWindow.
+func (d *Datapath) DropFlowWindow() time.Duration { return d.cfg.DropFlowWindow }
 
 // readEvents drains the ring buffer into the Events channel until Close.
 func (d *Datapath) readEvents() {

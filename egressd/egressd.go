@@ -93,6 +93,12 @@ type Config struct {
 	MinTTL, MaxTTL time.Duration
 	// Audit receives DNS, connection and policy records; nil means none.
 	Audit AuditSink
+	// FlowAuditRate and FlowAuditBurst limit the flow records (bpf source) one sandbox
+	// may open, per second and in a burst; what goes over is counted in a
+	// "suppressed" record (audit/README.md). Defaults DefaultFlowAuditRate and
+	// DefaultFlowAuditBurst.
+	FlowAuditRate  float64
+	FlowAuditBurst int
 	// Registry receives the airlock_egressd_* and airlock_dnsfilter_* metrics.
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
@@ -125,6 +131,12 @@ type Daemon struct {
 // New validates cfg, builds (or takes) the datapath and binds the DNS filter's
 // sockets. It attaches nothing: Run follows the watch.
 func New(cfg Config) (*Daemon, error) {
+	if cfg.FlowAuditRate <= 0 {
+		cfg.FlowAuditRate = DefaultFlowAuditRate
+	}
+	if cfg.FlowAuditBurst <= 0 {
+		cfg.FlowAuditBurst = DefaultFlowAuditBurst
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -139,6 +140,43 @@ except OSError as e:
 			return r.Source == audit.SourceDNS && r.QType == "TXT" && r.Action == "deny"
 		})
 	})
+	t.Run("one audit record per denied flow", func(t *testing.T) {
+		// 20 datagrams of one socket to one denied destination are one flow: one
+		// record counting 20 packets (refused sends on eBPF, dropped packets on
+		// nftables), written once the flow has been idle for the flow window.
+		py := `import socket
+s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)
+for i in range(20):
+    try: s.sendto(b'x',('169.254.169.254',9999))
+    except OSError: pass`
+		if code, out := sh(t, x, "python3 -c \""+py+"\""); code != 0 {
+			t.Fatalf("sending: exit %d %s", code, out)
+		}
+		isFlow := func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.DstPort == 9999
+		}
+		rec := w.waitAudit(t, sb.ID, "the denied flow", isFlow)
+		if p, _ := rec.Extra["packets"].(float64); p != 20 {
+			t.Errorf("flow record counts %v packets, want 20: %+v", rec.Extra["packets"], rec)
+		}
+		if _, ok := rec.Extra["last_seen"].(string); !ok {
+			t.Errorf("flow record without last_seen: %+v", rec)
+		}
+		time.Sleep(3 * datapath.DefaultFlowWindow / 2)
+		recs, _, err := audit.Query(w.auditDir, audit.Filter{SandboxID: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range recs {
+			if isFlow(r) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d records of one denied flow, want 1", n)
+		}
+	})
 	t.Run("policy change on a running sandbox", func(t *testing.T) {
 		before := curl(t, x, "http://allowed.test/") // learned, flow established then closed
 		if before != "allowed" {
@@ -246,6 +284,7 @@ func TestEgressdCleanup(t *testing.T) {
 			if got := len(d.Datapath().Attached()); got != n {
 				t.Fatalf("%d sandboxes attached, want %d", got, n)
 			}
+			w.noOwnTrafficDenied(t)
 			if seen := leftovers(t, mode, pins, all); len(seen) < n {
 				t.Fatalf("the leftover check sees %d objects of %d attached sandboxes: %v", len(seen), n, seen)
 			}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -379,41 +381,77 @@ func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
 	return nil
 }
 
-// auditEvents turns datapath events into audit records until the datapath closes
-// its event channel.
+// auditEvents turns datapath events into audit records, one per flow (flowAudit),
+// until the datapath closes its event channel; then it writes what is still open.
 func (d *Daemon) auditEvents() {
 	backend := string(d.dp.Backend())
-	for ev := range d.dp.Events() {
-		d.metrics.events.WithLabelValues(ev.Kind.String()).Inc()
-		if d.cfg.Audit == nil {
+	counter, _ := d.dp.(datapath.DropCounter)
+	window := datapath.DefaultFlowWindow
+	if counter != nil {
+		window = counter.DropFlowWindow()
+	}
+	var flows *flowAudit
+	if d.cfg.Audit != nil {
+		flows = newFlowAudit(window, counter, rate.Limit(d.cfg.FlowAuditRate), d.cfg.FlowAuditBurst, d.cfg.Audit.Append)
+		flows.onSuppress = func(n int) { d.metrics.suppressed.Add(float64(n)) }
+	}
+	tick := time.NewTicker(window / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case now := <-tick.C:
+			if flows != nil {
+				flows.tick(now)
+			}
 			continue
-		}
-		rec := audit.Record{
-			Time: ev.Time, SandboxID: ev.Sandbox, Source: audit.SourceBPF, Proto: ev.Proto.String(),
-			Src: ev.Src.String(), DstIP: ev.Dst.Addr().String(), DstPort: int(ev.Dst.Port()),
-			Reason: ev.Reason.String(), Extra: map[string]any{"backend": backend},
-		}
-		switch ev.Kind {
-		case datapath.KindFlow:
-			rec.Action = string(policies.Allow)
-		case datapath.KindWouldDrop:
-			rec.Action, rec.WouldDeny = string(policies.Allow), true
-		default:
-			rec.Action = string(policies.Deny)
-		}
-		d.mu.RLock()
-		if sb := d.byID[ev.Sandbox]; sb != nil {
-			if ev.Kind == datapath.KindFlow && sb.c.decider.AuditLevel() == policies.AuditDenied {
-				d.mu.RUnlock()
+		case ev, ok := <-d.dp.Events():
+			if !ok {
+				if flows != nil {
+					flows.close()
+				}
+				return
+			}
+			d.metrics.events.WithLabelValues(ev.Kind.String()).Inc()
+			if flows == nil {
 				continue
 			}
-			rec.Mode, rec.PolicyVersion = string(sb.c.decider.Mode()), sb.view.PolicyVersion
-			rec.Rule = sb.c.rule(ev.Rule)
-			if l, ok := sb.learned[ev.Dst.Addr()]; ok && len(l.names) > 0 {
-				rec.DstHost = l.names[0]
+			if rec, ok := d.eventRecord(ev, backend); ok {
+				flows.add(ev, rec)
 			}
 		}
-		d.mu.RUnlock()
-		d.cfg.Audit.Append(rec)
 	}
+}
+
+// eventRecord is the audit record of one datapath event on its own; ok is false for
+// allowed flows of sandboxes that audit denials only.
+func (d *Daemon) eventRecord(ev datapath.Event, backend string) (audit.Record, bool) {
+	rec := audit.Record{
+		Time: ev.Time, SandboxID: ev.Sandbox, Source: audit.SourceBPF, Proto: ev.Proto.String(),
+		Src: ev.Src.String(), DstIP: ev.Dst.Addr().String(), DstPort: int(ev.Dst.Port()),
+		Reason: ev.Reason.String(), Extra: map[string]any{"backend": backend},
+	}
+	if ev.Refused {
+		rec.Src = ev.Src.Addr().String()
+	}
+	switch ev.Kind {
+	case datapath.KindFlow:
+		rec.Action = string(policies.Allow)
+	case datapath.KindWouldDrop:
+		rec.Action, rec.WouldDeny = string(policies.Allow), true
+	default:
+		rec.Action = string(policies.Deny)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if sb := d.byID[ev.Sandbox]; sb != nil {
+		if ev.Kind == datapath.KindFlow && sb.c.decider.AuditLevel() == policies.AuditDenied {
+			return audit.Record{}, false
+		}
+		rec.Mode, rec.PolicyVersion = string(sb.c.decider.Mode()), sb.view.PolicyVersion
+		rec.Rule = sb.c.rule(ev.Rule)
+		if l, ok := sb.learned[ev.Dst.Addr()]; ok && len(l.names) > 0 {
+			rec.DstHost = l.names[0]
+		}
+	}
+	return rec, true
 }

@@ -4,7 +4,13 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"time"
 )
+
+// HoldWait is how long a request that reaches a held sandbox waits for the release
+// before it is answered 503 STARTING: clients that probe only GET /ping (the
+// OpenSandbox SDKs) then simply see their first command start after enforcement.
+const HoldWait = 30 * time.Second
 
 // ReleasePath is where Airlock's lifecycle server releases a held sandbox (not part
 // of the OpenSandbox execd API): POST, no body, 204 whether or not it was held.
@@ -16,8 +22,8 @@ var ErrHeld = errors.New("held")
 
 // Hold keeps a new sandbox's user processes from starting until Airlock has confirmed
 // that its egress policy is enforced: PID 1 mode waits for Released before it starts
-// the entrypoint, and the Server refuses every request but GET /ping and
-// POST ReleasePath until then. The zero value is held; Release is idempotent.
+// the entrypoint, and the Server holds every request but GET /ping and POST
+// ReleasePath until then (HoldWait at most, then 503 STARTING). The zero value is held; Release is idempotent.
 type Hold struct {
 	once sync.Once
 	ch   chan struct{}
@@ -54,8 +60,8 @@ func (h *Hold) Held() bool {
 	}
 }
 
-// holdMiddleware answers ErrHeld while hold is held, except for GET /ping and the
-// release itself.
+// holdMiddleware makes requests wait while hold is held (HoldWait, then ErrHeld),
+// except for GET /ping and the release itself.
 func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == ReleasePath && r.Method == http.MethodPost {
@@ -64,8 +70,16 @@ func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 			return
 		}
 		if h.Held() && !(r.Method == http.MethodGet && r.URL.Path == "/ping") {
-			writeError(w, errorf(ErrHeld, "the sandbox is starting: its egress policy is not confirmed enforced yet"))
-			return
+			t := time.NewTimer(HoldWait)
+			defer t.Stop()
+			select {
+			case <-h.Released():
+			case <-r.Context().Done():
+				return
+			case <-t.C:
+				writeError(w, errorf(ErrHeld, "the sandbox is starting: its egress policy was not confirmed enforced within %s", HoldWait))
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -28,7 +28,7 @@ type proxyTarget struct {
 // transport, responses flushed as they arrive (SSE event by event), WebSocket and other
 // upgrades passed through, hop-by-hop headers dropped (httputil does that) and the
 // platform's credentials stripped.
-func (s *Server) newProxy() *httputil.ReverseProxy {
+func (s *Server) newProxy() (*httputil.ReverseProxy, *http.Transport) {
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
@@ -61,7 +61,7 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			}
 			s.fail(w, r, fmt.Errorf("%w: %v", ErrUpstream, err))
 		},
-	}
+	}, tr
 }
 
 // handleProxy serves /sandboxes/{id}/proxy/{port}/… (OpenSandbox server proxy): any

@@ -27,22 +27,24 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 		base := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
 		deadline := time.Now().Add(s.cfg.ReadyTimeout)
 		gated := s.cfg.ReadyGate == nil
+		var releaseErr error
 		for {
 			if !gated {
 				gated = s.cfg.ReadyGate(id)
 			}
 			if gated && s.pingOnce(base+"/ping") {
-				if err := s.release(base + execd.ReleasePath); err != nil {
-					s.markReady(id, Failed, "release_failed", "execd did not start the entrypoint: "+err.Error())
+				if releaseErr = s.release(base + execd.ReleasePath); releaseErr == nil {
+					s.markReady(id, Running, "ready", "execd answers")
 					return
 				}
-				s.markReady(id, Running, "ready", "execd answers")
-				return
 			}
 			if time.Now().After(deadline) {
 				msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
-				if !gated {
+				switch {
+				case !gated:
 					msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
+				case releaseErr != nil:
+					msg = "execd did not start the entrypoint: " + releaseErr.Error()
 				}
 				s.markReady(id, Failed, "ready_timeout", msg)
 				return
@@ -66,7 +68,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 // release ends execd's hold. An execd that does not know the path (404: an image's
 // own execd, a test stub) holds nothing.
 func (s *Server) release(url string) error {
-	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	resp, err := s.ping.Do(req)

@@ -325,6 +325,7 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 	s.mu.Unlock()
 	s.hub.Delete(id)
 	s.forgetVault(id)
+	s.proxyTransport.CloseIdleConnections()
 	s.metrics.transition(Terminated)
 	s.log.Info("sandbox removed", "sandbox_id", id, "reason", reason)
 	if err != nil {

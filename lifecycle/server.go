@@ -30,6 +30,9 @@ import (
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
+// DefaultExecdPort is execd's port in a sandbox (OpenSandbox's execd default).
+const DefaultExecdPort = 44772
+
 // Config configures a Server. Runtime and Store are required.
 type Config struct {
 	Runtime Runtime
@@ -60,7 +63,7 @@ type Config struct {
 	Endpoint EndpointFunc
 	// Limits bounds create requests.
 	Limits Limits
-	// ExecdPort is execd's port inside the sandbox; default 44772.
+	// ExecdPort is execd's port inside the sandbox; default DefaultExecdPort.
 	ExecdPort int
 	// ReadyTimeout is how long a new sandbox may take to answer execd /ping before it is
 	// marked Failed; default 120 s.
@@ -129,6 +132,10 @@ type Server struct {
 	instance string
 	mux      *http.ServeMux
 	proxy    *httputil.ReverseProxy
+	// proxyTransport is proxy's pooled transport: its idle connections are closed
+	// when a sandbox goes, so that none is reused against the next sandbox given the
+	// same address (that sandbox would answer with resets its policy denies).
+	proxyTransport *http.Transport
 	ping     *http.Client
 	metrics  *metrics
 
@@ -160,7 +167,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Hub = watch.NewHub(0, cfg.Log)
 	}
 	if cfg.ExecdPort == 0 {
-		cfg.ExecdPort = 44772
+		cfg.ExecdPort = DefaultExecdPort
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 120 * time.Second
@@ -203,7 +210,7 @@ func New(cfg Config) (*Server, error) {
 		},
 	}
 	s.metrics = newMetrics(cfg.Registry, s)
-	s.proxy = s.newProxy()
+	s.proxy, s.proxyTransport = s.newProxy()
 	s.mux = http.NewServeMux()
 	s.routes()
 	if cfg.APIKey == "" {

@@ -29,6 +29,10 @@ type Event struct {
 	Bytes uint32
 }
 
+// DefaultFlowWindow is the flow window of datapaths that do not say otherwise: denied
+// packets of one 5-tuple less than this apart are one flow (one audit record).
+const DefaultFlowWindow = 2 * time.Second
+
 // DropCount is the kernel's account of one denied flow: the packets of a 5-tuple that
 // arrived less than the backend's flow window apart.
 type DropCount struct {
@@ -40,10 +44,13 @@ type DropCount struct {
 // report only a flow's first packet as an event (eBPF). Without it every dropped
 // packet is an event and the consumer counts.
 type DropCounter interface {
-	// TakeDropCount returns the counters of the denied flow whose first packet was e
-	// and forgets them (the next packet of the 5-tuple starts a new flow). ok is
-	// false when the kernel holds no such flow (evicted, or the sandbox detached).
-	TakeDropCount(e Event) (c DropCount, ok bool)
+	// DropCount returns the counters of the denied flow of e's 5-tuple. ok is false
+	// when the kernel holds no such flow (evicted, or the sandbox detached). The
+	// counters belong to a later flow of the same 5-tuple when First is not e.Time.
+	DropCount(e Event) (c DropCount, ok bool)
+	// DropFlowWindow is the flow window: a packet less than this after the flow's
+	// last packet belongs to the flow.
+	DropFlowWindow() time.Duration
 }
 
 // String renders the event for logs and test failures.

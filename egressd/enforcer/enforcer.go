@@ -172,6 +172,24 @@ func (f *fallback) get(id string) (datapath.Datapath, error) {
 	return b, nil
 }
 
+// DropCount implements datapath.DropCounter for the sandboxes of a backend that
+// counts denied flows in the kernel.
+func (f *fallback) DropCount(e datapath.Event) (datapath.DropCount, bool) {
+	b, err := f.get(e.Sandbox)
+	if c, ok := b.(datapath.DropCounter); err == nil && ok {
+		return c.DropCount(e)
+	}
+	return datapath.DropCount{}, false
+}
+
+// DropFlowWindow implements datapath.DropCounter: the primary's window.
+func (f *fallback) DropFlowWindow() time.Duration {
+	if c, ok := f.primary.(datapath.DropCounter); ok {
+		return c.DropFlowWindow()
+	}
+	return datapath.DefaultFlowWindow
+}
+
 func (f *fallback) Update(id string, p datapath.Policy) error {
 	b, err := f.get(id)
 	if err != nil {

@@ -45,6 +45,9 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 	refuse := func(match []expr.Any, reason datapath.Reason, rule uint16) {
 		act := cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id))
 		add(match, l4proto(protoTC), act, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		// (On a bridge port the kernel sends no ICMP error: the packet is addressed to
+		// the bridge's MAC, so it counts as another host's, and icmp_send answers only
+		// packets for this host; the inet ingress hook cannot set the packet type.)
 		add(match, act, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	}
 	deny := func(match []expr.Any, reason datapath.Reason, rule uint16) {

@@ -112,6 +112,9 @@ type Options struct {
 	GatewayKey    string
 	// CredentialVault is passed to lifecycle.Config (credentialProxy sandboxes).
 	CredentialVault lifecycle.CredentialVault
+	// ReadyGate is passed to lifecycle.Config (an egressd under test confirms
+	// enforcement before a sandbox's entrypoint is released).
+	ReadyGate func(id string) bool
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -175,6 +178,7 @@ func New(t testing.TB, o Options) *Harness {
 		DefaultAccess:   o.DefaultAccess,
 		GatewayKey:      o.GatewayKey,
 		CredentialVault: o.CredentialVault,
+		ReadyGate:       o.ReadyGate,
 	})
 	if err != nil {
 		t.Fatal(err)
