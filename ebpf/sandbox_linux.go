@@ -358,6 +358,35 @@ func (d *Datapath) Forget(id string, addr netip.Addr) error {
 	return d.cutFlows(s, addr)
 }
 
+// Narrow implements datapath.Datapath: the address's learned entry is replaced (for
+// the moment between, established flows still pass on the flow table), then the flows
+// to it are checked against the new grants.
+func (d *Datapath) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
+	addr = addr.Unmap()
+	d.mu.Lock()
+	s, ok := d.byID[id]
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	key := addr16(addr)
+	d.learnMu.Lock()
+	err := s.learned.Delete(&key)
+	d.learnMu.Unlock()
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("narrow %s: %w", addr, err)
+	}
+	if err := d.Learn(id, addr, ports, ttl); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s, ok = d.byID[id]; !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	return d.cutFlows(s, addr)
+}
+
 // cutFlows deletes the sandbox's outbound flows that its policy no longer allows
 // (only flows to only, when valid). Inbound flows and flows of unknown policy stay.
 func (d *Datapath) cutFlows(s *sandbox, only netip.Addr) error {

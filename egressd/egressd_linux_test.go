@@ -251,6 +251,49 @@ for i in range(20):
 	})
 }
 
+// TestEgressdEntrypointStartsEnforced: the first instruction of a sandbox's entrypoint
+// already meets its policy (execd holds the entrypoint until egressd enforces it): a
+// connection to the host, denied by the overlay, is refused and one to an allowed CIDR
+// works, both tried before anything else; and the start leaves no deny record of
+// Airlock's own traffic.
+func TestEgressdEntrypointStartsEnforced(t *testing.T) {
+	w := newWorld(t)
+	first := `import socket,errno,time
+def attempt(host,port):
+    s=socket.socket();s.settimeout(3)
+    try:
+        s.connect((host,port));return 'ok'
+    except socket.timeout:
+        return 'timeout'
+    except OSError as e:
+        return {errno.EPERM:'eperm',errno.ECONNREFUSED:'reset'}.get(e.errno,'errno%%d'%%e.errno)
+r=attempt('%s',%d)+' '+attempt('%s',8080)
+open('/tmp/first','w').write(r)
+time.sleep(100000)`
+	script := fmt.Sprintf(first, w.gw, w.hostPort, cidrIP)
+	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			d, _ := w.daemon(t, mode, pinRoot(t))
+			sb, x := w.create(t, d, startPolicy, "python3", "-c", script)
+			defer w.api.Kill(context.Background(), sb.ID)
+			var out string
+			for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if _, out = sh(t, x, "cat /tmp/first 2>/dev/null"); out != "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the entrypoint wrote nothing")
+				}
+			}
+			if want := refusal(mode, "tcp") + " ok"; out != want {
+				t.Errorf("entrypoint's first connections (host, allowed CIDR): %q, want %q", out, want)
+			}
+			time.Sleep(3 * datapath.DefaultFlowWindow / 2) // open flows written
+			w.noOwnTrafficDenied(t)
+		})
+	}
+}
+
 // TestEgressdCleanup creates and deletes many sandboxes per backend and checks that
 // nothing of theirs remains: no attached sandbox, no datapath table entry, no pinned
 // link (eBPF), no chain or set (nftables).
@@ -561,6 +604,68 @@ func TestEgressdNamePorts(t *testing.T) {
 		}
 		if got := curl(t, x, pinned(8080)); got != "" {
 			t.Errorf("the learned address on the formerly allowed port = %q", got)
+		}
+	})
+}
+
+// TestEgressdNarrowingKeepsAllowedFlows: a policy change that narrows a name's ports
+// cuts the established flow on the port that became denied and leaves the one on the
+// port that stays allowed working (one keep-alive HTTP connection each, used before and
+// after the change).
+func TestEgressdNarrowingKeepsAllowedFlows(t *testing.T) {
+	w := newWorld(t)
+	policy := func(ports string) string {
+		return `{"defaultAction":"deny","egress":[{"action":"allow","target":"ported.test","ports":[` + ports + `],"protocols":["tcp"]}]}`
+	}
+	client := `import http.client,os,time
+def get(c):
+    try:
+        c.request('GET','/');r=c.getresponse();r.read();return 'ok' if r.status==200 else 'status%d'%r.status
+    except Exception as e:
+        return 'fail'
+a=http.client.HTTPConnection('ported.test',8080,timeout=3);b=http.client.HTTPConnection('ported.test',8081,timeout=3)
+open('/tmp/before','w').write(get(a)+' '+get(b))
+while not os.path.exists('/tmp/go'): time.sleep(0.05)
+open('/tmp/after','w').write(get(a)+' '+get(b))`
+	w.eachBackend(t, policy("8080,8081"), func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		if code, out := sh(t, x, "cat > /tmp/c.py <<'EOF'\n"+client+"\nEOF\nnohup python3 /tmp/c.py >/dev/null 2>&1 &"); code != 0 {
+			t.Fatalf("starting the client: %d %s", code, out)
+		}
+		read := func(name string) string {
+			for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if _, out := sh(t, x, "cat /tmp/"+name+" 2>/dev/null"); out != "" {
+					return out
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the client wrote no /tmp/%s", name)
+				}
+			}
+		}
+		if got := read("before"); got != "ok ok" {
+			t.Fatalf("before the change: %q, want ok ok", got)
+		}
+		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy("8080")))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("PUT /policy: %d", resp.StatusCode)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			d.mu.RLock()
+			v := d.byID[sb.ID].view.PolicyVersion
+			d.mu.RUnlock()
+			if v >= 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the narrowed policy was not applied")
+			}
+		}
+		sh(t, x, "touch /tmp/go")
+		if got := read("after"); got != "ok fail" {
+			t.Errorf("after narrowing to 8080: %q, want ok fail (8080's flow kept, 8081's cut)", got)
 		}
 	})
 }

@@ -92,7 +92,7 @@ func TestFlowAuditRateLimit(t *testing.T) {
 type fakeCounter struct{ c datapath.DropCount }
 
 func (f fakeCounter) DropCount(datapath.Event) (datapath.DropCount, bool) { return f.c, true }
-func (f fakeCounter) DropFlowWindow() time.Duration                      { return time.Second }
+func (f fakeCounter) DropFlowWindow() time.Duration                       { return time.Second }
 
 // TestFlowAuditKernelCounts: with a DropCounter, the record carries the kernel's
 // counts, and a flow the kernel still sees active stays open.

@@ -247,20 +247,25 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 				narrowed = narrowed || !slices.Contains(still.grants, g)
 			}
 		}
-		if !allowed || narrowed {
+		switch {
+		case !allowed:
 			if err := d.dp.Forget(sb.view.ID, a); err != nil && !errors.Is(err, datapath.ErrUnknownSandbox) {
 				d.log.Warn("forget failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
 			}
 			delete(sb.learned, a)
-		}
-		if allowed && narrowed {
-			// The names keep what the new policy still grants, for the rest of the TTL.
+		case narrowed:
+			// The names keep what the new policy still grants, for the rest of the TTL;
+			// only flows on ports no longer granted are cut.
 			grants := still.grants
 			if still.every {
 				grants = nil
 			}
-			if err := d.dp.Learn(sb.view.ID, a, grants, l.until.Sub(now)); err != nil {
-				d.log.Warn("re-learn failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+			if err := d.dp.Narrow(sb.view.ID, a, grants, l.until.Sub(now)); err != nil {
+				d.log.Warn("narrow failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+				if !errors.Is(err, datapath.ErrUnknownSandbox) {
+					_ = d.dp.Forget(sb.view.ID, a) // fail closed
+				}
+				delete(sb.learned, a)
 				continue
 			}
 			l.every, l.grants = still.every, still.grants
@@ -305,6 +310,18 @@ func (d *Daemon) Enforced(id string) bool {
 	defer d.mu.RUnlock()
 	sb := d.byID[id]
 	return sb != nil && sb.attached
+}
+
+// EnforcedVersion is the policy version the datapath enforces for id; ok is false
+// when id is not attached.
+func (d *Daemon) EnforcedVersion(id string) (version uint64, ok bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	sb := d.byID[id]
+	if sb == nil || !sb.attached {
+		return 0, false
+	}
+	return sb.view.PolicyVersion, true
 }
 
 // lookup is the DNS filter's directory: source address → sandbox. No I/O.

@@ -75,7 +75,15 @@ func newWorld(t *testing.T) *world {
 		d := w.current.Load()
 		return d != nil && d.Enforced(id)
 	}
-	h := lctest.New(t, lctest.Options{DNSOnGateway: true, ReadyGate: gate})
+	policyGate := func(id string, version uint64) bool {
+		d := w.current.Load()
+		if d == nil {
+			return false
+		}
+		v, ok := d.EnforcedVersion(id)
+		return ok && v >= version
+	}
+	h := lctest.New(t, lctest.Options{DNSOnGateway: true, ReadyGate: gate, PolicyGate: policyGate})
 	_, _, gw := h.Runtime.Network()
 	w.h, w.gw = h, gw
 	w.internet(t)
@@ -202,15 +210,15 @@ func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string, opts ..
 	return d, stop
 }
 
-// create makes a sandbox with policy ("": none), waits until d enforces it, then until
-// execd answers. Waiting for enforcement first keeps every connection the test opens
+// create makes a sandbox with policy ("": none) and entrypoint (none: the SDK's
+// default), waits until d enforces it, then until it is Running. Waiting for enforcement first keeps every connection the test opens
 // to the sandbox younger than its filter (the nftables backend recognises replies to
 // inbound connections by the SYN-ACK it saw, see egressd/nftfilter/README.md).
-func (w *world) create(t *testing.T, d *Daemon, policy string) (*sdk.Sandbox, *sdk.Execd) {
+func (w *world) create(t *testing.T, d *Daemon, policy string, entrypoint ...string) (*sdk.Sandbox, *sdk.Execd) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req := sdk.CreateRequest{Image: w.h.Image, Timeout: 10 * time.Minute}
+	req := sdk.CreateRequest{Image: w.h.Image, Timeout: 10 * time.Minute, Entrypoint: entrypoint}
 	if policy != "" {
 		req.NetworkPolicy = json.RawMessage(policy)
 	}

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,7 +108,37 @@ func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur 
 		return err
 	}
 	s.log.Info("policy changed", "sandbox_id", id, "change", kind, "policy_version", v)
+	s.awaitPolicy(r.Context(), id, v)
 	return nil
+}
+
+// awaitPolicy waits until Config.PolicyGate confirms that version v of a Running
+// sandbox's policy is enforced, at most PolicyApplyTimeout; a change that is not
+// confirmed in time is logged (it stays stored and the data plane applies it late).
+func (s *Server) awaitPolicy(ctx context.Context, id string, v uint64) {
+	if s.cfg.PolicyGate == nil {
+		return
+	}
+	s.mu.Lock()
+	e, ok := s.sbx[id]
+	running := ok && e.rec.Status.State == Running
+	s.mu.Unlock()
+	if !running {
+		return
+	}
+	deadline := time.Now().Add(s.cfg.PolicyApplyTimeout)
+	for !s.cfg.PolicyGate(id, v) {
+		if time.Now().After(deadline) {
+			s.log.Warn("policy change not confirmed enforced in time", "sandbox_id", id, "policy_version", v,
+				"timeout", s.cfg.PolicyApplyTimeout)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Server) writePolicy(w http.ResponseWriter, r *http.Request, id string) {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,5 +174,25 @@ func TestPolicyPatchConcurrentAndDefault(t *testing.T) {
 	}
 	if _, v, _ := h.Server.Policy(sb.ID); v != n {
 		t.Errorf("version %d after %d changes", v, n)
+	}
+}
+
+// TestPolicyChangeAwaitsEnforcement: with a PolicyGate, a policy change on a Running
+// sandbox answers only once the gate confirms the new version (what egressd reports),
+// so the client's next command meets it.
+func TestPolicyChangeAwaitsEnforcement(t *testing.T) {
+	var enforced atomic.Uint64 // what the fake data plane enforces: nothing yet
+	gate := func(_ string, v uint64) bool { return enforced.Load() >= v }
+	h := lctest.New(t, lctest.Options{APIKey: testKey, PolicyGate: gate})
+	c := newClient(t, h)
+	sb := c.create(baseReq(h.Image, nil))
+	c.waitState(sb.ID, lifecycle.Running)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		enforced.Store(100)
+	}()
+	c.want("PUT", "/v1/sandboxes/"+sb.ID+"/policy", `{"defaultAction":"allow"}`, http.StatusOK, "")
+	if got := enforced.Load(); got < 100 {
+		t.Fatalf("the policy change answered before the data plane enforced it (enforced version %d)", got)
 	}
 }

@@ -82,6 +82,12 @@ type Config struct {
 	// client runs through execd precedes enforcement. A sandbox whose gate stays shut
 	// for ReadyTimeout is Failed.
 	ReadyGate func(id string) bool
+	// PolicyGate, when set, reports whether the data plane enforces version (or a
+	// later one) of a sandbox's policy. A policy change through the API answers only
+	// once the gate confirms it (at most PolicyApplyTimeout, default 5 s, for a
+	// Running sandbox), so the client's next command already meets the new policy.
+	PolicyGate         func(id string, version uint64) bool
+	PolicyApplyTimeout time.Duration
 	// DefaultEnv is added to every new sandbox's environment, under names the create
 	// request does not set (airlock up: HTTP_PROXY / HTTPS_PROXY of egressd's explicit
 	// proxy when it runs).
@@ -136,8 +142,8 @@ type Server struct {
 	// when a sandbox goes, so that none is reused against the next sandbox given the
 	// same address (that sandbox would answer with resets its policy denies).
 	proxyTransport *http.Transport
-	ping     *http.Client
-	metrics  *metrics
+	ping           *http.Client
+	metrics        *metrics
 
 	mu  sync.Mutex
 	sbx map[string]*entry
@@ -168,6 +174,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ExecdPort == 0 {
 		cfg.ExecdPort = DefaultExecdPort
+	}
+	if cfg.PolicyApplyTimeout <= 0 {
+		cfg.PolicyApplyTimeout = 5 * time.Second
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 120 * time.Second

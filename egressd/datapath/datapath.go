@@ -74,6 +74,12 @@ type Datapath interface {
 	// static rules do not allow. Forgetting an unknown address is not an error.
 	Forget(id string, addr netip.Addr) error
 
+	// Narrow replaces a learned address's grants with ports (nil: every port) for ttl
+	// and cuts only the established flows to it that the new grants and the static
+	// rules no longer allow: a policy change that narrows a name's ports leaves the
+	// flows on ports that stay allowed alone. Errors as Learn.
+	Narrow(id string, addr netip.Addr, ports []ProtoPorts, ttl time.Duration) error
+
 	// Detach stops enforcing on the sandbox and removes every hook, map entry, inner
 	// map, rule and set created for it. Detaching an unknown id returns
 	// ErrUnknownSandbox.

@@ -206,6 +206,14 @@ func (f *fallback) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts
 	return b.Learn(id, addr, ports, ttl)
 }
 
+func (f *fallback) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
+	b, err := f.get(id)
+	if err != nil {
+		return err
+	}
+	return b.Narrow(id, addr, ports, ttl)
+}
+
 func (f *fallback) Forget(id string, addr netip.Addr) error {
 	b, err := f.get(id)
 	if err != nil {

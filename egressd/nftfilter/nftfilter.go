@@ -449,6 +449,44 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
+	if err := f.unlearn(s, addr); err != nil {
+		return err
+	}
+	return f.cutFlows(s, addr)
+}
+
+// Narrow implements datapath.Datapath: the address's learned elements are replaced
+// (for the moment between, established flows still pass on the flow sets), then the
+// flows to it are checked against the new grants.
+func (f *Filter) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
+	addr = addr.Unmap()
+	f.mu.Lock()
+	s, ok := f.sbx[id]
+	var err error
+	if ok {
+		err = f.unlearn(s, addr)
+	}
+	f.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	if err != nil {
+		return err
+	}
+	if err := f.Learn(id, addr, ports, ttl); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s, ok = f.sbx[id]; !ok {
+		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	}
+	return f.cutFlows(s, addr)
+}
+
+// unlearn removes addr's learned and grant elements of s (flows stay). f.mu is held.
+func (f *Filter) unlearn(s *sandbox, addr netip.Addr) error {
+	id := s.id
 	fm := v4
 	if addr.Is6() {
 		fm = v6
@@ -485,7 +523,7 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 			return fmt.Errorf("forget %s: %w", addr, err)
 		}
 	}
-	return f.cutFlows(s, addr)
+	return nil
 }
 
 // cutFlows deletes the flows the sandbox's policy no longer allows (only those to

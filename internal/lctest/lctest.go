@@ -115,6 +115,8 @@ type Options struct {
 	// ReadyGate is passed to lifecycle.Config (an egressd under test confirms
 	// enforcement before a sandbox's entrypoint is released).
 	ReadyGate func(id string) bool
+	// PolicyGate is passed to lifecycle.Config (policy changes answer once enforced).
+	PolicyGate func(id string, version uint64) bool
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -179,6 +181,7 @@ func New(t testing.TB, o Options) *Harness {
 		GatewayKey:      o.GatewayKey,
 		CredentialVault: o.CredentialVault,
 		ReadyGate:       o.ReadyGate,
+		PolicyGate:      o.PolicyGate,
 	})
 	if err != nil {
 		t.Fatal(err)

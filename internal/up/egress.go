@@ -175,6 +175,22 @@ func (s *Stack) readyGate() func(string) bool {
 	}
 }
 
+// policyGate is lifecycle's policy gate: a policy change answers once egressd
+// enforces it.
+func (s *Stack) policyGate() func(string, uint64) bool {
+	if s.cfg.Egress.Disabled {
+		return nil
+	}
+	return func(id string, version uint64) bool {
+		d := s.egress.Load()
+		if d == nil {
+			return false
+		}
+		v, ok := d.EnforcedVersion(id)
+		return ok && v >= version
+	}
+}
+
 func (s *Stack) stopEgress(context.Context) error {
 	if s.stopEgressFn != nil {
 		s.stopEgressFn()

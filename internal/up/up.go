@@ -243,6 +243,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Audit:           s.Audit,
 		AuditDir:        s.cfg.Audit.Dir,
 		ReadyGate:       s.readyGate(),
+		PolicyGate:      s.policyGate(),
 		DefaultEnv:      s.proxyEnv(),
 		CredentialVault: s.credentialVault(),
 		Registry:        s.registry,
