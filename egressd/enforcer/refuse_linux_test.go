@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,28 +21,37 @@ import (
 )
 
 // connectChildEnv makes the test binary a sandbox process: it joins a cgroup, enters
-// the sandbox's network namespace, tries one connection and prints the outcome
-// ("ok", "errno <name>" or "timeout") and how long it took.
+// the sandbox's network namespace, tries a connection n times and prints the last
+// outcome ("ok", "errno <name>" or "timeout") and each attempt's time in ns:
+// "<outcome>|<ns>,<ns>,...".
 const connectChildEnv = "AIRLOCK_CONNECT_CHILD"
 
 func connectChildMain() {
-	a := strings.Split(os.Getenv(connectChildEnv), ",") // cgroup,netns,network,addr
+	a := strings.Split(os.Getenv(connectChildEnv), ",") // cgroup,netns,network,addr[,n]
 	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
 		fmt.Println("setup", err)
 		os.Exit(1)
 	}
+	n := 1
+	if len(a) > 4 {
+		n, _ = strconv.Atoi(a[4])
+	}
 	ns := dt.Netns{Name: filepath.Base(a[1])}
-	start := time.Now()
 	var outcome string
+	took := make([]string, 0, n)
 	err := ns.Do(func() error {
-		outcome = tryOnce(a[2], a[3])
+		for range n {
+			start := time.Now()
+			outcome = tryOnce(a[2], a[3])
+			took = append(took, strconv.FormatInt(int64(time.Since(start)), 10))
+		}
 		return nil
 	})
 	if err != nil {
 		fmt.Println("setup", err)
 		os.Exit(1)
 	}
-	fmt.Println(outcome, time.Since(start).Microseconds())
+	fmt.Println(outcome + "|" + strings.Join(took, ","))
 }
 
 // tryOnce connects (tcp) or sends a datagram and waits for the echo (udp).
@@ -102,17 +112,33 @@ func sandboxCgroup(t *testing.T) string {
 // attempt runs one connection attempt as a process of the sandbox in cgroup cg.
 func attempt(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPort) string {
 	t.Helper()
+	outcome, _ := attempts(t, tp, cg, network, dst, 1)
+	return outcome
+}
+
+// attempts runs n connection attempts as one process of the sandbox in cgroup cg and
+// returns the last outcome and every attempt's duration.
+func attempts(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPort, n int) (string, []time.Duration) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), connectChildEnv+"="+strings.Join([]string{cg, tp.Sandbox.Path(), network, dst.String()}, ","))
+	cmd.Env = append(os.Environ(), connectChildEnv+"="+strings.Join([]string{cg, tp.Sandbox.Path(), network, dst.String(), strconv.Itoa(n)}, ","))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v: %s", err, out)
 	}
-	f := strings.Fields(string(out))
-	if len(f) < 2 {
+	outcome, list, ok := strings.Cut(strings.TrimSpace(string(out)), "|")
+	if !ok {
 		t.Fatalf("child output %q", out)
 	}
-	return strings.Join(f[:len(f)-1], " ")
+	var took []time.Duration
+	for _, f := range strings.Split(list, ",") {
+		ns, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatalf("child output %q", out)
+		}
+		took = append(took, time.Duration(ns))
+	}
+	return outcome, took
 }
 
 // TestImmediateRefusal: a denied connection fails at once, with EPERM from the socket
