@@ -66,20 +66,15 @@ func (d *Datapath) linkDir(s *sandbox) string {
 	return filepath.Join(d.cfg.PinRoot, "links", strconv.FormatUint(uint64(s.idx), 10))
 }
 
-// hook attaches both programs to the sandbox's veth (mode from config, falling back
-// from TCX to clsact in auto mode) and pins TCX links.
+// hook attaches both programs to the sandbox's veth (TCX links, pinned, when the
+// config asks for them; clsact filters otherwise).
 func (d *Datapath) hook(s *sandbox) error {
-	mode := d.cfg.Attach
-	if mode == AttachAuto || mode == AttachTCX {
-		err := d.hookTCX(s)
-		if err == nil {
-			s.mode = AttachTCX
-			return nil
-		}
-		if mode == AttachTCX || !errors.Is(err, ebpf.ErrNotSupported) {
+	if d.cfg.Attach == AttachTCX {
+		if err := d.hookTCX(s); err != nil {
 			return err
 		}
-		d.log.Info("tcx not supported, using clsact", "sandbox_id", s.id, "err", err)
+		s.mode = AttachTCX
+		return nil
 	}
 	if err := d.hookTC(s); err != nil {
 		return err

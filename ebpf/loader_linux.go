@@ -37,6 +37,12 @@ type Datapath struct {
 	byID    map[string]*sandbox
 	byIdx   map[uint32]*sandbox
 	closed  bool
+	// warm are free indexes whose inner maps are installed and empty, warming those
+	// the warmer is building (slots_linux.go).
+	warm     map[uint32]*slot
+	warming  map[uint32]bool
+	warmKick chan struct{}
+	warmDone chan struct{}
 
 	innerSpecs struct{ rules4, rules6, learned *ebpf.MapSpec }
 
@@ -60,8 +66,11 @@ type sandbox struct {
 	policy  datapath.Policy
 	known   bool // policy known (false for adopted sandboxes until Attach/Update)
 	learned *ebpf.Map
-	links   []link.Link // TCX: ingress, egress
-	nRules  int
+	// slot holds the index's inner maps (learned is slot.learned); nil for adopted
+	// sandboxes, whose maps are removed at detach.
+	slot   *slot
+	links  []link.Link // TCX: ingress, egress
+	nRules int
 	// cgroupID and sockLinks are the socket layer (socket_linux.go); 0 and nil when
 	// the sandbox has no cgroup.
 	cgroupID  uint64
@@ -107,6 +116,10 @@ func New(cfg Config) (*Datapath, error) {
 		ns:         netnsRef{path: cfg.NetNS},
 		byID:       map[string]*sandbox{},
 		byIdx:      map[uint32]*sandbox{},
+		warm:       map[uint32]*slot{},
+		warming:    map[uint32]bool{},
+		warmKick:   make(chan struct{}, 1),
+		warmDone:   make(chan struct{}),
 		events:     make(chan datapath.Event, cfg.EventBuffer),
 		readerDone: make(chan struct{}),
 	}
@@ -142,6 +155,8 @@ func New(cfg Config) (*Datapath, error) {
 	}
 	d.rd = rd
 	go d.readEvents()
+	go d.warmer()
+	d.kickWarmer()
 	return d, nil
 }
 
@@ -243,7 +258,9 @@ func (d *Datapath) Close() error {
 		return nil
 	}
 	d.closed = true
+	close(d.warmKick)
 	d.mu.Unlock()
+	<-d.warmDone
 	var errs []error
 	if d.rd != nil {
 		errs = append(errs, d.rd.Close())
@@ -261,10 +278,16 @@ func (d *Datapath) closeHandles() error {
 			l.Close()
 		}
 		s.links, s.sockLinks = nil, nil
-		if s.learned != nil {
+		if s.slot != nil {
+			s.slot.close()
+		} else if s.learned != nil {
 			s.learned.Close()
 		}
 	}
+	for _, sl := range d.warm {
+		sl.close()
+	}
+	clear(d.warm)
 	return d.objs.Close()
 }
 

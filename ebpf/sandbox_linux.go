@@ -56,26 +56,22 @@ func (d *Datapath) Attach(spec datapath.Spec) error {
 }
 
 func (d *Datapath) attachNew(spec datapath.Spec) (err error) {
-	idx, ok := d.freeIdx()
-	if !ok {
-		return fmt.Errorf("%w: %d sandboxes attached", datapath.ErrFull, maxSbx)
+	idx, sl, err := d.takeSlot()
+	if err != nil {
+		return err
 	}
-	s := &sandbox{id: spec.ID, idx: idx, gen: randGen(), ifindex: spec.HostIfindex, ifname: spec.HostIfname}
+	s := &sandbox{id: spec.ID, idx: idx, gen: randGen(), ifindex: spec.HostIfindex, ifname: spec.HostIfname, slot: sl, learned: sl.learned}
 	defer func() {
 		if err != nil {
 			d.detach(s)
 		}
 	}()
-	s.learned, err = ebpf.NewMap(d.innerSpecs.learned)
+	// The slot's maps are empty and no program reads them before the config below.
+	n, err := fillRules(sl.rules4, sl.rules6, spec.Policy)
 	if err != nil {
-		return fmt.Errorf("create learned map: %w", err)
-	}
-	if err := d.objs.LearnedOf.Put(idx, s.learned); err != nil {
-		return fmt.Errorf("install learned map: %w", err)
-	}
-	if err := d.installRules(s, spec.Policy); err != nil {
 		return err
 	}
+	s.nRules = n
 	if err := d.objs.SbxStats.Put(idx, make([]airlockSbxCounters, ebpf.MustPossibleCPU())); err != nil {
 		return fmt.Errorf("reset counters: %w", err)
 	}
@@ -185,20 +181,45 @@ func policyFlags(p datapath.Policy) uint32 {
 // installRules builds fresh LPM inner maps for p and swaps them in (one update per
 // family, atomic for the program).
 func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
-	table, err := datapath.CompilePrefixes(p.Rules)
-	if err != nil {
-		return err
-	}
 	m4, err := ebpf.NewMap(d.innerSpecs.rules4)
 	if err != nil {
 		return fmt.Errorf("create rules map: %w", err)
 	}
-	defer m4.Close()
 	m6, err := ebpf.NewMap(d.innerSpecs.rules6)
 	if err != nil {
+		m4.Close()
 		return fmt.Errorf("create rules map: %w", err)
 	}
-	defer m6.Close()
+	n, err := fillRules(m4, m6, p)
+	if err == nil {
+		if err = d.objs.Rules4Of.Put(s.idx, m4); err == nil {
+			err = d.objs.Rules6Of.Put(s.idx, m6)
+		}
+		if err != nil {
+			err = fmt.Errorf("install rules: %w", err)
+		}
+	}
+	if err != nil || s.slot == nil {
+		m4.Close()
+		m6.Close()
+		if err != nil {
+			return err
+		}
+	} else {
+		s.slot.rules4.Close()
+		s.slot.rules6.Close()
+		s.slot.rules4, s.slot.rules6 = m4, m6
+	}
+	s.nRules = n
+	return nil
+}
+
+// fillRules writes p's compiled prefixes into empty LPM maps and returns how many.
+func fillRules(m4, m6 *ebpf.Map, p datapath.Policy) (int, error) {
+	table, err := datapath.CompilePrefixes(p.Rules)
+	if err != nil {
+		return 0, err
+	}
 	for _, pr := range table {
 		var v airlockRuleVal
 		v.N = uint32(len(pr.Rules))
@@ -221,17 +242,10 @@ func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
 			err = m6.Put(airlockLpm6Key{Prefixlen: uint32(pr.Prefix.Bits()), Addr: a.As16()}, &v)
 		}
 		if err != nil {
-			return fmt.Errorf("write rule %s: %w", pr.Prefix, err)
+			return 0, fmt.Errorf("write rule %s: %w", pr.Prefix, err)
 		}
 	}
-	if err := d.objs.Rules4Of.Put(s.idx, m4); err != nil {
-		return fmt.Errorf("install rules: %w", err)
-	}
-	if err := d.objs.Rules6Of.Put(s.idx, m6); err != nil {
-		return fmt.Errorf("install rules: %w", err)
-	}
-	s.nRules = len(table)
-	return nil
+	return len(table), nil
 }
 
 // Update implements datapath.Datapath.
@@ -458,13 +472,17 @@ func (d *Datapath) detach(s *sandbox) error {
 	if d.objs.CfgByIfindex.Lookup(uint32(s.ifindex), &cur) == nil && cur.Idx == s.idx {
 		errs = append(errs, ignore(d.objs.CfgByIfindex.Delete(uint32(s.ifindex))))
 	}
-	for _, m := range []*ebpf.Map{d.objs.Rules4Of, d.objs.Rules6Of, d.objs.LearnedOf, d.objs.MetaByIdx} {
-		errs = append(errs, ignore(m.Delete(s.idx)))
+	errs = append(errs, ignore(d.objs.MetaByIdx.Delete(s.idx)))
+	if s.slot != nil {
+		errs = append(errs, d.releaseSlot(s.idx, s.slot))
+		s.slot = nil
+	} else {
+		errs = append(errs, d.dropSlot(s.idx))
+		if s.learned != nil {
+			s.learned.Close()
+		}
 	}
-	if s.learned != nil {
-		s.learned.Close()
-		s.learned = nil
-	}
+	s.learned = nil
 	errs = append(errs, d.deleteByIdx(d.objs.Flows, s.idx, new(airlockFlowVal)), d.deleteByIdx(d.objs.DropSeen, s.idx, new(airlockDropVal)))
 	delete(d.byID, s.id)
 	delete(d.byIdx, s.idx)
@@ -495,9 +513,12 @@ func (d *Datapath) deleteByIdx(m *ebpf.Map, idx uint32, val any) error {
 	return nil
 }
 
+// freeIdx returns the lowest index that is neither used, warm nor being warmed.
 func (d *Datapath) freeIdx() (uint32, bool) {
 	for i := uint32(0); i < maxSbx; i++ {
-		if _, used := d.byIdx[i]; !used {
+		_, used := d.byIdx[i]
+		_, warm := d.warm[i]
+		if !used && !warm && !d.warming[i] {
 			return i, true
 		}
 	}

@@ -169,7 +169,7 @@ var (
 func TestLoadAndPinLayout(t *testing.T) {
 	e := newVerdictEnv(t, datapath.Policy{})
 	root := e.d.cfg.PinRoot
-	for _, p := range []string{"maps/cfg_by_ifindex", "maps/flows", "maps/events", "maps/learned_of", "progs/from_sbx", "links/0/ingress", "links/0/egress"} {
+	for _, p := range []string{"maps/cfg_by_ifindex", "maps/flows", "maps/events", "maps/learned_of", "progs/from_sbx"} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
 			t.Errorf("pinned %s missing: %v", p, err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -252,7 +253,7 @@ func (e *env) assertClean(t *testing.T, id string) {
 	e.assertCleanNoIf(t, id)
 	if e.mode == ModeEBPF {
 		if n := e.tcxPrograms(t); n != 0 {
-			t.Errorf("%d TCX programs still on %s", n, e.tp.HostIfname)
+			t.Errorf("%d eBPF programs still on %s", n, e.tp.HostIfname)
 		}
 	}
 }
@@ -286,10 +287,24 @@ func (e *env) assertCleanNoIf(t *testing.T, id string) {
 			if err != nil {
 				t.Fatalf("open %s: %v", name, err)
 			}
+			// A free index keeps its inner maps installed (a warm slot), empty.
 			for i := uint32(0); i < 8; i++ {
 				var inner uint32
-				if err := m.Lookup(i, &inner); err == nil {
-					t.Errorf("map %s slot %d still holds inner map %d", name, i, inner)
+				if err := m.Lookup(i, &inner); err != nil {
+					continue
+				}
+				im, err := ebpf.NewMapFromID(ebpf.MapID(inner))
+				if err != nil {
+					continue // already freed
+				}
+				var k, v []byte
+				n := 0
+				for it := im.Iterate(); it.Next(&k, &v); {
+					n++
+				}
+				im.Close()
+				if n != 0 {
+					t.Errorf("map %s slot %d holds inner map %d with %d entries", name, i, inner, n)
 				}
 			}
 			m.Close()
@@ -326,7 +341,8 @@ func (e *env) assertCleanNoIf(t *testing.T, id string) {
 	}
 }
 
-// tcxPrograms counts programs attached with TCX on the host veth (both directions).
+// tcxPrograms counts the eBPF programs on the host veth, both directions: TCX links
+// and Airlock's clsact filters.
 func (e *env) tcxPrograms(t *testing.T) int {
 	t.Helper()
 	n := 0
@@ -337,6 +353,21 @@ func (e *env) tcxPrograms(t *testing.T) int {
 				return err
 			}
 			n += r
+		}
+		l, err := netlink.LinkByIndex(e.tp.HostIfindex)
+		if err != nil {
+			return err
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := netlink.FilterList(l, parent)
+			if err != nil {
+				continue // no clsact qdisc
+			}
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "airlock_") {
+					n++
+				}
+			}
 		}
 		return nil
 	})
@@ -421,7 +452,7 @@ func TestFailClosedAndAdopt(t *testing.T) {
 			}
 			if mode == ModeEBPF {
 				if n := e.tcxPrograms(t); n != 2 {
-					t.Fatalf("%d TCX programs after adoption, want 2", n)
+					t.Fatalf("%d eBPF programs after adoption, want 2 (no second hook)", n)
 				}
 			}
 			mustNotReach(t, tp, dt.Unknown4, 80)
