@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -460,6 +461,9 @@ func (d *Datapath) detach(s *sandbox) error {
 		errs = append(errs, err)
 	}
 	if err := d.unhook(s); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(d.linkDir(s)); err != nil {
 		errs = append(errs, err)
 	}
 	ignore := func(err error) error {
