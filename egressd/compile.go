@@ -39,7 +39,9 @@ const guardRef = "guard"
 //   - before the first catch-all allow, and before an allow default, deny rules for
 //     every special prefix (private, loopback, link-local, ...) keep them unreachable
 //     unless an explicit earlier rule allows them;
-//   - IPv6 is filtered when the policy has IPv6 rules, blocked otherwise;
+//   - IPv6 is filtered with the same semantics as IPv4 (a dual-stack sandbox reaches
+//     a name's AAAA addresses and the policy's IPv6 CIDRs; the special prefixes cover
+//     ULA, link-local, IPv4-mapped and the other IPv6 ranges);
 //   - overlay deny rules and the guard are ActionDenyAlways: report mode passes and
 //     reports what the policy would drop, never what the overlay or the guard drop
 //     (in report mode the guard also precedes a deny default).
@@ -105,9 +107,7 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 	if d.Mode() == policies.Report {
 		guard() // report mode passes the default's drops, never the guard's
 	}
-	if d.HasIPv6() {
-		c.policy.IPv6 = datapath.IPv6Filter
-	}
+	c.policy.IPv6 = datapath.IPv6Filter
 	c.policy.Report = d.Mode() == policies.Report
 	c.policy.L7 = o.l7 && (d.L7() == policies.L7SNI || o.credential)
 	return c

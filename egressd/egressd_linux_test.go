@@ -669,3 +669,48 @@ open('/tmp/after','w').write(get(a)+' '+get(b))`
 		}
 	})
 }
+
+// TestEgressdDualStack: on a dual-stack sandbox network the IPv6 side is enforced and
+// audited like IPv4, on both backends: an IPv6 CIDR rule, a name with an AAAA answer,
+// a denied IPv6 address refused at once and audited; the special-address guard covers
+// the host's ULA, link-local and the IPv4-mapped form of a denied IPv4 address.
+func TestEgressdDualStack(t *testing.T) {
+	w := newWorld(t)
+	policy := `{"defaultAction":"deny","egress":[
+ {"action":"allow","target":"` + cidr6.String() + `"},
+ {"action":"allow","target":"six.test"}]}`
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		d.mu.RLock()
+		addrs := d.byID[sb.ID].addrs
+		d.mu.RUnlock()
+		if len(addrs) != 2 || !addrs[1].Is6() || !subnet6.Contains(addrs[1]) {
+			t.Fatalf("sandbox addresses %v, want an IPv4 and an IPv6 in %s", addrs, subnet6)
+		}
+		if got := curl(t, x, "-6 http://["+cidr6.String()+"]/"); got != "cidr6" {
+			t.Errorf("IPv6 CIDR rule: %q, want cidr6", got)
+		}
+		if got := curl(t, x, "-6 http://six.test/"); got != "name6" {
+			t.Errorf("name with an AAAA answer: %q, want name6", got)
+		}
+		want := refusal(enforcer.Mode(d.Backend()), "tcp")
+		for _, c := range []struct {
+			what string
+			addr netip.Addr
+		}{
+			{"a denied IPv6 address", denied6},
+			{"the host's ULA", w.gw6},
+			{"link-local", netip.MustParseAddr("fe80::1").WithZone("eth0")},
+			{"IPv4-mapped denied address", netip.AddrFrom16(deniedIP.As16())},
+		} {
+			if got := attempt(t, x, "tcp", c.addr, 80); got != want {
+				t.Errorf("%s (%s): %s, want %s", c.what, c.addr, got, want)
+			}
+		}
+		w.waitAudit(t, sb.ID, "IPv6 deny", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.DstIP == denied6.String()
+		})
+		w.waitAudit(t, sb.ID, "AAAA answer", func(r audit.Record) bool {
+			return r.Source == audit.SourceDNS && r.QType == "AAAA" && r.DstHost == "six.test" && r.Action == "allow"
+		})
+	})
+}

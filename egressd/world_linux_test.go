@@ -38,6 +38,7 @@ import (
 
 func TestMain(m *testing.M) {
 	lctest.Network = "altest-eg0"
+	lctest.RemoveNetwork(lctest.Network) // a leftover may lack IPv6
 	code := m.Run()
 	lctest.RemoveNetwork(lctest.Network)
 	os.Exit(code)
@@ -49,6 +50,12 @@ var (
 	allowedIP = netip.MustParseAddr("203.0.113.10")  // allowed.test
 	deniedIP  = netip.MustParseAddr("203.0.113.20")  // denied.test
 	cidrIP    = netip.MustParseAddr("198.51.100.10") // reached by a CIDR rule; also a rogue resolver
+	// IPv6 (2001:db8::/32, documentation) for dual-stack sandboxes.
+	cidr6   = netip.MustParseAddr("2001:db8:a1e::10") // reached by a CIDR rule
+	denied6 = netip.MustParseAddr("2001:db8:a1e::20") // denied
+	name6   = netip.MustParseAddr("2001:db8:a1e::30") // six.test (AAAA)
+	// subnet6 is the sandbox network's IPv6 (a ULA /64).
+	subnet6 = netip.MustParsePrefix("fd00:a1e:6::/64")
 )
 
 // world is everything one egressd test run needs: a lifecycle server on a real Docker
@@ -56,7 +63,7 @@ var (
 // a fake upstream resolver on loopback and an audit log.
 type world struct {
 	h        *lctest.Harness
-	gw       netip.Addr
+	gw, gw6  netip.Addr // the bridge gateway (the host on the sandbox network)
 	upstream string
 	auditDir string
 	audit    *audit.Writer
@@ -83,9 +90,12 @@ func newWorld(t *testing.T) *world {
 		v, ok := d.EnforcedVersion(id)
 		return ok && v >= version
 	}
-	h := lctest.New(t, lctest.Options{DNSOnGateway: true, ReadyGate: gate, PolicyGate: policyGate})
+	h := lctest.New(t, lctest.Options{DNSOnGateway: true, ReadyGate: gate, PolicyGate: policyGate, Subnet6: subnet6})
 	_, _, gw := h.Runtime.Network()
 	w.h, w.gw = h, gw
+	if _, w.gw6 = h.Runtime.Network6(); !w.gw6.IsValid() {
+		t.Fatalf("the sandbox network %s has no IPv6", lctest.Network)
+	}
 	w.internet(t)
 	w.upstream = fakeUpstream(t)
 	w.auditDir = t.TempDir()
@@ -126,6 +136,18 @@ func (w *world) internet(t *testing.T) {
 	datapathtest.IP(t, "-n", ns.Name, "route", "add", "default", "via", "10.251.0.1")
 	datapathtest.IP(t, "route", "replace", "203.0.113.0/24", "via", "10.251.0.2")
 	datapathtest.IP(t, "route", "replace", "198.51.100.0/24", "via", "10.251.0.2")
+	// IPv6: the host routes 2001:db8:a1e::/48 to the namespace (forwarding on, as
+	// Docker has it for an IPv6 network).
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	datapathtest.IP(t, "-6", "addr", "add", "fd00:251::1/64", "dev", host, "nodad")
+	datapathtest.IP(t, "-n", ns.Name, "-6", "addr", "add", "fd00:251::2/64", "dev", peer, "nodad")
+	for _, a := range []netip.Addr{cidr6, denied6, name6} {
+		datapathtest.IP(t, "-n", ns.Name, "-6", "addr", "add", a.String()+"/128", "dev", "lo")
+	}
+	datapathtest.IP(t, "-n", ns.Name, "-6", "route", "add", "default", "via", "fd00:251::1")
+	datapathtest.IP(t, "-6", "route", "replace", "2001:db8:a1e::/48", "via", "fd00:251::2")
 	serve := func(addr, body string) {
 		l, err := ns.Listen("tcp", addr)
 		if err != nil {
@@ -148,6 +170,9 @@ func (w *world) internet(t *testing.T) {
 	serve(cidrIP.String()+":8081", "cidr-8081")
 	serve(cidrIP.String()+":853", "dot")
 	serve(cidrIP.String()+":53", "tcp-dns")
+	serve("["+cidr6.String()+"]:80", "cidr6")
+	serve("["+denied6.String()+"]:80", "denied6")
+	serve("["+name6.String()+"]:80", "name6")
 	// A rogue resolver that answers everything: reaching it would bypass the filter.
 	pc, err := ns.ListenPacket("udp", cidrIP.String()+":53")
 	if err != nil {
@@ -162,6 +187,7 @@ func fakeUpstream(t *testing.T) string {
 	return dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{
 		"allowed.test.": allowedIP, "denied.test.": deniedIP, "other.test.": deniedIP,
 		"rebind.test.": netip.MustParseAddr("10.0.0.1"), "ported.test.": cidrIP,
+		"six.test.": name6,
 	}, 300))
 }
 
@@ -179,7 +205,7 @@ func answerAll(a netip.Addr) func(dns.ResponseWriter, *dns.Msg) {
 func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string, opts ...func(*Config)) (*Daemon, func()) {
 	t.Helper()
 	ov := policies.BaseOverlay()
-	ov.DenyAddrs(w.gw)
+	ov.DenyAddrs(w.gw, w.gw6)
 	cfg := Config{
 		Watch:     watch.ClientConfig{URL: w.h.HTTP.URL + "/internal/v1/watch"},
 		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}},
@@ -273,9 +299,10 @@ func attempt(t *testing.T, x *sdk.Execd, proto string, host netip.Addr, port int
 	t.Helper()
 	py := `import socket,errno
 t=socket.SOCK_STREAM if '%s'=='tcp' else socket.SOCK_DGRAM
-s=socket.socket(socket.AF_INET,t);s.settimeout(3)
+s=socket.socket(socket.AF_INET6 if ':' in '%s' else socket.AF_INET,t);s.settimeout(3)
 try:
-    s.connect(('%s',%d))
+    h,p='%s',%d
+    s.connect((h.split('%%')[0],p,0,socket.if_nametoindex(h.split('%%')[1])) if '%%' in h else (h,p))
     if t==socket.SOCK_DGRAM:
         s.send(b'x');s.recv(512)
     print('ok')
@@ -283,7 +310,7 @@ except socket.timeout:
     print('timeout')
 except OSError as e:
     print({errno.EPERM:'eperm',errno.ECONNREFUSED:'reset',errno.EHOSTUNREACH:'unreachable'}.get(e.errno,'errno%%d'%%e.errno))`
-	_, out := sh(t, x, "python3 -c \""+fmt.Sprintf(py, proto, host, port)+"\"")
+	_, out := sh(t, x, "python3 -c \""+fmt.Sprintf(py, proto, host, host, port)+"\"")
 	return out
 }
 

@@ -166,7 +166,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 		case st == Stopping:
 			stopping = append(stopping, rec.ID)
 		}
-		rec.Address, rec.Pid = in.Address, in.Pid
+		rec.Address, rec.Address6, rec.Pid = in.Address, in.Address6, in.Pid
 		switch in.Phase {
 		case PhaseRunning:
 			switch st {

@@ -67,11 +67,12 @@ func (rec *record) view(full bool) Sandbox {
 // watchView is what the data plane learns of rec.
 func (s *Server) watchView(rec *record) watch.Sandbox {
 	w := watch.Sandbox{
-		ID:      rec.ID,
-		State:   string(rec.Status.State),
-		Address: rec.Address,
-		Runtime: watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
-		Policy:  append(json.RawMessage(nil), rec.Policy...),
+		ID:       rec.ID,
+		State:    string(rec.Status.State),
+		Address:  rec.Address,
+		Address6: rec.Address6,
+		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
+		Policy:   append(json.RawMessage(nil), rec.Policy...),
 		// PolicyVersion only means something with a policy.
 		PolicyVersion:   rec.PolicyVersion,
 		RenewOnAccess:   rec.RenewOnAccess,
@@ -208,7 +209,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		s.metrics.creates.WithLabelValues("error").Inc()
 		return Sandbox{}, err
 	}
-	rec.ContainerID, rec.Address, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Pid, inst.DeleteVolumes
+	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
 
 	s.mu.Lock()
 	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")

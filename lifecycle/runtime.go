@@ -69,6 +69,8 @@ type Instance struct {
 	// Address is the container's IPv4 address on the Airlock network; invalid when
 	// stopped.
 	Address netip.Addr
+	// Address6 is its IPv6 address there when the network has IPv6 (Subnet6).
+	Address6 netip.Addr
 	// Pid is the container's PID 1 on the host, 0 when not running.
 	Pid int
 	// Phase is the container's runtime state.

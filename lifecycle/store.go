@@ -110,6 +110,7 @@ type record struct {
 	CredentialProxy bool       `json:"credentialProxy,omitempty"`
 	DeleteVolumes   []string   `json:"deleteVolumes,omitempty"`
 	Address         netip.Addr `json:"address,omitzero"`
+	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
 }
 

@@ -37,9 +37,12 @@ func Zone(zone map[string]netip.Addr, ttl uint32) dns.HandlerFunc {
 		switch {
 		case !ok:
 			m.Rcode = dns.RcodeNameError
-		case q.Question[0].Qtype == dns.TypeA:
+		case q.Question[0].Qtype == dns.TypeA && a.Is4():
 			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA,
 				Class: dns.ClassINET, Ttl: ttl}, A: a.AsSlice()}}
+		case q.Question[0].Qtype == dns.TypeAAAA && a.Is6():
+			m.Answer = []dns.RR{&dns.AAAA{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeAAAA,
+				Class: dns.ClassINET, Ttl: ttl}, AAAA: a.AsSlice()}}
 		}
 		w.WriteMsg(m)
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -115,6 +116,9 @@ type Options struct {
 	// ReadyGate is passed to lifecycle.Config (an egressd under test confirms
 	// enforcement before a sandbox's entrypoint is released).
 	ReadyGate func(id string) bool
+	// Subnet6 gives the harness network IPv6 (docker.Config.Subnet6): dual-stack
+	// sandboxes.
+	Subnet6 netip.Prefix
 	// PolicyGate is passed to lifecycle.Config (policy changes answer once enforced).
 	PolicyGate func(id string, version uint64) bool
 }
@@ -157,6 +161,7 @@ func New(t testing.TB, o Options) *Harness {
 		AllowedHostRoots: o.AllowedHostRoots,
 		NamePrefix:       NamePrefix,
 		DNSOnGateway:     o.DNSOnGateway,
+		Subnet6:          o.Subnet6,
 	})
 	if err != nil {
 		t.Fatal(err)

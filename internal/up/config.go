@@ -133,6 +133,10 @@ type DockerConfig struct {
 	// Airlock creates it; default: Docker's choice.
 	Network string `yaml:"network"`
 	Subnet  string `yaml:"subnet"`
+	// Subnet6, when set (a ULA /64 such as fd00:a1e::/64), makes the network dual
+	// stack when Airlock creates it: sandboxes get an IPv6 address and egress filters
+	// IPv6 like IPv4. Default: IPv4 only.
+	Subnet6 string `yaml:"subnet6"`
 	// OCIRuntime is an engine runtime name (runsc, kata); default the engine's.
 	OCIRuntime string `yaml:"ociRuntime"`
 	// AllowedHostRoots are the directories host-path volumes may come from; default
@@ -203,8 +207,13 @@ func (c *Config) setDefaults() error {
 		c.Docker.ExecdPath = DefaultExecdPath()
 	}
 	if c.Docker.Subnet != "" {
-		if _, err := netip.ParsePrefix(c.Docker.Subnet); err != nil {
-			return fmt.Errorf("config: docker.subnet: %w", err)
+		if p, err := netip.ParsePrefix(c.Docker.Subnet); err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("config: docker.subnet: want an IPv4 prefix, got %q", c.Docker.Subnet)
+		}
+	}
+	if c.Docker.Subnet6 != "" {
+		if p, err := netip.ParsePrefix(c.Docker.Subnet6); err != nil || !p.Addr().Is6() || p.Addr().Is4In6() {
+			return fmt.Errorf("config: docker.subnet6: want an IPv6 prefix (a ULA /64 such as fd00:a1e::/64), got %q", c.Docker.Subnet6)
 		}
 	}
 	switch c.LogLevel {

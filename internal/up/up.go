@@ -195,14 +195,18 @@ func (s *Stack) startDocker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var subnet netip.Prefix
+	var subnet, subnet6 netip.Prefix
 	if s.cfg.Docker.Subnet != "" {
 		subnet = netip.MustParsePrefix(s.cfg.Docker.Subnet)
+	}
+	if s.cfg.Docker.Subnet6 != "" {
+		subnet6 = netip.MustParsePrefix(s.cfg.Docker.Subnet6) // checked by setDefaults
 	}
 	rt, err := docker.New(docker.Config{
 		Instance:         inst,
 		Network:          s.cfg.Docker.Network,
 		Subnet:           subnet,
+		Subnet6:          subnet6,
 		ExecdPath:        s.cfg.Docker.ExecdPath,
 		OCIRuntime:       s.cfg.Docker.OCIRuntime,
 		AllowedHostRoots: s.cfg.Docker.AllowedHostRoots,

@@ -64,6 +64,9 @@ type Config struct {
 	// network that does not exist yet; otherwise Docker picks one.
 	Network string
 	Subnet  netip.Prefix
+	// Subnet6, when valid, gives a new network IPv6 too (a ULA /64, e.g.
+	// fd00:a1e::/64): sandboxes are dual stack and egress filters both families.
+	Subnet6 netip.Prefix
 	// ExecdPath is the static execd binary on this host, copied into every sandbox.
 	// Required.
 	ExecdPath string
@@ -93,6 +96,9 @@ type Runtime struct {
 	execd   []byte // tar archive holding opt/airlock/execd
 	gateway netip.Addr
 	subnet  netip.Prefix
+	// gateway6 and subnet6 are the network's IPv6, invalid without.
+	gateway6 netip.Addr
+	subnet6  netip.Prefix
 }
 
 var _ lifecycle.Runtime = (*Runtime)(nil)
@@ -153,11 +159,19 @@ func (r *Runtime) Setup(ctx context.Context) error {
 			},
 			Labels: map[string]string{LabelManagedBy: "airlock"},
 		}
-		if r.cfg.Subnet.IsValid() {
+		if r.cfg.Subnet.IsValid() || r.cfg.Subnet6.IsValid() {
 			// The gateway explicitly: Docker 20.10 picks the first address but does not
 			// report it in the network's IPAM config when only the subnet is given.
-			sub := r.cfg.Subnet.Masked()
-			opts.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: sub, Gateway: sub.Addr().Next()}}}
+			opts.IPAM = &network.IPAM{}
+			for _, sub := range []netip.Prefix{r.cfg.Subnet.Masked(), r.cfg.Subnet6.Masked()} {
+				if sub.IsValid() {
+					opts.IPAM.Config = append(opts.IPAM.Config, network.IPAMConfig{Subnet: sub, Gateway: sub.Addr().Next()})
+				}
+			}
+		}
+		if r.cfg.Subnet6.IsValid() {
+			on := true
+			opts.EnableIPv6 = &on
 		}
 		_, cerr := r.cli.NetworkCreate(ctx, r.cfg.Network, opts)
 		// Another process may have created it meanwhile: what counts is that it exists.
@@ -179,16 +193,28 @@ func (r *Runtime) Setup(ctx context.Context) error {
 		r.log.Warn("network allows inter-container traffic; recreate it to isolate sandboxes", "network", r.cfg.Network)
 	}
 	for _, c := range res.Network.IPAM.Config {
+		gw := c.Gateway
+		if !gw.IsValid() {
+			// Created elsewhere with a subnet only: the engine's default gateway is the
+			// subnet's first address.
+			gw = c.Subnet.Masked().Addr().Next()
+		}
 		if c.Subnet.Addr().Is4() {
-			r.subnet, r.gateway = c.Subnet, c.Gateway
-			if !r.gateway.IsValid() {
-				// Created elsewhere with a subnet only: the engine's default gateway is
-				// the subnet's first address.
-				r.gateway = c.Subnet.Masked().Addr().Next()
-			}
+			r.subnet, r.gateway = c.Subnet, gw
+		} else if res.Network.EnableIPv6 {
+			r.subnet6, r.gateway6 = c.Subnet, gw
 		}
 	}
+	if r.cfg.Subnet6.IsValid() && !r.subnet6.IsValid() {
+		r.log.Warn("network has no IPv6; recreate it for dual-stack sandboxes", "network", r.cfg.Network, "subnet6", r.cfg.Subnet6)
+	}
 	return nil
+}
+
+// Network6 returns the Airlock network's IPv6 subnet and gateway, invalid when the
+// network has no IPv6; known after Setup.
+func (r *Runtime) Network6() (subnet netip.Prefix, gateway netip.Addr) {
+	return r.subnet6, r.gateway6
 }
 
 // Network returns the Airlock network's name, IPv4 subnet and gateway (the host's
@@ -382,7 +408,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Instance, e
 	}
 	if c.NetworkSettings != nil {
 		if ep := c.NetworkSettings.Networks[r.cfg.Network]; ep != nil {
-			inst.Address = ep.IPAddress
+			inst.Address, inst.Address6 = ep.IPAddress, ep.GlobalIPv6Address
 		}
 	}
 	return inst, nil
@@ -402,7 +428,7 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 		inst := lifecycle.Instance{ContainerID: c.ID, SandboxID: c.Labels[LabelSandboxID], Phase: phase(string(c.State))}
 		if c.NetworkSettings != nil {
 			if ep := c.NetworkSettings.Networks[r.cfg.Network]; ep != nil {
-				inst.Address = ep.IPAddress
+				inst.Address, inst.Address6 = ep.IPAddress, ep.GlobalIPv6Address
 			}
 		}
 		out = append(out, inst)
