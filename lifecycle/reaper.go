@@ -14,7 +14,7 @@ import (
 )
 
 // pingInterval is how often a new sandbox's execd is asked /ping until it answers.
-const pingInterval = 20 * time.Millisecond
+const pingInterval = 5 * time.Millisecond
 
 // awaitReadyAsync moves a new sandbox from Pending to Running: once the ready gate
 // (egress enforced) reports true, it polls execd /ping at addr (the container's
