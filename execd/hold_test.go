@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockdev/airlock/internal/testenv"
 )
 
 // TestHoldDelaysRequestsUntilRelease: a held server answers GET /ping at once, makes a
 // command wait until POST ReleasePath, then runs it; the release needs the token.
 func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("no bash on this host")
+		testenv.SkipOrFail(t, "no bash on this host")
 	}
 	hold := &Hold{}
 	s, err := New(Config{Workdir: t.TempDir(), StateDir: t.TempDir(), Hold: hold, AccessToken: "tok"})
