@@ -139,6 +139,27 @@ except OSError as e:
 		w.waitAudit(t, sb.ID, "TXT denial", func(r audit.Record) bool {
 			return r.Source == audit.SourceDNS && r.QType == "TXT" && r.Action == "deny"
 		})
+		// Each denied attempt above is one flow: exactly one record each, once written.
+		time.Sleep(3 * datapath.DefaultFlowWindow / 2)
+		recs, _, err := audit.Query(w.auditDir, audit.Filter{SandboxID: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			proto string
+			addr  netip.Addr
+			port  int
+		}{{"udp", cidrIP, 53}, {"tcp", cidrIP, 53}, {"tcp", cidrIP, 853}, {"tcp", netip.MustParseAddr("169.254.169.254"), 80}, {"tcp", w.gw, w.hostPort}} {
+			n := 0
+			for _, r := range recs {
+				if r.Source == audit.SourceBPF && r.Action == "deny" && r.Proto == c.proto && r.DstIP == c.addr.String() && r.DstPort == c.port {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("%s %s:%d: %d deny records, want exactly 1", c.proto, c.addr, c.port, n)
+			}
+		}
 	})
 	t.Run("one audit record per denied flow", func(t *testing.T) {
 		// 20 datagrams of one socket to one denied destination are one flow: one
