@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -193,10 +194,13 @@ func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
 	}
 	n, err := fillRules(m4, m6, p)
 	if err == nil {
-		if err = d.objs.Rules4Of.Put(s.idx, m4); err == nil {
-			err = d.objs.Rules6Of.Put(s.idx, m6)
-		}
-		if err != nil {
+		// Each install waits for an RCU grace period: in parallel they share one.
+		var err6 error
+		var wg sync.WaitGroup
+		wg.Go(func() { err6 = d.objs.Rules6Of.Put(s.idx, m6) })
+		err = d.objs.Rules4Of.Put(s.idx, m4)
+		wg.Wait()
+		if err = errors.Join(err, err6); err != nil {
 			err = fmt.Errorf("install rules: %w", err)
 		}
 	}
