@@ -230,17 +230,12 @@ func (w *Writer) run() {
 				w.batch = append(w.batch, <-w.queue)
 			}
 			if w.cfg.Linger > 0 && len(w.batch) < lingerBatch {
+				// Sleep out the linger instead of taking records one by one: a parked
+				// writer woken by every Append costs the appender a wakeup per record.
 				linger.Reset(w.cfg.Linger)
-			gather:
-				for len(w.batch) < lingerBatch {
-					select {
-					case r := <-w.queue:
-						w.batch = append(w.batch, r)
-					case <-linger.C:
-						break gather
-					case <-w.stop: // written now; the next turn of the loop stops
-						break gather
-					}
+				select {
+				case <-linger.C:
+				case <-w.stop: // written now; the next turn of the loop stops
 				}
 				linger.Stop()
 			}
