@@ -405,6 +405,11 @@ func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []st
 	if err != nil {
 		t.Fatal(err)
 	}
+	pre, err := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev) // the pre-chains
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains = append(chains, pre...)
 	sets, err := c.GetSets(tab)
 	if err != nil && !strings.Contains(err.Error(), "no such file") {
 		t.Fatal(err)

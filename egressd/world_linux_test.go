@@ -315,9 +315,7 @@ except OSError as e:
 }
 
 // refusal is what a denied attempt meets on each backend: EPERM from the socket layer
-// (eBPF), a TCP reset (nftables). A denied UDP datagram of a sandbox on the Docker
-// bridge gets no ICMP error from nftables (the kernel sends none for a packet that
-// came in on a bridge port: egressd/nftfilter/README.md), so the caller times out.
+// (eBPF), a TCP reset or ICMP administratively prohibited (nftables).
 func refusal(mode enforcer.Mode, proto string) string {
 	switch {
 	case mode == enforcer.ModeEBPF:
@@ -325,7 +323,7 @@ func refusal(mode enforcer.Mode, proto string) string {
 	case proto == "tcp":
 		return "reset"
 	}
-	return "timeout"
+	return "unreachable"
 }
 
 // curl fetches url from the sandbox; it returns the body, or "" when the request failed.

@@ -24,7 +24,7 @@ Sandboxes keep running: a later 'airlock up' adopts them.
 
 --purge also removes everything this installation made on the host: its sandbox
 containers (those carrying its instance id), the Docker network, the pinned eBPF state,
-the nftables table inet airlock and the state directory (store, API key, signing key).
+the nftables tables inet and netdev airlock and the state directory (store, API key, signing key).
 The audit log is kept, as the compliance record, unless --purge-audit is given.
 Running it again finds nothing to remove. Reads the same configuration as 'airlock up'.`,
 		Args: cobra.NoArgs,

@@ -321,6 +321,8 @@ func (e *env) assertCleanNoIf(t *testing.T, id string) {
 		t.Fatal(err)
 	}
 	chains, _ := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	pre, _ := c.ListChainsOfTableFamily(nftables.TableFamilyNetdev) // the pre-chains
+	chains = append(chains, pre...)
 	for _, ch := range chains {
 		if strings.Contains(ch.Name, id) || ch.Device == e.tp.HostIfname {
 			t.Errorf("chain left: %s", ch.Name)

@@ -76,19 +76,19 @@ func RemoveL7Redirect(netnsPath string) error {
 	return conn.Flush()
 }
 
-// RemoveTable deletes the whole airlock table (every sandbox chain, set and the L7
-// chain). For operators and tests; egressd itself detaches sandbox by sandbox.
+// RemoveTable deletes the airlock tables (inet: every sandbox chain, set and the L7
+// chain; netdev: the sandboxes' pre-chains). For operators and tests; egressd itself detaches sandbox by sandbox.
 func RemoveTable(netnsPath string) error {
 	conn, closeFn, err := dial(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	t := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
-	if _, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err != nil {
-		return nil
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev} {
+		if _, err := conn.ListTableOfFamily(TableName, fam); err == nil {
+			conn.DelTable(&nftables.Table{Name: TableName, Family: fam})
+		}
 	}
-	conn.DelTable(t)
 	return conn.Flush()
 }
 

@@ -65,6 +65,8 @@ type Filter struct {
 	conn  *nftables.Conn
 	nsFd  *os.File
 	table *nftables.Table
+	// ndTable holds each sandbox's pre-chain (netdev family, see hostChain).
+	ndTable *nftables.Table
 
 	mu     sync.Mutex
 	sbx    map[string]*sandbox
@@ -109,6 +111,8 @@ func New(cfg Config) (*Filter, error) {
 	f.conn = conn
 	f.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 	conn.AddTable(f.table)
+	f.ndTable = &nftables.Table{Name: TableName, Family: nftables.TableFamilyNetdev}
+	conn.AddTable(f.ndTable)
 	if err := conn.Flush(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w: create table: %v", datapath.ErrUnavailable, err)
@@ -263,6 +267,10 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		f.conn.AddChain(chain)
 	}
 	f.addRules(chain, id, spec.HostIfname, spec.Policy)
+	hc := f.hostChain(id, spec.HostIfname)
+	f.conn.AddChain(hc)
+	f.conn.FlushChain(hc)
+	f.conn.AddRule(&nftables.Rule{Table: f.ndTable, Chain: hc, Exprs: asHostPacket()})
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("attach %s on %s: %w", id, spec.HostIfname, err)
 	}
@@ -275,6 +283,21 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		return f.cutFlows(s, netip.Addr{})
 	}
 	return nil
+}
+
+// hostChain is the sandbox's pre-chain: a netdev ingress chain on the host veth, before
+// the inet chain, that marks the sandbox's packets as addressed to this host. They are
+// addressed to the bridge's MAC, which is not the veth's, so the kernel marked them for
+// another host, and icmp_send answers only packets for this host: without the mark a
+// denied UDP datagram would get no ICMP administratively prohibited (the inet ingress
+// hook cannot set the packet type). The bridge forwards by MAC, not by packet type.
+// Without the pre-chain, denials stay silent drops (fail closed).
+func (f *Filter) hostChain(id, ifname string) *nftables.Chain {
+	return &nftables.Chain{
+		Name: chainName(id), Table: f.ndTable, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityRef(-600),
+		Device: ifname, Policy: ptr(nftables.ChainPolicyAccept),
+	}
 }
 
 // ifnameTag prefixes the first rule's user data, which records the hook device.
@@ -593,6 +616,9 @@ func (f *Filter) Detach(id string) error {
 }
 
 func (f *Filter) detach(s *sandbox) error {
+	// The pre-chain first, on its own: it may be gone with its device.
+	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.ndTable})
+	_ = f.conn.Flush()
 	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.table})
 	for _, st := range f.sandboxSets(s.id) {
 		f.conn.DelSet(st)

@@ -45,9 +45,7 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 	refuse := func(match []expr.Any, reason datapath.Reason, rule uint16) {
 		act := cat(one(counter(dropCounter(id))), f.logExpr(datapath.KindDrop, reason, rule, id))
 		add(match, l4proto(protoTC), act, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
-		// (On a bridge port the kernel sends no ICMP error: the packet is addressed to
-		// the bridge's MAC, so it counts as another host's, and icmp_send answers only
-		// packets for this host; the inet ingress hook cannot set the packet type.)
+		// (The ICMP error needs the packet marked for this host: hostChain.)
 		add(match, act, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	}
 	deny := func(match []expr.Any, reason datapath.Reason, rule uint16) {
@@ -143,4 +141,15 @@ func (f *Filter) logExpr(kind datapath.Kind, reason datapath.Reason, rule uint16
 		Group: f.cfg.LogGroup,
 		Data:  []byte(logPrefix(kind, reason, rule, id)),
 	})
+}
+
+// asHostPacket marks a packet that the kernel marked for another host as for this host
+// (meta pkttype otherhost meta pkttype set host).
+func asHostPacket() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPKTTYPE, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.PACKET_OTHERHOST}},
+		&expr.Immediate{Register: 1, Data: []byte{unix.PACKET_HOST}},
+		&expr.Meta{Key: expr.MetaKeyPKTTYPE, SourceRegister: true, Register: 1},
+	}
 }

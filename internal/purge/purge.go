@@ -39,7 +39,8 @@ type Config struct {
 	AuditDir string
 	// Network is the Docker network; PinRoot the bpffs directory of the eBPF state.
 	Network, PinRoot string
-	// NFTNetNS is the network namespace (path) whose `inet airlock` table is removed;
+	// NFTNetNS is the network namespace (path) whose `inet airlock` and `netdev
+	// airlock` tables are removed;
 	// empty: this host's.
 	NFTNetNS string
 	// PurgeAudit removes the audit log too.
@@ -249,15 +250,22 @@ func removeTable(cfg Config) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("nftables: %w", err)
 	}
-	if _, err := conn.ListTableOfFamily(nftfilter.TableName, nftables.TableFamilyINet); err != nil {
-		return 0, nil // no such table
+	n := 0
+	for _, f := range []struct {
+		fam  nftables.TableFamily
+		name string
+	}{{nftables.TableFamilyINet, "inet"}, {nftables.TableFamilyNetdev, "netdev"}} {
+		if _, err := conn.ListTableOfFamily(nftfilter.TableName, f.fam); err != nil {
+			continue // no such table
+		}
+		conn.DelTable(&nftables.Table{Name: nftfilter.TableName, Family: f.fam})
+		if err := conn.Flush(); err != nil {
+			return n, fmt.Errorf("removing nftables table %s %s: %w", f.name, nftfilter.TableName, err)
+		}
+		fmt.Fprintf(cfg.Out, "removed nftables table %s %s\n", f.name, nftfilter.TableName)
+		n++
 	}
-	conn.DelTable(&nftables.Table{Name: nftfilter.TableName, Family: nftables.TableFamilyINet})
-	if err := conn.Flush(); err != nil {
-		return 0, fmt.Errorf("removing nftables table inet %s: %w", nftfilter.TableName, err)
-	}
-	fmt.Fprintf(cfg.Out, "removed nftables table inet %s\n", nftfilter.TableName)
-	return 1, nil
+	return n, nil
 }
 
 // removeState removes the state directory's entries (store, keys, pid file), the
