@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -56,7 +57,7 @@ The server is --server, else $AIRLOCK_SERVER, else ` + sdk.DefaultBaseURL + `; t
 	pf.StringVar(&f.server, "server", "", "lifecycle API URL (default $AIRLOCK_SERVER or "+sdk.DefaultBaseURL+")")
 	pf.StringVar(&f.apiKey, "api-key", "", "API key (default $OPEN_SANDBOX_API_KEY or the key airlock up stored)")
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbVault(f))
+	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbVault(f), sbPolicy(f))
 	return cmd
 }
 
@@ -107,6 +108,7 @@ func parsePairs(pairs []string, what string) (map[string]string, error) {
 func sbCreate(f *sandboxFlags) *cobra.Command {
 	var (
 		image, cpu, memory string
+		policyFile         string
 		timeout            time.Duration
 		env, metadata      []string
 		noWait, credProxy  bool
@@ -127,11 +129,17 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var doc json.RawMessage
+			if policyFile != "" {
+				if doc, err = loadPolicyFile(policyFile); err != nil {
+					return err
+				}
+			}
 			ctx := cmd.Context()
 			sb, err := c.Create(ctx, sdk.CreateRequest{
 				Image: image, Entrypoint: args, Timeout: timeout, Env: envs, Metadata: md,
 				Resources:       map[string]string{"cpu": cpu, "memory": memory},
-				CredentialProxy: credProxy,
+				CredentialProxy: credProxy, NetworkPolicy: doc,
 			})
 			if err != nil {
 				return err
@@ -154,6 +162,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 	fl.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fl.StringArrayVarP(&metadata, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	fl.BoolVar(&noWait, "no-wait", false, "answer at once (state Pending)")
+	fl.StringVar(&policyFile, "policy", "", "egress policy file (YAML or JSON, Airlock or OpenSandbox networkPolicy form), checked here first")
 	fl.BoolVar(&credProxy, "credential-proxy", false, "enable the Credential Vault: egressd injects bound credentials into the sandbox's HTTP(S) (see sandbox vault)")
 	return cmd
 }
@@ -391,4 +400,58 @@ shown. --json prints the API's CredentialVaultState.`,
 			return tw.Flush()
 		},
 	}
+}
+
+func sbPolicy(f *sandboxFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "policy ID [FILE]",
+		Short: "Show a sandbox's egress policy, or replace it with FILE",
+		Long: `Without FILE, prints the sandbox's policy version and document. With FILE (YAML or
+JSON, Airlock or OpenSandbox networkPolicy form), checks it here exactly as the server does
+(an invalid file is reported with its line and changes nothing), replaces the sandbox's
+policy and prints the new version; against airlock up the answer comes once the new policy
+is enforced.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var p *sdk.PolicyInfo
+			if len(args) == 2 {
+				doc, err := loadPolicyFile(args[1])
+				if err != nil {
+					return err
+				}
+				p, err = c.SetPolicy(cmd.Context(), args[0], doc)
+			} else {
+				p, err = c.Policy(cmd.Context(), args[0])
+			}
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), p)
+			}
+			var doc any
+			_ = json.Unmarshal(p.Policy, &doc)
+			b, _ := json.MarshalIndent(doc, "", "  ")
+			fmt.Fprintf(cmd.OutOrStdout(), "%s policy version %d\n%s\n", p.SandboxID, p.Version, b)
+			return nil
+		},
+	}
+}
+
+// loadPolicyFile reads and checks a policy file as lifecycle would (errors carry the
+// file, line and reason) and returns it in Airlock's JSON form.
+func loadPolicyFile(path string) (json.RawMessage, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := policies.Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(p)
 }

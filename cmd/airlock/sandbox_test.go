@@ -90,3 +90,50 @@ func TestSandboxCLI(t *testing.T) {
 		t.Errorf("get after rm: %v", err)
 	}
 }
+
+// TestSandboxPolicyCLI: create --policy FILE applies a policy file at create; `sandbox
+// policy ID FILE` replaces it (new version); an invalid file is refused here with its line
+// and changes nothing.
+func TestSandboxPolicyCLI(t *testing.T) {
+	h := lctest.New(t, lctest.Options{APIKey: cliKey})
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	first := write("first.yaml", "# packages only\ndefaultAction: deny\negress:\n  - action: allow\n    target: pypi.org\n")
+	second := write("second.json", `{"defaultAction":"deny","egress":[{"action":"allow","target":"github.com"}]}`)
+	bad := write("bad.yaml", "defaultAction: deny\negress:\n  - action: allow\n    target: foo.*.com\n")
+
+	var created []sdk.Sandbox
+	if err := json.Unmarshal([]byte(runSandbox(t, h, "create", "--json", "--image", h.Image, "--policy", first)), &created); err != nil {
+		t.Fatal(err)
+	}
+	id := created[0].ID
+	policy := func() sdk.PolicyInfo {
+		var p sdk.PolicyInfo
+		if err := json.Unmarshal([]byte(runSandbox(t, h, "policy", id, "--json")), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if p := policy(); p.Version != 1 || !strings.Contains(string(p.Policy), "pypi.org") {
+		t.Fatalf("policy after create --policy: %+v %s", p, p.Policy)
+	}
+	if out := runSandbox(t, h, "policy", id, second); !strings.Contains(out, "policy version 2") || !strings.Contains(out, "github.com") {
+		t.Errorf("apply: %s", out)
+	}
+	cmd := newSandboxCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--server", h.HTTP.URL, "--api-key", cliKey, "policy", id, bad})
+	if err := cmd.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "bad.yaml:4") {
+		t.Errorf("invalid file: %v, want an error naming bad.yaml:4", err)
+	}
+	if p := policy(); p.Version != 2 || !strings.Contains(string(p.Policy), "github.com") {
+		t.Errorf("an invalid file changed the policy: %+v %s", p, p.Policy)
+	}
+}
