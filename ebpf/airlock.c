@@ -41,6 +41,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 #define CFG_DEFAULT_ALLOW 2
 #define CFG_L7 4
 #define CFG_REPORT 8
+#define CFG_COUNT_FLOWS 16 // count allowed flows' packets and bytes (audit: all)
 
 // flow_val.flags
 #define FLOW_INBOUND 1
@@ -89,7 +90,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 volatile const __u64 tcp_idle_ns = 3600ULL * 1000000000ULL;
 volatile const __u64 udp_idle_ns = 120ULL * 1000000000ULL;
 volatile const __u64 other_idle_ns = 30ULL * 1000000000ULL;
-volatile const __u64 drop_flow_ns = 2000000000ULL;
+volatile const __u64 flow_window_ns = 2000000000ULL;
 volatile const __u32 l7_mark = 0x1a170000;
 volatile const __u32 l7_mark_mask = 0xffff0000;
 
@@ -164,10 +165,21 @@ struct flow_key {
 	__u8 raddr[16];
 };
 
+// An allowed flow. With CFG_COUNT_FLOWS an outbound flow also counts what the sandbox
+// sent: packets less than flow_window_ns apart are one flow record's (first_ns..last_ns);
+// a packet after a longer gap starts the next record (an EV_FLOW event), so userspace
+// writes one audit record per burst with the counts read from here.
 struct flow_val {
-	__u64 seen_ns;
+	__u64 seen_ns; // idle tracking, refreshed at most once a second
 	__u32 gen;
 	__u32 flags;
+	__u64 first_ns;
+	__u64 last_ns;
+	__u64 packets;
+	__u64 bytes;
+	__u16 rule;
+	__u8 reason;
+	__u8 pad[5];
 };
 
 struct event {
@@ -192,7 +204,7 @@ struct event {
 #define EVF_SOCKET 1 // refused at connect()/sendmsg() by a cgroup program: no packet left
 
 // A denied flow's accounting (drop_seen): a packet of a flow last seen less than
-// drop_flow_ns ago only updates it; an older or absent entry starts a new flow, the
+// flow_window_ns ago only updates it; an older or absent entry starts a new flow, the
 // only packet that emits an event. Userspace reads the counters when it writes the
 // flow's audit record.
 struct drop_val {
@@ -521,7 +533,7 @@ static __always_inline void account(struct sbx_cfg *cfg, struct pkt *p, __u8 rea
 	fill_key(&k, cfg ? cfg->idx : 0xffffffff, p);
 	__u64 now = bpf_ktime_get_ns();
 	struct drop_val *dv = bpf_map_lookup_elem(&drop_seen, &k);
-	if (dv && now - dv->last_ns < drop_flow_ns) {
+	if (dv && now - dv->last_ns < flow_window_ns) {
 		dv->last_ns = now;
 		__sync_fetch_and_add(&dv->packets, 1);
 		__sync_fetch_and_add(&dv->bytes, len);
@@ -641,13 +653,33 @@ static __always_inline int allow_new(struct __sk_buff *skb, struct sbx_cfg *cfg,
 {
 	struct flow_key k = {};
 	fill_key(&k, cfg->idx, p);
-	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen};
+	__u64 now = bpf_ktime_get_ns();
+	struct flow_val v = {.seen_ns = now, .gen = cfg->gen, .first_ns = now, .last_ns = now,
+			     .packets = 1, .bytes = skb->len, .rule = rule, .reason = reason};
 	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
 	count(ST_PASS);
 	count(ST_FLOW_NEW);
 	sbx_count(cfg->idx, 0, 1);
 	emit(cfg, p, EV_FLOW, reason, rule, 0, skb->len);
 	return TC_ACT_OK;
+}
+
+// count_flow adds a packet to an allowed flow's record, or starts the flow's next record
+// (an EV_FLOW event) when the flow was quiet for flow_window_ns.
+static __always_inline void count_flow(struct sbx_cfg *cfg, struct pkt *p, struct flow_val *fv, __u64 now,
+				       __u32 len)
+{
+	if (now - fv->last_ns >= flow_window_ns) {
+		fv->first_ns = now;
+		fv->last_ns = now;
+		fv->packets = 1;
+		fv->bytes = len;
+		emit(cfg, p, EV_FLOW, fv->reason, fv->rule, 0, len);
+		return;
+	}
+	fv->last_ns = now;
+	__sync_fetch_and_add(&fv->packets, 1);
+	__sync_fetch_and_add(&fv->bytes, len);
 }
 
 static __always_inline int pass(struct sbx_cfg *cfg)
@@ -697,6 +729,8 @@ int airlock_from_sbx(struct __sk_buff *skb)
 		if (now - fv->seen_ns < idle_for(p.proto)) {
 			if (now - fv->seen_ns > 1000000000ULL)
 				fv->seen_ns = now;
+			if ((cfg->flags & CFG_COUNT_FLOWS) && !(fv->flags & (FLOW_INBOUND | FLOW_REPORTED)))
+				count_flow(cfg, &p, fv, now, skb->len);
 			return pass(cfg);
 		}
 	}

@@ -53,10 +53,17 @@ type airlockFlowKey struct {
 }
 
 type airlockFlowVal struct {
-	_      structs.HostLayout
-	SeenNs uint64
-	Gen    uint32
-	Flags  uint32
+	_       structs.HostLayout
+	SeenNs  uint64
+	Gen     uint32
+	Flags   uint32
+	FirstNs uint64
+	LastNs  uint64
+	Packets uint64
+	Bytes   uint64
+	Rule    uint16
+	Reason  uint8
+	Pad     [5]uint8
 }
 
 type airlockLearnedVal struct {
@@ -146,7 +153,7 @@ const (
 	airlockProgAirlockSendmsg4 = "airlock_sendmsg4"
 	airlockProgAirlockSendmsg6 = "airlock_sendmsg6"
 	airlockProgAirlockToSbx    = "airlock_to_sbx"
-	airlockVarDropFlowNs       = "drop_flow_ns"
+	airlockVarFlowWindowNs     = "flow_window_ns"
 	airlockVarL7Mark           = "l7_mark"
 	airlockVarL7MarkMask       = "l7_mark_mask"
 	airlockVarOtherIdleNs      = "other_idle_ns"
@@ -233,7 +240,7 @@ type airlockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type airlockVariableSpecs struct {
-	DropFlowNs    *ebpf.VariableSpec `ebpf:"drop_flow_ns"`
+	FlowWindowNs  *ebpf.VariableSpec `ebpf:"flow_window_ns"`
 	L7Mark        *ebpf.VariableSpec `ebpf:"l7_mark"`
 	L7MarkMask    *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
 	OtherIdleNs   *ebpf.VariableSpec `ebpf:"other_idle_ns"`
@@ -302,7 +309,7 @@ func (m *airlockMaps) Close() error {
 //
 // It can be passed to loadAirlockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type airlockVariables struct {
-	DropFlowNs    *ebpf.Variable `ebpf:"drop_flow_ns"`
+	FlowWindowNs  *ebpf.Variable `ebpf:"flow_window_ns"`
 	L7Mark        *ebpf.Variable `ebpf:"l7_mark"`
 	L7MarkMask    *ebpf.Variable `ebpf:"l7_mark_mask"`
 	OtherIdleNs   *ebpf.Variable `ebpf:"other_idle_ns"`

@@ -51,10 +51,10 @@ type Config struct {
 	// L7Mark and L7MarkMask are the packet mark given to TCP 80/443 of sandboxes in
 	// L7 mode (the redirect rule matches it); default 0x1a170000/0xffff0000.
 	L7Mark, L7MarkMask uint32
-	// DropFlowWindow groups denied packets into flows: a packet of a 5-tuple whose
-	// last denied packet is less than this old belongs to the same flow and is only
-	// counted (DropCounter); default 2s.
-	DropFlowWindow time.Duration
+	// FlowWindow groups packets into flows: a denied (or, with Policy.CountFlows,
+	// allowed) packet of a 5-tuple whose last one is less than this old belongs to the
+	// same flow and is only counted (FlowCounter); default 2s.
+	FlowWindow time.Duration
 	// EventBuffer is the capacity of the Events channel; default 4096.
 	EventBuffer int
 	Logger      *slog.Logger
@@ -76,8 +76,8 @@ func (c *Config) defaults() {
 	if c.L7Mark == 0 {
 		c.L7Mark, c.L7MarkMask = DefaultL7Mark, DefaultL7MarkMask
 	}
-	if c.DropFlowWindow <= 0 {
-		c.DropFlowWindow = datapath.DefaultFlowWindow
+	if c.FlowWindow <= 0 {
+		c.FlowWindow = datapath.DefaultFlowWindow
 	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 4096

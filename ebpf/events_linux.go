@@ -26,25 +26,42 @@ const (
 // evfSocket is event.flags EVF_SOCKET (airlock.c).
 const evfSocket = 1
 
-// DropCount implements datapath.DropCounter from the drop_seen entry of e's 5-tuple
-// (read, not removed: the kernel starts the next flow of the 5-tuple over it).
-func (d *Datapath) DropCount(e datapath.Event) (datapath.DropCount, bool) {
+// FlowCount implements datapath.FlowCounter from e's 5-tuple's entry in drop_seen
+// (KindDrop) or flows (KindFlow, counted with Policy.CountFlows), read, not removed:
+// the kernel starts the next flow of the 5-tuple over it.
+func (d *Datapath) FlowCount(e datapath.Event) (datapath.FlowCount, bool) {
 	d.mu.Lock()
 	s, ok := d.byID[e.Sandbox]
+	var idx, gen uint32
+	var counting bool
+	if ok {
+		idx, gen, counting = s.idx, s.gen, s.policy.CountFlows
+	}
 	d.mu.Unlock()
 	if !ok {
-		return datapath.DropCount{}, false
+		return datapath.FlowCount{}, false
 	}
-	k := airlockFlowKey{Idx: s.idx, Proto: uint8(e.Proto), Family: 4, Lport: e.Src.Port(), Rport: e.Dst.Port(), Raddr: e.Dst.Addr().As16()}
+	k := airlockFlowKey{Idx: idx, Proto: uint8(e.Proto), Family: 4, Lport: e.Src.Port(), Rport: e.Dst.Port(), Raddr: e.Dst.Addr().As16()}
 	if e.Dst.Addr().Is6() && !e.Dst.Addr().Is4In6() {
 		k.Family = 6
 	}
 	var v airlockDropVal
-	if err := d.objs.DropSeen.Lookup(&k, &v); err != nil {
-		return datapath.DropCount{}, false
+	switch e.Kind {
+	case datapath.KindDrop:
+		if err := d.objs.DropSeen.Lookup(&k, &v); err != nil {
+			return datapath.FlowCount{}, false
+		}
+	case datapath.KindFlow:
+		var f airlockFlowVal
+		if !counting || d.objs.Flows.Lookup(&k, &f) != nil || f.Gen != gen {
+			return datapath.FlowCount{}, false
+		}
+		v = airlockDropVal{FirstNs: f.FirstNs, LastNs: f.LastNs, Packets: f.Packets, Bytes: f.Bytes}
+	default:
+		return datapath.FlowCount{}, false
 	}
 	now, mono := time.Now(), monoNow()
-	return datapath.DropCount{
+	return datapath.FlowCount{
 		First:   now.Add(time.Duration(v.FirstNs) - mono),
 		Last:    now.Add(time.Duration(v.LastNs) - mono),
 		Packets: v.Packets,
@@ -52,8 +69,8 @@ func (d *Datapath) DropCount(e datapath.Event) (datapath.DropCount, bool) {
 	}, true
 }
 
-// DropFlowWindow implements datapath.DropCounter: Config.DropFlowWindow.
-func (d *Datapath) DropFlowWindow() time.Duration { return d.cfg.DropFlowWindow }
+// FlowWindow implements datapath.FlowCounter: Config.FlowWindow.
+func (d *Datapath) FlowWindow() time.Duration { return d.cfg.FlowWindow }
 
 // readEvents drains the ring buffer into the Events channel until Close.
 func (d *Datapath) readEvents() {

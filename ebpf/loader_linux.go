@@ -94,12 +94,12 @@ func New(cfg Config) (*Datapath, error) {
 		return nil, fmt.Errorf("load spec: %w", err)
 	}
 	consts := map[string]any{
-		"tcp_idle_ns":   uint64(cfg.TCPIdle),
-		"udp_idle_ns":   uint64(cfg.UDPIdle),
-		"other_idle_ns": uint64(cfg.OtherIdle),
-		"l7_mark":       cfg.L7Mark,
-		"l7_mark_mask":  cfg.L7MarkMask,
-		"drop_flow_ns":  uint64(cfg.DropFlowWindow),
+		"tcp_idle_ns":    uint64(cfg.TCPIdle),
+		"udp_idle_ns":    uint64(cfg.UDPIdle),
+		"other_idle_ns":  uint64(cfg.OtherIdle),
+		"l7_mark":        cfg.L7Mark,
+		"l7_mark_mask":   cfg.L7MarkMask,
+		"flow_window_ns": uint64(cfg.FlowWindow),
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {

@@ -22,6 +22,7 @@ const (
 	cfgDefaultAllw = 2
 	cfgL7          = 4
 	cfgReport      = 8
+	cfgCountFlows  = 16
 )
 
 const (
@@ -176,6 +177,9 @@ func policyFlags(p datapath.Policy) uint32 {
 	}
 	if p.Report {
 		f |= cfgReport
+	}
+	if p.CountFlows {
+		f |= cfgCountFlows
 	}
 	return f
 }

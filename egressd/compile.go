@@ -109,6 +109,7 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 	}
 	c.policy.IPv6 = datapath.IPv6Filter
 	c.policy.Report = d.Mode() == policies.Report
+	c.policy.CountFlows = d.AuditLevel() == policies.AuditAll
 	c.policy.L7 = o.l7 && (d.L7() == policies.L7SNI || o.credential)
 	return c
 }

@@ -74,6 +74,19 @@ func (w *world) suite(t *testing.T, mode enforcer.Mode) {
 		if got := curl(t, x, "http://"+cidrIP.String()+":8080/"); got != "cidr" {
 			t.Fatalf("CIDR-allowed server = %q", got)
 		}
+		// audit: all (the default): the allowed flow is one record, with what the
+		// sandbox sent when the backend counts it (eBPF).
+		rec := w.waitAudit(t, sb.ID, "the allowed flow", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "allow" && r.DstIP == cidrIP.String() && r.DstPort == 8080
+		})
+		if mode == enforcer.ModeEBPF {
+			if p, _ := rec.Extra["packets"].(float64); p < 3 {
+				t.Errorf("allowed flow record counts %v packets, want the connection's (≥ 3): %+v", rec.Extra["packets"], rec)
+			}
+			if b, _ := rec.Extra["bytes"].(float64); b < 100 {
+				t.Errorf("allowed flow record counts %v bytes: %+v", rec.Extra["bytes"], rec)
+			}
+		}
 	})
 	t.Run("bypass attempts are blocked and audited", func(t *testing.T) {
 		// Another resolver, UDP and TCP: the rogue resolver sits inside the allowed CIDR.

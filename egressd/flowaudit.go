@@ -22,20 +22,25 @@ const (
 	// sameFlowSlack is how far apart the event's and the kernel's first-packet times
 	// may be (clock conversion) and still name the same flow.
 	sameFlowSlack = 50 * time.Millisecond
+	// activeTimeout bounds how long a busy flow goes unrecorded: a flow still active
+	// after it gets a record for what it did so far, and the next record continues it
+	// (as NetFlow's active timeout does).
+	activeTimeout = time.Minute
 )
 
 // flowAudit folds datapath events into one audit record per flow (audit/README.md,
 // "Flow records"): the first packet of a denied flow opens it, packets of the same
 // 5-tuple less than window after the last one count into it, and it is written when
-// it has been idle for window, or when egressd stops. A datapath that counts denied
-// flows in the kernel (datapath.DropCounter) reports only first packets; the kernel's
-// counts are read at the flush. Allowed flows (KindFlow, already one event per flow)
-// are written at once. Every record a sandbox opens takes a token of its rate
-// limiter; without one, the flow is counted in the sandbox's next suppressed record.
-// Not safe for concurrent use: auditEvents owns it.
+// it has been idle for window, when it has run for activeTimeout (the next record
+// continues it), or when egressd stops. A datapath that counts flows in the kernel
+// (datapath.FlowCounter) reports only first packets; the kernel's counts are read at
+// the flush. An allowed flow (KindFlow) the kernel counts is folded the same way;
+// one it does not count is written at once, without counts. Every record a sandbox
+// opens takes a token of its rate limiter; without one, the flow is counted in the
+// sandbox's next suppressed record. Not safe for concurrent use: auditEvents owns it.
 type flowAudit struct {
 	window     time.Duration
-	counter    datapath.DropCounter // nil: every dropped packet is an event
+	counter    datapath.FlowCounter // nil: every dropped packet is an event
 	limit      rate.Limit
 	burst      int
 	write      func(audit.Record)
@@ -58,6 +63,10 @@ type openFlow struct {
 	rec            audit.Record
 	last           time.Time
 	packets, bytes uint64
+	// since is the start of the current record (the first packet, or the previous
+	// record's end under activeTimeout); base the kernel counts already recorded.
+	since time.Time
+	base  datapath.FlowCount
 	// suppressed: over the sandbox's rate, counted in its suppressed record; held
 	// open only so that its later packets are not counted as more flows.
 	suppressed bool
@@ -71,14 +80,14 @@ type budget struct {
 	first, last time.Time
 }
 
-func newFlowAudit(window time.Duration, counter datapath.DropCounter, limit rate.Limit, burst int, write func(audit.Record)) *flowAudit {
+func newFlowAudit(window time.Duration, counter datapath.FlowCounter, limit rate.Limit, burst int, write func(audit.Record)) *flowAudit {
 	return &flowAudit{window: window, counter: counter, limit: limit, burst: burst, write: write,
 		onSuppress: func(int) {}, open: map[flowKey]*openFlow{}, budgets: map[string]*budget{}}
 }
 
 // add takes one event and the record it would be on its own.
 func (a *flowAudit) add(ev datapath.Event, rec audit.Record) {
-	if ev.Kind == datapath.KindFlow {
+	if ev.Kind == datapath.KindFlow && !a.counted(ev) {
 		if a.admit(ev) {
 			a.write(rec)
 		}
@@ -95,12 +104,21 @@ func (a *flowAudit) add(ev datapath.Event, rec audit.Record) {
 		a.flush(f)
 		delete(a.open, k)
 	}
-	f := &openFlow{ev: ev, rec: rec, last: ev.Time, packets: 1, bytes: uint64(ev.Bytes), suppressed: !a.admit(ev)}
+	f := &openFlow{ev: ev, rec: rec, last: ev.Time, since: ev.Time, packets: 1, bytes: uint64(ev.Bytes), suppressed: !a.admit(ev)}
 	if len(a.open) >= maxOpenFlows {
 		a.flush(f)
 		return
 	}
 	a.open[k] = f
+}
+
+// counted reports whether the kernel counts ev's flow.
+func (a *flowAudit) counted(ev datapath.Event) bool {
+	if a.counter == nil {
+		return false
+	}
+	_, ok := a.counter.FlowCount(ev)
+	return ok
 }
 
 // admit takes a token of the event's sandbox, or counts the event as suppressed.
@@ -126,14 +144,20 @@ func (a *flowAudit) admit(ev datapath.Event) bool {
 // window has passed.
 func (a *flowAudit) tick(now time.Time) {
 	for k, f := range a.open {
-		if now.Sub(f.last) < a.window {
+		if now.Sub(f.last) < a.window && now.Sub(f.since) < activeTimeout {
 			continue
 		}
-		if a.refresh(f); now.Sub(f.last) < a.window {
+		a.refresh(f)
+		if now.Sub(f.last) >= a.window {
+			a.flush(f)
+			delete(a.open, k)
 			continue
 		}
-		a.flush(f)
-		delete(a.open, k)
+		if now.Sub(f.since) >= activeTimeout {
+			a.flush(f) // still active: this record ends here, the next continues
+			f.base = datapath.FlowCount{Packets: f.base.Packets + f.packets, Bytes: f.base.Bytes + f.bytes}
+			f.packets, f.bytes, f.since = 0, 0, f.last
+		}
 	}
 	for id, b := range a.budgets {
 		if b.flows > 0 && now.Sub(b.first) >= a.window {
@@ -145,17 +169,18 @@ func (a *flowAudit) tick(now time.Time) {
 	}
 }
 
-// refresh takes the kernel's counts of a flow it counts.
+// refresh takes the kernel's counts of a flow it counts (less what earlier records of
+// the flow already carry).
 func (a *flowAudit) refresh(f *openFlow) {
-	if a.counter == nil || f.ev.Kind != datapath.KindDrop {
+	if a.counter == nil {
 		return
 	}
-	c, ok := a.counter.DropCount(f.ev)
+	c, ok := a.counter.FlowCount(f.ev)
 	if !ok || c.First.Sub(f.ev.Time).Abs() > sameFlowSlack {
 		return
 	}
-	f.packets = max(f.packets, c.Packets)
-	f.bytes = max(f.bytes, c.Bytes)
+	f.packets = max(f.packets, c.Packets-min(c.Packets, f.base.Packets))
+	f.bytes = max(f.bytes, c.Bytes-min(c.Bytes, f.base.Bytes))
 	if c.Last.After(f.last) {
 		f.last = c.Last
 	}
@@ -180,6 +205,7 @@ func (a *flowAudit) flush(f *openFlow) {
 		return
 	}
 	rec := f.rec
+	rec.Time = f.since
 	rec.Extra = make(map[string]any, len(f.rec.Extra)+4)
 	for k, v := range f.rec.Extra {
 		rec.Extra[k] = v

@@ -89,17 +89,25 @@ func TestFlowAuditRateLimit(t *testing.T) {
 	}
 }
 
-type fakeCounter struct{ c datapath.DropCount }
+type fakeCounter struct {
+	c  datapath.FlowCount
+	fn func() datapath.FlowCount // when set, the counts now
+}
 
-func (f fakeCounter) DropCount(datapath.Event) (datapath.DropCount, bool) { return f.c, true }
-func (f fakeCounter) DropFlowWindow() time.Duration                       { return time.Second }
+func (f fakeCounter) FlowCount(datapath.Event) (datapath.FlowCount, bool) {
+	if f.fn != nil {
+		return f.fn(), true
+	}
+	return f.c, true
+}
+func (f fakeCounter) FlowWindow() time.Duration                           { return time.Second }
 
-// TestFlowAuditKernelCounts: with a DropCounter, the record carries the kernel's
+// TestFlowAuditKernelCounts: with a FlowCounter, the record carries the kernel's
 // counts, and a flow the kernel still sees active stays open.
 func TestFlowAuditKernelCounts(t *testing.T) {
 	var got []audit.Record
 	t0 := time.Unix(1000, 0)
-	fc := &fakeCounter{c: datapath.DropCount{First: t0, Last: t0.Add(2 * time.Second), Packets: 42, Bytes: 4200}}
+	fc := &fakeCounter{c: datapath.FlowCount{First: t0, Last: t0.Add(2 * time.Second), Packets: 42, Bytes: 4200}}
 	a := newFlowAudit(time.Second, fc, 100, 100, func(r audit.Record) { got = append(got, r) })
 	ev := dropEvent("sb1", t0, 443)
 	a.add(ev, audit.Record{Time: ev.Time, SandboxID: "sb1", Action: "deny"})
@@ -110,5 +118,40 @@ func TestFlowAuditKernelCounts(t *testing.T) {
 	a.tick(t0.Add(3500 * time.Millisecond))
 	if len(got) != 1 || got[0].Extra["packets"] != uint64(42) || got[0].Extra["bytes"] != uint64(4200) {
 		t.Fatalf("records %+v", got)
+	}
+}
+
+// TestFlowAuditAllowedFlowActiveTimeout: an allowed flow the kernel counts is one record
+// when it goes quiet; a flow busy for longer than activeTimeout gets a record per
+// activeTimeout, each with what it did in that stretch (the counts add up).
+func TestFlowAuditAllowedFlowActiveTimeout(t *testing.T) {
+	var got []audit.Record
+	t0 := time.Unix(1000, 0)
+	now := t0
+	// 10 packets of 100 bytes a second, until t0+150s.
+	fc := &fakeCounter{fn: func() datapath.FlowCount {
+		end := now
+		if stop := t0.Add(150 * time.Second); end.After(stop) {
+			end = stop
+		}
+		n := uint64(end.Sub(t0)/time.Second) * 10
+		return datapath.FlowCount{First: t0, Last: end, Packets: n, Bytes: n * 100}
+	}}
+	a := newFlowAudit(time.Second, fc, 100, 100, func(r audit.Record) { got = append(got, r) })
+	ev := dropEvent("sb1", t0, 443)
+	ev.Kind = datapath.KindFlow
+	a.add(ev, audit.Record{Time: ev.Time, SandboxID: "sb1", Action: "allow"})
+	for ; now.Before(t0.Add(160 * time.Second)); now = now.Add(250 * time.Millisecond) {
+		a.tick(now)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d records, want 3 (two active timeouts, then the quiet end): %+v", len(got), got)
+	}
+	var packets uint64
+	for _, r := range got {
+		packets += r.Extra["packets"].(uint64)
+	}
+	if packets != 1500 || !got[0].Time.Equal(t0) || !got[1].Time.After(got[0].Time) {
+		t.Errorf("records add up to %d packets, want 1500: %+v", packets, got)
 	}
 }

@@ -402,10 +402,10 @@ func (d *Daemon) learn(_ context.Context, l dnsfilter.Learned) error {
 // until the datapath closes its event channel; then it writes what is still open.
 func (d *Daemon) auditEvents() {
 	backend := string(d.dp.Backend())
-	counter, _ := d.dp.(datapath.DropCounter)
+	counter, _ := d.dp.(datapath.FlowCounter)
 	window := datapath.DefaultFlowWindow
 	if counter != nil {
-		window = counter.DropFlowWindow()
+		window = counter.FlowWindow()
 	}
 	var flows *flowAudit
 	if d.cfg.Audit != nil {

@@ -25,7 +25,7 @@
 // In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
 // instead and is reported as KindWouldDrop, except a rule with ActionDenyAlways. A new allowed flow is reported as KindFlow
 // and a drop as KindDrop: eBPF reports the first packet of a denied flow (the
-// packets of a 5-tuple less than 2 s apart) and counts the rest (DropCounter);
+// packets of a 5-tuple less than 2 s apart) and counts the rest (FlowCounter);
 // nftables reports every dropped packet and resets TCP (reset) or answers ICMP
 // administratively prohibited for other protocols, so the caller fails at once.
 // With Spec.Cgroup, eBPF refuses a denied connect or unconnected sendmsg with EPERM
@@ -153,6 +153,10 @@ type Policy struct {
 	L7 bool
 	// Report passes what would be dropped and reports it (mode: report).
 	Report bool
+	// CountFlows counts the packets and bytes each allowed outbound flow sends, and
+	// reports a flow that resumes after a flow window quiet as a new KindFlow event
+	// (audit: all; read with FlowCounter where the backend has it).
+	CountFlows bool
 }
 
 // Rule is one static, address-level rule.

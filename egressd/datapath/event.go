@@ -29,28 +29,31 @@ type Event struct {
 	Bytes uint32
 }
 
-// DefaultFlowWindow is the flow window of datapaths that do not say otherwise: denied
-// packets of one 5-tuple less than this apart are one flow (one audit record).
+// DefaultFlowWindow is the flow window of datapaths that do not say otherwise: packets
+// of one 5-tuple less than this apart are one flow (one audit record).
 const DefaultFlowWindow = 2 * time.Second
 
-// DropCount is the kernel's account of one denied flow: the packets of a 5-tuple that
-// arrived less than the backend's flow window apart.
-type DropCount struct {
+// FlowCount is the kernel's account of one flow: the packets of a 5-tuple that arrived
+// less than the backend's flow window apart (for an allowed flow, those the sandbox
+// sent).
+type FlowCount struct {
 	First, Last    time.Time
 	Packets, Bytes uint64
 }
 
-// DropCounter is implemented by datapaths that count denied flows in the kernel and
-// report only a flow's first packet as an event (eBPF). Without it every dropped
-// packet is an event and the consumer counts.
-type DropCounter interface {
-	// DropCount returns the counters of the denied flow of e's 5-tuple. ok is false
-	// when the kernel holds no such flow (evicted, or the sandbox detached). The
+// FlowCounter is implemented by datapaths that count flows in the kernel and report
+// only a flow's first packet as an event (eBPF): denied flows always, allowed flows of
+// policies with CountFlows. Without it every dropped packet is an event and the
+// consumer counts, and allowed flows have no counts.
+type FlowCounter interface {
+	// FlowCount returns the counters of the flow of e's 5-tuple (KindDrop: the denied
+	// flow; KindFlow: the allowed one). ok is false when the kernel holds no such flow
+	// or does not count it (evicted, the sandbox detached, CountFlows off). The
 	// counters belong to a later flow of the same 5-tuple when First is not e.Time.
-	DropCount(e Event) (c DropCount, ok bool)
-	// DropFlowWindow is the flow window: a packet less than this after the flow's
+	FlowCount(e Event) (c FlowCount, ok bool)
+	// FlowWindow is the flow window: a packet less than this after the flow's
 	// last packet belongs to the flow.
-	DropFlowWindow() time.Duration
+	FlowWindow() time.Duration
 }
 
 // String renders the event for logs and test failures.

@@ -172,20 +172,20 @@ func (f *fallback) get(id string) (datapath.Datapath, error) {
 	return b, nil
 }
 
-// DropCount implements datapath.DropCounter for the sandboxes of a backend that
+// FlowCount implements datapath.FlowCounter for the sandboxes of a backend that
 // counts denied flows in the kernel.
-func (f *fallback) DropCount(e datapath.Event) (datapath.DropCount, bool) {
+func (f *fallback) FlowCount(e datapath.Event) (datapath.FlowCount, bool) {
 	b, err := f.get(e.Sandbox)
-	if c, ok := b.(datapath.DropCounter); err == nil && ok {
-		return c.DropCount(e)
+	if c, ok := b.(datapath.FlowCounter); err == nil && ok {
+		return c.FlowCount(e)
 	}
-	return datapath.DropCount{}, false
+	return datapath.FlowCount{}, false
 }
 
-// DropFlowWindow implements datapath.DropCounter: the primary's window.
-func (f *fallback) DropFlowWindow() time.Duration {
-	if c, ok := f.primary.(datapath.DropCounter); ok {
-		return c.DropFlowWindow()
+// FlowWindow implements datapath.FlowCounter: the primary's window.
+func (f *fallback) FlowWindow() time.Duration {
+	if c, ok := f.primary.(datapath.FlowCounter); ok {
+		return c.FlowWindow()
 	}
 	return datapath.DefaultFlowWindow
 }
