@@ -100,7 +100,7 @@ func (f fakeCounter) FlowCount(datapath.Event) (datapath.FlowCount, bool) {
 	}
 	return f.c, true
 }
-func (f fakeCounter) FlowWindow() time.Duration                           { return time.Second }
+func (f fakeCounter) FlowWindow() time.Duration { return time.Second }
 
 // TestFlowAuditKernelCounts: with a FlowCounter, the record carries the kernel's
 // counts, and a flow the kernel still sees active stays open.
