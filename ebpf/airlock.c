@@ -664,22 +664,54 @@ static __always_inline int allow_new(struct __sk_buff *skb, struct sbx_cfg *cfg,
 	return TC_ACT_OK;
 }
 
-// count_flow adds a packet to an allowed flow's record, or starts the flow's next record
-// (an EV_FLOW event) when the flow was quiet for flow_window_ns.
-static __always_inline void count_flow(struct sbx_cfg *cfg, struct pkt *p, struct flow_val *fv, __u64 now,
-				       __u32 len)
+// count_flow adds a packet to an allowed flow's record, or, when the flow was quiet for
+// flow_window_ns, starts its next record and reports it (EV_FLOW, the event built from
+// the flow key; the source address is the sandbox's first of the family, which the
+// source check already holds the packet to). Not inlined, and with its own event code:
+// inlined, it cost the established-flow fast path about 5 % of a TCP stream even for
+// sandboxes that do not count.
+static __noinline int count_flow(struct sbx_cfg *cfg, struct flow_key *k, struct flow_val *fv, __u64 now,
+				 __u32 len)
 {
-	if (now - fv->last_ns >= flow_window_ns) {
-		fv->first_ns = now;
+	if (now - fv->last_ns < flow_window_ns) {
 		fv->last_ns = now;
-		fv->packets = 1;
-		fv->bytes = len;
-		emit(cfg, p, EV_FLOW, fv->reason, fv->rule, 0, len);
-		return;
+		__sync_fetch_and_add(&fv->packets, 1);
+		__sync_fetch_and_add(&fv->bytes, len);
+		return 0;
 	}
+	fv->first_ns = now;
 	fv->last_ns = now;
-	__sync_fetch_and_add(&fv->packets, 1);
-	__sync_fetch_and_add(&fv->bytes, len);
+	fv->packets = 1;
+	fv->bytes = len;
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(ST_EVENTS_LOST);
+		return 1;
+	}
+	e->ts_ns = now;
+	e->idx = cfg->idx;
+	e->gen = cfg->gen;
+	e->kind = EV_FLOW;
+	e->reason = fv->reason;
+	e->proto = k->proto;
+	e->family = k->family;
+	e->sport = k->lport;
+	e->dport = k->rport;
+	e->rule = fv->rule;
+	e->flags = 0;
+	e->len = len;
+	e->pad = 0;
+	__builtin_memset(e->saddr, 0, 16);
+	if (k->family == 4) {
+		e->saddr[10] = 0xff;
+		e->saddr[11] = 0xff;
+		__builtin_memcpy(&e->saddr[12], &cfg->addr4[0], 4);
+	} else {
+		__builtin_memcpy(e->saddr, cfg->addr6[0], 16);
+	}
+	__builtin_memcpy(e->daddr, k->raddr, 16);
+	bpf_ringbuf_submit(e, 0);
+	return 1;
 }
 
 static __always_inline int pass(struct sbx_cfg *cfg)
@@ -730,7 +762,7 @@ int airlock_from_sbx(struct __sk_buff *skb)
 			if (now - fv->seen_ns > 1000000000ULL)
 				fv->seen_ns = now;
 			if ((cfg->flags & CFG_COUNT_FLOWS) && !(fv->flags & (FLOW_INBOUND | FLOW_REPORTED)))
-				count_flow(cfg, &p, fv, now, skb->len);
+				count_flow(cfg, &k, fv, now, skb->len);
 			return pass(cfg);
 		}
 	}

@@ -6,6 +6,7 @@ package lctest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"net/netip"
 	"os"
@@ -162,6 +163,7 @@ func New(t testing.TB, o Options) *Harness {
 		NamePrefix:       NamePrefix,
 		DNSOnGateway:     o.DNSOnGateway,
 		Subnet6:          o.Subnet6,
+		Log:              serverLog,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +174,7 @@ func New(t testing.TB, o Options) *Harness {
 		t.Fatal(err)
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
+		Log:             serverLog,
 		Runtime:         rt,
 		Store:           store,
 		APIKey:          o.APIKey,
@@ -266,6 +269,10 @@ func Airlock(t testing.TB) string {
 	}
 	return airlockPath
 }
+
+// serverLog shows the harness's warnings and errors on stderr (which go test prints
+// for a failing package): a 500 in a test then says why.
+var serverLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // RemoveNetwork removes the test network name when it exists and is unused; for
 // TestMain after m.Run.
