@@ -210,11 +210,20 @@ func (d *Datapath) unhook(s *sandbox) error {
 	return d.unhookTCX(s)
 }
 
+// unhookTCX releases the sandbox's TCX links (detach removes their directory, which
+// also holds the socket links).
 func (d *Datapath) unhookTCX(s *sandbox) error {
-	dir := d.linkDir(s)
-	links := s.links
+	err := releaseLinks(d.linkDir(s), []string{"ingress", "egress"}, s.links)
+	s.links = nil
+	return err
+}
+
+// releaseLinks unpins, detaches and closes links, or, when this process holds none (an
+// adopted sandbox), the links pinned in dir under names. A link already gone with its
+// interface or cgroup is not an error.
+func releaseLinks(dir string, names []string, links []link.Link) error {
 	if len(links) == 0 {
-		for _, name := range []string{"ingress", "egress"} {
+		for _, name := range names {
 			if l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil); err == nil {
 				links = append(links, l)
 			}
@@ -225,14 +234,11 @@ func (d *Datapath) unhookTCX(s *sandbox) error {
 		if err := l.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
-		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.ENOLINK) {
+		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) &&
+			!errors.Is(err, unix.ENOLINK) && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("detach link: %w", err))
 		}
 		l.Close()
-	}
-	s.links = nil
-	if err := os.RemoveAll(dir); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

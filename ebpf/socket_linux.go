@@ -107,26 +107,11 @@ func (d *Datapath) rehookCgroup(s *sandbox) error {
 
 // unhookCgroup detaches the socket programs and removes the cgroup's map entry.
 func (d *Datapath) unhookCgroup(s *sandbox) error {
-	dir := d.linkDir(s)
-	links := s.sockLinks
-	if len(links) == 0 {
-		for _, p := range d.sockProgs() {
-			if l, err := link.LoadPinnedLink(filepath.Join(dir, p.name), nil); err == nil {
-				links = append(links, l)
-			}
-		}
+	var names []string
+	for _, p := range d.sockProgs() {
+		names = append(names, p.name)
 	}
-	var errs []error
-	for _, l := range links {
-		if err := l.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-		// The cgroup may be gone with its container: nothing to detach then.
-		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("detach socket link: %w", err))
-		}
-		l.Close()
-	}
+	errs := []error{releaseLinks(d.linkDir(s), names, s.sockLinks)}
 	s.sockLinks = nil
 	if s.cgroupID != 0 {
 		var cur uint32
