@@ -1,8 +1,14 @@
 package execd
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
+	"io/fs"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -13,8 +19,25 @@ import (
 const HoldWait = 30 * time.Second
 
 // ReleasePath is where Airlock's lifecycle server releases a held sandbox (not part
-// of the OpenSandbox execd API): POST, no body, 204 whether or not it was held.
+// of the OpenSandbox execd API): POST with no body, 204 whether or not it was held; or
+// POST with a JSON Release body, which only a held sandbox accepts (204; 409
+// ALREADY_EXISTS when it was released before, since its settings could no longer
+// apply to everything; 400 for a malformed body).
 const ReleasePath = "/_airlock/release"
+
+// Release is the optional body of a release: what a sandbox created ahead of its
+// request (a warm pool member) learns when it is claimed.
+type Release struct {
+	// Env is set in execd's own environment before anything of the user starts, so the
+	// entrypoint, commands, sessions and kernels all inherit it.
+	Env map[string]string `json:"env,omitempty"`
+	// Entrypoint, when set, replaces the command execd was started with (--exec -- …)
+	// as the supervised child.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+}
+
+// maxReleaseBody bounds a release body (env values included).
+const maxReleaseBody = 1 << 20
 
 // ErrHeld is a request that reaches a sandbox still held: its egress enforcement has
 // not been confirmed, so nothing of the user may run yet (503 STARTING).
@@ -28,6 +51,7 @@ type Hold struct {
 	once sync.Once
 	ch   chan struct{}
 	mu   sync.Mutex
+	rel  Release // what the release brought; read after Released is closed
 }
 
 func (h *Hold) init() {
@@ -42,6 +66,29 @@ func (h *Hold) init() {
 func (h *Hold) Release() {
 	h.init()
 	h.once.Do(func() { close(h.ch) })
+}
+
+// ReleaseWith applies rel (its Env to this process's environment) and releases; it
+// reports false, changing nothing, when the hold was already released.
+func (h *Hold) ReleaseWith(rel Release) bool {
+	h.init()
+	applied := false
+	h.once.Do(func() {
+		for k, v := range rel.Env {
+			os.Setenv(k, v)
+		}
+		h.rel = rel
+		applied = true
+		close(h.ch)
+	})
+	return applied
+}
+
+// Entrypoint is the entrypoint the release brought (nil: keep the configured one).
+// Call it after Released is closed.
+func (h *Hold) Entrypoint() []string {
+	<-h.Released()
+	return h.rel.Entrypoint
 }
 
 // Released is closed once Release was called.
@@ -65,7 +112,35 @@ func (h *Hold) Held() bool {
 func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == ReleasePath && r.Method == http.MethodPost {
-			h.Release()
+			body, err := io.ReadAll(io.LimitReader(r.Body, maxReleaseBody+1))
+			if err != nil || len(body) > maxReleaseBody {
+				writeError(w, errorf(ErrInvalid, "release body unreadable or over %d bytes", maxReleaseBody))
+				return
+			}
+			if len(bytes.TrimSpace(body)) == 0 {
+				h.Release()
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			var rel Release
+			if err := json.Unmarshal(body, &rel); err != nil {
+				writeError(w, errorf(ErrInvalid, "release body: %v", err))
+				return
+			}
+			for k, v := range rel.Env {
+				if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+					writeError(w, errorf(ErrInvalid, "release body: env name %q or its value is invalid", k))
+					return
+				}
+			}
+			if len(rel.Entrypoint) > 0 && rel.Entrypoint[0] == "" {
+				writeError(w, errorf(ErrInvalid, "release body: entrypoint[0] is empty"))
+				return
+			}
+			if !h.ReleaseWith(rel) {
+				writeError(w, errorf(fs.ErrExist, "already released: the settings of this release cannot apply to what already runs"))
+				return
+			}
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}

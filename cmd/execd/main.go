@@ -133,7 +133,11 @@ func main() {
 			os.Exit(128 + int(sig.(syscall.Signal)))
 		}
 	}
-	code, err := execd.Supervise(context.Background(), execd.SuperviseConfig{Argv: fs.Args(), Procs: procs, Logger: logger})
+	argv := fs.Args()
+	if held != nil && len(held.Entrypoint()) > 0 {
+		argv = held.Entrypoint()
+	}
+	code, err := execd.Supervise(context.Background(), execd.SuperviseConfig{Argv: argv, Procs: procs, Logger: logger})
 	if err != nil {
 		logger.Error("supervising the entrypoint", "err", err)
 	}
