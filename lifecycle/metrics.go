@@ -12,6 +12,24 @@ type metrics struct {
 	transitions   *prometheus.CounterVec
 	reaped        prometheus.Counter
 	orphans       prometheus.Counter
+	poolClaims    *prometheus.CounterVec
+	poolMisses    *prometheus.CounterVec
+	poolReplenish *prometheus.HistogramVec
+}
+
+// poolsCollector reports airlock_lifecycle_pool_members{pool,state} at scrape time.
+type poolsCollector struct {
+	s    *Server
+	desc *prometheus.Desc
+}
+
+func (c poolsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c poolsCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.s.Pools() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(p.Ready), p.Name, "ready")
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(p.Warming), p.Name, "warming")
+	}
 }
 
 // sandboxesCollector reports airlock_lifecycle_sandboxes{state} at scrape time.
@@ -58,8 +76,24 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Namespace: ns, Subsystem: sub, Name: "orphans_removed_total",
 			Help: "Containers of this instance without a sandbox record, removed on start.",
 		}),
+		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_claims_total",
+			Help: "Creates served by claiming a warm pool member, by pool.",
+		}, []string{"pool"}),
+		poolMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_misses_total",
+			Help: "Creates that matched a warm pool but found no ready member (served cold), by pool.",
+		}, []string{"pool"}),
+		poolReplenish: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "pool_replenish_duration_seconds",
+			Help:    "Time to create one warm pool member until it is enforced and answers, by pool.",
+			Buckets: []float64{.25, .5, 1, 2, 5, 10, 30, 120},
+		}, []string{"pool"}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.poolClaims, m.poolMisses, m.poolReplenish,
+			poolsCollector{s: s, desc: prometheus.NewDesc(ns+"_"+sub+"_pool_members",
+				"Warm pool members, by pool and state (ready: claimable; warming: being created or checked).", []string{"pool", "state"}, nil)})
 		reg.MustRegister(m.creates, m.createSeconds, m.transitions, m.reaped, m.orphans,
 			sandboxesCollector{s: s, desc: prometheus.NewDesc(ns+"_"+sub+"_sandboxes",
 				"Sandboxes known to the lifecycle server, by state.", []string{"state"}, nil)})

@@ -138,8 +138,18 @@ func (s *Server) reconcile(ctx context.Context) error {
 		byCID[in.ContainerID] = in
 	}
 	var stopping []string
+	var members []*record
+	memberInsts := map[string]Instance{}
 	s.mu.Lock()
 	for _, rec := range recs {
+		if rec.Pool != "" {
+			members = append(members, rec)
+			if in, ok := byCID[rec.ContainerID]; ok {
+				memberInsts[rec.ContainerID] = in
+				delete(byCID, rec.ContainerID)
+			}
+			continue
+		}
 		e := &entry{rec: rec}
 		s.sbx[rec.ID] = e
 		// Every record leaves this loop persisted when it changed (commitLocked or
@@ -192,6 +202,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 		}
 	}
 	s.mu.Unlock()
+	s.adoptMembers(members, memberInsts)
 	for _, in := range byCID {
 		s.removeOrphan(ctx, in)
 	}

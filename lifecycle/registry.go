@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -78,6 +79,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,
 		Access:          s.access(rec),
+		Pool:            rec.Pool,
 	}
 	if rec.ExpiresAt != nil {
 		t := *rec.ExpiresAt
@@ -161,6 +163,10 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			v.spec.Env[k] = val
 		}
 	}
+	asked := v.spec.Image
+	if local, ok := s.cfg.ImageAliases[asked]; ok {
+		v.spec.Image = local
+	}
 	id := newSandboxID()
 	v.spec.SandboxID = id
 	v.spec.Hold = true // released by awaitReadyAsync once enforced
@@ -177,7 +183,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	now := time.Now().UTC()
 	rec := &record{
 		ID:              id,
-		Image:           v.spec.Image,
+		Image:           asked,
 		Platform:        req.Platform,
 		Entrypoint:      v.spec.Entrypoint,
 		Metadata:        cloneMap(req.Metadata),
@@ -203,7 +209,19 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer cancel()
+	if p := s.poolFor(v); p != nil {
+		if out, ok := s.claim(rctx, p, v, rec); ok {
+			s.metrics.creates.WithLabelValues("ok").Inc()
+			s.metrics.createSeconds.Observe(time.Since(start).Seconds())
+			s.log.Info("sandbox created from warm pool", "sandbox_id", out.ID, "pool", p.spec.Name, "image", rec.Image,
+				"create_ms", time.Since(start).Milliseconds())
+			return out, nil
+		}
+	}
 	inst, err := s.rt.Create(rctx, v.spec)
+	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {
+		err = fmt.Errorf("%w (this server serves %s from the local image %s: images.aliases)", err, asked, v.spec.Image)
+	}
 	if err != nil {
 		s.forgetVault(id)
 		s.metrics.creates.WithLabelValues("error").Inc()

@@ -63,6 +63,14 @@ type Config struct {
 	Endpoint EndpointFunc
 	// Limits bounds create requests.
 	Limits Limits
+	// Pools are the warm pools (see PoolSpec); none by default.
+	Pools []PoolSpec
+	// ImageAliases maps an image reference a client asks for to the local image that
+	// serves it (airlock up ships "opensandbox/code-interpreter:latest" →
+	// "airlock/code-interpreter:latest", so the OpenSandbox SDKs' defaults resolve
+	// without a registry). The sandbox keeps reporting the reference the client asked
+	// for. A reference is resolved once: aliases do not chain.
+	ImageAliases map[string]string
 	// ExecdPort is execd's port inside the sandbox; default DefaultExecdPort.
 	ExecdPort int
 	// ReadyTimeout is how long a new sandbox may take to answer execd /ping before it is
@@ -145,8 +153,9 @@ type Server struct {
 	ping           *http.Client
 	metrics        *metrics
 
-	mu  sync.Mutex
-	sbx map[string]*entry
+	mu    sync.Mutex
+	sbx   map[string]*entry
+	pools []*pool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -198,6 +207,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("lifecycle: default access %q: want public or token", cfg.DefaultAccess)
 	}
 	cfg.Limits.setDefaults()
+	pools, err := newPools(cfg.Pools, cfg.Limits, cfg.ImageAliases)
+	if err != nil {
+		return nil, err
+	}
 	inst, err := cfg.Store.InstanceID()
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: %w", err)
@@ -211,6 +224,7 @@ func New(cfg Config) (*Server, error) {
 		hub:      cfg.Hub,
 		instance: inst,
 		sbx:      map[string]*entry{},
+		pools:    pools,
 		ctx:      ctx,
 		cancel:   cancel,
 		ping: &http.Client{
@@ -242,6 +256,9 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("lifecycle: reconcile: %w", err)
 	}
 	s.wg.Go(s.reapLoop)
+	for _, p := range s.pools {
+		s.wg.Go(func() { s.poolLoop(p) })
+	}
 	return nil
 }
 

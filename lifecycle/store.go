@@ -112,6 +112,9 @@ type record struct {
 	Address         netip.Addr `json:"address,omitzero"`
 	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
+	// Pool names the warm pool of a member not yet claimed (PoolSpec.Name): such a
+	// record is not a sandbox of the API. Empty for every claimed or cold sandbox.
+	Pool string `json:"pool,omitempty"`
 }
 
 const historyLen = 16

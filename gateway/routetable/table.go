@@ -198,7 +198,9 @@ func (t *Table) Delete(id string, rv uint64) {
 func (t *Table) Replace(all []watch.Sandbox, rv uint64) {
 	keep := make(map[string]struct{}, len(all))
 	for _, s := range all {
-		keep[s.ID] = struct{}{}
+		if s.Pool == "" {
+			keep[s.ID] = struct{}{}
+		}
 	}
 	now := time.Now()
 	t.mu.Lock()
@@ -217,6 +219,9 @@ func (t *Table) Replace(all []watch.Sandbox, rv uint64) {
 }
 
 func (t *Table) upsertLocked(s watch.Sandbox) {
+	if s.Pool != "" { // an unclaimed warm pool member has no routes
+		return
+	}
 	f := newFacts(s) // the table owns its copy
 	delete(t.tombs, s.ID)
 	if v, ok := t.entries.Load(s.ID); ok {

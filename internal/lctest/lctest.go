@@ -122,6 +122,10 @@ type Options struct {
 	Subnet6 netip.Prefix
 	// PolicyGate is passed to lifecycle.Config (policy changes answer once enforced).
 	PolicyGate func(id string, version uint64) bool
+	// Pools and ImageAliases are passed to lifecycle.Config (warm pools; image names
+	// served by other local images).
+	Pools        []lifecycle.PoolSpec
+	ImageAliases map[string]string
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -190,6 +194,8 @@ func New(t testing.TB, o Options) *Harness {
 		CredentialVault: o.CredentialVault,
 		ReadyGate:       o.ReadyGate,
 		PolicyGate:      o.PolicyGate,
+		Pools:           o.Pools,
+		ImageAliases:    o.ImageAliases,
 	})
 	if err != nil {
 		t.Fatal(err)

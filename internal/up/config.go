@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -58,6 +60,8 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	  subnet: 10.213.0.0/16
 //	  ociRuntime: runsc
 //	  allowedHostRoots: [/srv/airlock]
+//	images:
+//	  aliases: {"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest"}
 type Config struct {
 	// Listen is the lifecycle API's address; default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
@@ -78,6 +82,22 @@ type Config struct {
 	Audit     AuditConfig     `yaml:"audit"`
 	Egress    EgressConfig    `yaml:"egress"`
 	Docker    DockerConfig    `yaml:"docker"`
+	Images    ImagesConfig    `yaml:"images"`
+}
+
+// DefaultImageAliases are the aliases every configuration starts with: the image the
+// OpenSandbox SDKs' code interpreter asks for by default is served by Airlock's own
+// (`airlock image build code-interpreter`).
+var DefaultImageAliases = map[string]string{
+	"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest",
+}
+
+// ImagesConfig configures how create requests name images.
+type ImagesConfig struct {
+	// Aliases maps an image a client asks for to the local image that serves it; the
+	// sandbox keeps reporting the image asked for. Entries are added to
+	// DefaultImageAliases (an entry for the same reference replaces the default one).
+	Aliases map[string]string `yaml:"aliases"`
 }
 
 // GatewayConfig configures the embedded ingress gateway (package gateway).
@@ -200,6 +220,14 @@ func (c *Config) setDefaults() error {
 	if c.Audit.Dir == "" {
 		c.Audit.Dir = filepath.Join(c.StateDir, "audit")
 	}
+	aliases := maps.Clone(DefaultImageAliases)
+	for from, to := range c.Images.Aliases {
+		if strings.TrimSpace(from) == "" || strings.TrimSpace(to) == "" || strings.ContainsAny(from+to, " \t\r\n") {
+			return fmt.Errorf("config: images.aliases: %q: %q is not an image reference", from, to)
+		}
+		aliases[from] = to
+	}
+	c.Images.Aliases = aliases
 	if err := c.Egress.setDefaults(); err != nil {
 		return err
 	}

@@ -243,6 +243,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 			MaxTimeout: time.Duration(s.cfg.Lifecycle.MaxTimeout),
 		},
 		ReadyTimeout:    time.Duration(s.cfg.Lifecycle.ReadyTimeout),
+		ImageAliases:    s.cfg.Images.Aliases,
 		Endpoint:        s.endpoint,
 		Audit:           s.Audit,
 		AuditDir:        s.cfg.Audit.Dir,

@@ -82,6 +82,10 @@ type Sandbox struct {
 	// CredentialProxy is the create request's credentialProxy.enabled: egressd intercepts
 	// the sandbox's HTTP(S) for its Credential Vault bindings.
 	CredentialProxy bool `json:"credentialProxy,omitempty"`
+	// Pool, when set, marks a warm pool member not yet claimed: egressd enforces its
+	// (deny-all) policy, the gateway gives it no route. A claim publishes the sandbox
+	// again without it.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Runtime locates a sandbox on its node.

@@ -1,0 +1,383 @@
+package lifecycle
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/airlockdev/airlock/execd"
+)
+
+// PoolSpec declares a warm pool: Size sandboxes of Image with ResourceLimits are
+// created ahead of any request, held (execd --hold: nothing of the user has run) and
+// enforced with deny-all egress, invisible to the API and given no routes. A create
+// request for the same image (after ImageAliases) and the same limits, without volumes
+// or credentialProxy, claims one instead of starting a container: its policy, env,
+// entrypoint, metadata and expiry are applied at claim, and the pool is replenished in
+// the background.
+type PoolSpec struct {
+	// Name identifies the pool in metrics and logs; default the image.
+	Name string
+	// Image is the image members run; an alias is resolved like a request's.
+	Image string
+	// Size is how many members are kept ready (1 to 256).
+	Size int
+	// ResourceLimits are the members' limits in create-request form ({"cpu": "500m",
+	// "memory": "512Mi"}); a request matches only with the same limits.
+	ResourceLimits map[string]string
+}
+
+// poolDenyAll is a member's policy until it is claimed: nothing leaves it.
+var poolDenyAll = json.RawMessage(`{"defaultAction":"deny","egress":[]}`)
+
+// pool is one warm pool; its fields but spec and kick are guarded by Server.mu.
+type pool struct {
+	spec  PoolSpec
+	image string // resolved
+	nano  int64
+	mem   int64
+	pids  int64
+	ready []*record // claimable members, oldest first
+	// warming counts members being created or waiting for enforcement.
+	warming int
+	kick    chan struct{}
+}
+
+// newPools checks the pool declarations against l and the aliases.
+func newPools(specs []PoolSpec, l Limits, aliases map[string]string) ([]*pool, error) {
+	var out []*pool
+	names := map[string]bool{}
+	for i, ps := range specs {
+		if ps.Image == "" {
+			return nil, fmt.Errorf("lifecycle: pools[%d]: image is required", i)
+		}
+		if ps.Size < 1 || ps.Size > 256 {
+			return nil, fmt.Errorf("lifecycle: pools[%d] (%s): size %d is outside [1, 256]", i, ps.Image, ps.Size)
+		}
+		if ps.Name == "" {
+			ps.Name = ps.Image
+		}
+		if names[ps.Name] {
+			return nil, fmt.Errorf("lifecycle: pools[%d]: a second pool named %q (give each a name)", i, ps.Name)
+		}
+		names[ps.Name] = true
+		spec := Spec{Pids: l.DefaultPids}
+		if err := validateResources(ps.ResourceLimits, l, &spec); err != nil {
+			return nil, fmt.Errorf("lifecycle: pools[%d] (%s): %w", i, ps.Name, err)
+		}
+		img := ps.Image
+		if local, ok := aliases[img]; ok {
+			img = local
+		}
+		ps.ResourceLimits = maps.Clone(ps.ResourceLimits)
+		out = append(out, &pool{spec: ps, image: img, nano: spec.NanoCPUs, mem: spec.MemoryBytes, pids: spec.Pids,
+			kick: make(chan struct{}, 1)})
+	}
+	return out, nil
+}
+
+// poolFor returns the pool a validated create can be served from, or nil.
+func (s *Server) poolFor(v *validated) *pool {
+	if len(v.spec.Volumes) > 0 || v.credentialProxy || len(v.spec.TrustedCAPEM) > 0 {
+		return nil
+	}
+	for _, p := range s.pools {
+		if p.image == v.spec.Image && p.nano == v.spec.NanoCPUs && p.mem == v.spec.MemoryBytes && p.pids == v.spec.Pids {
+			return p
+		}
+	}
+	return nil
+}
+
+func (p *pool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// claim serves a create from p: it takes a ready member, gives it rec's identity-free
+// settings (policy, metadata, expiry, access), waits until the data plane enforces the
+// new policy, releases execd with env and entrypoint, and returns the sandbox Running.
+// ok is false when the pool had no member or the claimed one failed (it is removed);
+// the caller then creates cold.
+func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record) (Sandbox, bool) {
+	s.mu.Lock()
+	if len(p.ready) == 0 {
+		s.mu.Unlock()
+		s.metrics.poolMisses.WithLabelValues(p.spec.Name).Inc()
+		p.wake()
+		return Sandbox{}, false
+	}
+	m := p.ready[0]
+	p.ready = p.ready[1:]
+	s.mu.Unlock()
+	p.wake()
+
+	rec := want.clone()
+	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
+	rec.PolicyVersion = m.PolicyVersion + 1
+	rec.Status = m.Status
+	s.mu.Lock()
+	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.awaitEnforced(ctx, rec.ID, rec.PolicyVersion)
+	}
+	if err == nil {
+		env := maps.Clone(s.cfg.DefaultEnv)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, v.spec.Env)
+		err = s.releaseWith(rec.Address, execd.Release{Env: env, Entrypoint: v.spec.Entrypoint})
+	}
+	if err != nil {
+		s.log.Warn("warm pool member failed at claim; serving the create cold", "pool", p.spec.Name, "sandbox_id", rec.ID, "err", err)
+		s.dropMember(rec)
+		return Sandbox{}, false
+	}
+	s.mu.Lock()
+	rec.Status = Status{}
+	err = s.setStatusLocked(rec, Running, "ready", "claimed from warm pool "+p.spec.Name)
+	if err == nil {
+		s.sbx[rec.ID] = &entry{rec: rec}
+	}
+	out := rec.view(false)
+	s.mu.Unlock()
+	if err != nil {
+		s.dropMember(rec)
+		return Sandbox{}, false
+	}
+	s.metrics.poolClaims.WithLabelValues(p.spec.Name).Inc()
+	return out, true
+}
+
+// awaitEnforced waits until PolicyGate confirms version v of id (no gate: at once),
+// at most PolicyApplyTimeout.
+func (s *Server) awaitEnforced(ctx context.Context, id string, v uint64) error {
+	if s.cfg.PolicyGate == nil {
+		return nil
+	}
+	deadline := time.Now().Add(s.cfg.PolicyApplyTimeout)
+	for !s.cfg.PolicyGate(id, v) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("policy version %d not confirmed enforced within %s", v, s.cfg.PolicyApplyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// releaseWith releases a held member's execd with rel.
+func (s *Server) releaseWith(addr interface{ String() string }, rel execd.Release) error {
+	body, err := json.Marshal(rel)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
+	url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + execd.ReleasePath
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.ping.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("execd release answered %s", resp.Status)
+	}
+	return nil
+}
+
+// dropMember forgets a member (or a failed claim) and removes its container in the
+// background.
+func (s *Server) dropMember(rec *record) {
+	s.mu.Lock()
+	err := s.store.remove(rec.ID)
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error("forgetting a warm pool member failed", "sandbox_id", rec.ID, "err", err)
+	}
+	s.hub.Delete(rec.ID)
+	inst := Instance{SandboxID: rec.ID, ContainerID: rec.ContainerID}
+	s.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 2*time.Minute)
+		defer cancel()
+		if err := s.rt.Remove(ctx, inst); err != nil {
+			s.log.Error("removing a warm pool member failed", "sandbox_id", rec.ID, "err", err)
+		}
+	})
+}
+
+// poolLoop keeps p at its size: one member is created at a time, so replenishing never
+// takes more than one core from the sandboxes in use.
+func (s *Server) poolLoop(p *pool) {
+	for {
+		s.mu.Lock()
+		need := p.spec.Size - len(p.ready) - p.warming
+		if need > 0 {
+			p.warming++
+		}
+		s.mu.Unlock()
+		if need <= 0 {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-p.kick:
+			}
+			continue
+		}
+		start := time.Now()
+		rec, err := s.warmOne(p)
+		s.mu.Lock()
+		p.warming--
+		if err == nil {
+			p.ready = append(p.ready, rec)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("creating a warm pool member failed", "pool", p.spec.Name, "err", err)
+			select { // do not spin against a broken engine
+			case <-s.ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+			continue
+		}
+		s.metrics.poolReplenish.WithLabelValues(p.spec.Name).Observe(time.Since(start).Seconds())
+	}
+}
+
+// warmOne creates one member of p and waits until it is enforced and its execd answers.
+func (s *Server) warmOne(p *pool) (*record, error) {
+	id := newSandboxID()
+	ctx, cancel := context.WithTimeout(s.ctx, createTimeout)
+	defer cancel()
+	inst, err := s.rt.Create(ctx, Spec{
+		SandboxID: id, Image: p.image, Entrypoint: []string{"tail", "-f", "/dev/null"}, Env: map[string]string{},
+		NanoCPUs: p.nano, MemoryBytes: p.mem, Pids: p.pids, Hold: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	no := false
+	rec := &record{
+		ID: id, Pool: p.spec.Name, ContainerID: inst.ContainerID, Image: p.image,
+		Entrypoint: []string{"tail", "-f", "/dev/null"}, Metadata: map[string]string{},
+		ResourceLimits: maps.Clone(p.spec.ResourceLimits), CreatedAt: time.Now().UTC(),
+		Policy: poolDenyAll, PolicyVersion: 1, AccessToken: newAccessToken(), SecureAccess: &no,
+		Address: inst.Address, Address6: inst.Address6, Pid: inst.Pid, DeleteVolumes: inst.DeleteVolumes,
+		Status: Status{State: Pending, Reason: "warming", Message: "warm pool member", LastTransitionAt: time.Now().UTC()},
+	}
+	s.mu.Lock()
+	err = s.commitLocked(rec)
+	s.mu.Unlock()
+	if err == nil {
+		err = s.awaitMember(ctx, rec)
+	}
+	if err != nil {
+		s.dropMember(rec)
+		return nil, err
+	}
+	return rec, nil
+}
+
+// awaitMember waits until the data plane enforces the member's deny-all policy and its
+// (held) execd answers /ping.
+func (s *Server) awaitMember(ctx context.Context, rec *record) error {
+	base := "http://" + net.JoinHostPort(rec.Address.String(), strconv.Itoa(s.cfg.ExecdPort))
+	deadline := time.Now().Add(s.cfg.ReadyTimeout)
+	for {
+		if (s.cfg.ReadyGate == nil || s.cfg.ReadyGate(rec.ID)) && s.pingOnce(base+"/ping") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("not enforced and answering within " + s.cfg.ReadyTimeout.String())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pingInterval):
+		}
+	}
+}
+
+// adoptMembers takes members found at start back into their pools (oldest first, up to
+// each pool's size, after they answer again) and drops the rest: members of pools no
+// longer declared, or whose container is gone or not running.
+func (s *Server) adoptMembers(members []*record, running map[string]Instance) {
+	byName := map[string]*pool{}
+	for _, p := range s.pools {
+		byName[p.spec.Name] = p
+	}
+	slices.SortFunc(members, func(a, b *record) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	for _, rec := range members {
+		p := byName[rec.Pool]
+		in, ok := running[rec.ContainerID]
+		s.mu.Lock()
+		keep := p != nil && ok && in.Phase == PhaseRunning && p.image == rec.Image && p.warming < p.spec.Size
+		if keep {
+			p.warming++
+			rec.Address, rec.Address6, rec.Pid = in.Address, in.Address6, in.Pid
+			s.hub.Put(s.watchView(rec))
+		}
+		s.mu.Unlock()
+		if !keep {
+			s.log.Info("dropping a warm pool member found at start", "pool", rec.Pool, "sandbox_id", rec.ID)
+			s.dropMember(rec)
+			continue
+		}
+		s.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadyTimeout)
+			defer cancel()
+			err := s.awaitMember(ctx, rec)
+			s.mu.Lock()
+			p.warming--
+			if err == nil {
+				p.ready = append(p.ready, rec)
+			}
+			s.mu.Unlock()
+			if err != nil {
+				s.dropMember(rec)
+			}
+			p.wake()
+		})
+	}
+}
+
+// PoolStatus is one warm pool's state, for metrics and `airlock doctor`-style views.
+type PoolStatus struct {
+	Name    string `json:"name"`
+	Image   string `json:"image"`
+	Size    int    `json:"size"`
+	Ready   int    `json:"ready"`
+	Warming int    `json:"warming"`
+}
+
+// Pools reports the warm pools.
+func (s *Server) Pools() []PoolStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PoolStatus, 0, len(s.pools))
+	for _, p := range s.pools {
+		out = append(out, PoolStatus{Name: p.spec.Name, Image: p.spec.Image, Size: p.spec.Size, Ready: len(p.ready), Warming: p.warming})
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package lifecycle_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle"
+)
+
+var poolLimits = map[string]string{"cpu": "500m", "memory": "256Mi"}
+
+// waitPool waits until every pool has size ready members (at most 2 min).
+func waitPool(t *testing.T, h *lctest.Harness, size int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ps := h.Server.Pools()
+		if len(ps) > 0 && ps[0].Ready == size && ps[0].Warming == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never filled: %+v", ps)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// run runs a shell command in the sandbox through the server proxy and returns its
+// stdout.
+func (c *client) run(id, command string) string {
+	c.t.Helper()
+	resp, b := c.do("POST", "/sandboxes/"+id+"/proxy/44772/command", map[string]any{"command": command})
+	if resp.StatusCode != http.StatusOK {
+		c.t.Fatalf("command %q in %s: %d %s", command, id, resp.StatusCode, b)
+	}
+	var out strings.Builder
+	for _, line := range strings.Split(string(b), "\n") {
+		var ev struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if json.Unmarshal([]byte(line), &ev) == nil && ev.Type == "stdout" {
+			out.WriteString(ev.Text)
+		}
+	}
+	return strings.TrimSpace(out.String())
+}
+
+// TestWarmPool: members are created ahead and stay invisible; a matching create claims
+// one and answers Running with the request's env, entrypoint, metadata and image name
+// (an alias); 20 creates racing for 5 members never share a container and the misses
+// are served cold; the pool refills; a restart adopts the members without leaking; a
+// create that does not match is served cold; deletes leave nothing.
+func TestWarmPool(t *testing.T) {
+	img := testenv.NeedSandboxImage(t)
+	const size = 5
+	opts := lctest.Options{
+		APIKey:         testKey,
+		KeepContainers: true,
+		ImageAliases:   map[string]string{"example.test/pooled:latest": img},
+		Pools:          []lifecycle.PoolSpec{{Name: "default", Image: img, Size: size, ResourceLimits: poolLimits}},
+	}
+	h := lctest.New(t, opts)
+	t.Cleanup(func() { lctest.RemoveAll(t, h.Runtime) })
+	c := newClient(t, h)
+	waitPool(t, h, size)
+	if n := countContainers(t, h); n != size {
+		t.Fatalf("%d containers with a full pool of %d", n, size)
+	}
+	var list lifecycle.ListResponse
+	if err := json.Unmarshal(c.want("GET", "/v1/sandboxes", nil, http.StatusOK, ""), &list); err != nil || list.Pagination.TotalItems != 0 {
+		t.Fatalf("pool members are listed: %+v %v", list, err)
+	}
+
+	// One claim: Running at once, the request's settings in force.
+	req := baseReq("example.test/pooled:latest", map[string]string{"team": "pool"})
+	req["resourceLimits"] = poolLimits
+	req["env"] = map[string]string{"CLAIM_ENV": "from-request"}
+	req["entrypoint"] = []string{"sh", "-c", "echo entry:$CLAIM_ENV > /tmp/entry; exec tail -f /dev/null"}
+	t0 := time.Now()
+	sb := c.create(req)
+	claimMs := time.Since(t0).Milliseconds()
+	if sb.Status.State != lifecycle.Running {
+		t.Fatalf("claimed sandbox answered %s, want Running", sb.Status.State)
+	}
+	t.Logf("claim answered in %d ms", claimMs)
+	got := c.get(sb.ID)
+	if got.Image == nil || got.Image.URI != "example.test/pooled:latest" || got.Metadata["team"] != "pool" ||
+		strings.Join(got.Entrypoint, " ") != strings.Join(req["entrypoint"].([]string), " ") {
+		t.Fatalf("claimed sandbox reports %+v", got)
+	}
+	if out := c.run(sb.ID, "echo cmd:$CLAIM_ENV"); out != "cmd:from-request" {
+		t.Fatalf("command env: %q", out)
+	}
+	var entry string
+	for range 100 {
+		if entry = c.run(sb.ID, "cat /tmp/entry 2>/dev/null"); entry != "" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if entry != "entry:from-request" {
+		t.Fatalf("the entrypoint did not run with the request's env: %q", entry)
+	}
+
+	// A create that matches no pool (other limits) is served cold.
+	cold := baseReq(img, nil)
+	cold["resourceLimits"] = map[string]string{"cpu": "250m", "memory": "128Mi"}
+	csb := c.create(cold)
+	if csb.Status.State != lifecycle.Pending {
+		t.Fatalf("unmatched create answered %s, want Pending (cold)", csb.Status.State)
+	}
+	c.waitState(csb.ID, lifecycle.Running)
+	waitPool(t, h, size)
+
+	// 20 creates race for the 5 members.
+	var (
+		mu  sync.Mutex
+		ids []string
+		wg  sync.WaitGroup
+	)
+	for i := range 20 {
+		wg.Go(func() {
+			r := baseReq(img, map[string]string{"n": fmt.Sprint(i)})
+			r["resourceLimits"] = poolLimits
+			sb := c.create(r)
+			mu.Lock()
+			ids = append(ids, sb.ID)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	cids := map[string]string{}
+	for _, id := range append(ids, sb.ID, csb.ID) {
+		c.waitState(id, lifecycle.Running)
+		if out := c.run(id, "echo ok"); out != "ok" {
+			t.Fatalf("sandbox %s: %q", id, out)
+		}
+		rec, err := h.Runtime.Inspect(t.Context(), containerOf(t, h, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other, dup := cids[rec.ContainerID]; dup {
+			t.Fatalf("sandboxes %s and %s share container %s", id, other, rec.ContainerID)
+		}
+		cids[rec.ContainerID] = id
+	}
+	waitPool(t, h, size)
+	if n := countContainers(t, h); n != 22+size {
+		t.Fatalf("%d containers, want 22 sandboxes + %d members", n, size)
+	}
+
+	// Restart on the same store: the members are adopted, none leaks, none doubles.
+	h.Stop()
+	opts.StateDir = h.StateDir
+	h = lctest.New(t, opts)
+	c = newClient(t, h)
+	waitPool(t, h, size)
+	if n := countContainers(t, h); n != 22+size {
+		t.Fatalf("after restart: %d containers, want 22 + %d", n, size)
+	}
+	c.get(sb.ID)
+
+	// Delete everything; stopping the server with an empty registry leaves the members only.
+	for _, id := range append(ids, sb.ID, csb.ID) {
+		c.want("DELETE", "/v1/sandboxes/"+id, nil, http.StatusNoContent, "")
+	}
+	if n := countContainers(t, h); n != size {
+		t.Fatalf("after deleting every sandbox: %d containers, want the %d members", n, size)
+	}
+}
+
+// containerOf finds the container of sandbox id by its label.
+func containerOf(t *testing.T, h *lctest.Harness, id string) string {
+	t.Helper()
+	insts, err := h.Runtime.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range insts {
+		if in.SandboxID == id {
+			return in.ContainerID
+		}
+	}
+	t.Fatalf("no container for sandbox %s", id)
+	return ""
+}
