@@ -72,7 +72,8 @@ type world struct {
 	current  atomic.Pointer[Daemon] // the daemon the ready gate asks
 }
 
-func newWorld(t *testing.T) *world {
+// newWorld builds the world; opts adjust the lifecycle harness (pools, aliases).
+func newWorld(t *testing.T, opts ...func(*lctest.Options)) *world {
 	testenv.NeedRoot(t)
 	testenv.NeedBPF(t)
 	w := &world{}
@@ -90,7 +91,11 @@ func newWorld(t *testing.T) *world {
 		v, ok := d.EnforcedVersion(id)
 		return ok && v >= version
 	}
-	h := lctest.New(t, lctest.Options{DNSOnGateway: true, ReadyGate: gate, PolicyGate: policyGate, Subnet6: subnet6})
+	o := lctest.Options{DNSOnGateway: true, ReadyGate: gate, PolicyGate: policyGate, Subnet6: subnet6}
+	for _, f := range opts {
+		f(&o)
+	}
+	h := lctest.New(t, o)
 	_, _, gw := h.Runtime.Network()
 	w.h, w.gw = h, gw
 	if _, w.gw6 = h.Runtime.Network6(); !w.gw6.IsValid() {
