@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -87,7 +88,8 @@ func startUp(t *testing.T, bin, cfg, addr string) *upProcess {
 
 // TestRestartAfterSIGKILL kills `airlock up` with SIGKILL and starts it again: the same
 // sandboxes are listed with the same metadata and expiry, still usable, none duplicated,
-// and the API key is the stored one.
+// and the API key is the stored one. A warm pool is configured: the sandboxes are
+// claimed from it, and its members survive the restart without leaking or doubling.
 func TestRestartAfterSIGKILL(t *testing.T) {
 	testenv.NeedSandboxImage(t)
 	bin := lctest.Airlock(t)
@@ -96,15 +98,22 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	cfg := filepath.Join(dir, "airlock.yaml")
 	// Egress off: its datapath state (pin root, the host's nftables table) is one per
 	// node, and the egressd tests own it while they run in parallel.
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "listen: %s\nstateDir: %s\negress:\n  disabled: true\ndocker:\n  network: %s\n  namePrefix: %s\n",
-		addr, filepath.Join(dir, "state"), lctest.Network, lctest.NamePrefix), 0o600); err != nil {
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "listen: %s\nstateDir: %s\negress:\n  disabled: true\ndocker:\n  network: %s\n  namePrefix: %s\n"+
+		"pools:\n  - name: warm\n    image: %s\n    size: 2\n    resourceLimits: {cpu: 500m, memory: 256Mi}\n",
+		addr, filepath.Join(dir, "state"), lctest.Network, lctest.NamePrefix, testenv.SandboxImage()), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p1 := startUp(t, bin, cfg, addr)
 	c := &client{t: t, base: p1.url, key: p1.key}
+	waitPoolMetric(t, c, 2)
 	a := c.create(baseReq(testenv.SandboxImage(), map[string]string{"name": "a"}))
 	b := c.create(baseReq(testenv.SandboxImage(), map[string]string{"name": "b"}))
-	t.Cleanup(func() { removeSandboxContainers(a.ID, b.ID) })
+	instance := instanceOf(t, a.ID)
+	t.Cleanup(func() { removeInstanceContainers(instance) })
+	if a.Status.State != lifecycle.Running || b.Status.State != lifecycle.Running {
+		t.Errorf("creates were not claimed from the full pool: %s %s", a.Status.State, b.Status.State)
+	}
+	waitPoolMetric(t, c, 2)
 	c.waitState(a.ID, lifecycle.Running)
 	c.waitState(b.ID, lifecycle.Running)
 	c.want("PATCH", "/v1/sandboxes/"+b.ID+"/metadata", `{"patched":"yes"}`, http.StatusOK, "")
@@ -119,6 +128,10 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 		t.Errorf("API key changed across restarts")
 	}
 	c2 := &client{t: t, base: p2.url, key: p2.key}
+	waitPoolMetric(t, c2, 2)
+	if n := len(instanceContainers(instance)); n != 4 {
+		t.Errorf("%d containers after restart, want 2 sandboxes + 2 pool members", n)
+	}
 	var l lifecycle.ListResponse
 	if err := json.Unmarshal(c2.want("GET", "/v1/sandboxes", nil, http.StatusOK, ""), &l); err != nil {
 		t.Fatal(err)
@@ -150,12 +163,46 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	c2.want("DELETE", "/v1/sandboxes/"+b.ID, nil, http.StatusNoContent, "")
 }
 
-// removeSandboxContainers removes what a failed test left of these sandboxes.
-func removeSandboxContainers(ids ...string) {
-	for _, sid := range ids {
-		out, _ := exec.Command("docker", "ps", "-aq", "--filter", "label=airlock.dev/sandbox-id="+sid).Output()
-		for _, id := range regexp.MustCompile(`\S+`).FindAllString(string(out), -1) {
-			_ = exec.Command("docker", "rm", "-f", id).Run()
+
+// waitPoolMetric waits until the server's metrics show ready members in the pool
+// "warm" (at most 2 min).
+func waitPoolMetric(t *testing.T, c *client, ready int) {
+	t.Helper()
+	want := fmt.Sprintf(`airlock_lifecycle_pool_members{pool="warm",state="ready"} %d`, ready)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, b := c.do("GET", "/metrics", nil)
+		if strings.Contains(string(b), want) && strings.Contains(string(b), `airlock_lifecycle_pool_members{pool="warm",state="warming"} 0`) {
+			return
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics never showed %q", want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// instanceOf reads the instance label of sandbox id's container.
+func instanceOf(t *testing.T, id string) string {
+	t.Helper()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label=airlock.dev/sandbox-id="+id,
+		"--format", `{{.Label "airlock.dev/instance"}}`).Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		t.Fatalf("instance of %s: %q %v", id, out, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// instanceContainers lists the containers of an airlock instance.
+func instanceContainers(instance string) []string {
+	out, _ := exec.Command("docker", "ps", "-aq", "--filter", "label=airlock.dev/instance="+instance).Output()
+	return regexp.MustCompile(`\S+`).FindAllString(string(out), -1)
+}
+
+// removeInstanceContainers removes what a test's airlock instance left (pool members
+// stay by design when airlock stops).
+func removeInstanceContainers(instance string) {
+	for _, id := range instanceContainers(instance) {
+		_ = exec.Command("docker", "rm", "-f", id).Run()
 	}
 }

@@ -62,6 +62,10 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	  allowedHostRoots: [/srv/airlock]
 //	images:
 //	  aliases: {"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest"}
+//	pools:
+//	  - image: airlock/sandbox:latest
+//	    size: 4
+//	    resourceLimits: {cpu: "1", memory: 2Gi}
 type Config struct {
 	// Listen is the lifecycle API's address; default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
@@ -83,6 +87,24 @@ type Config struct {
 	Egress    EgressConfig    `yaml:"egress"`
 	Docker    DockerConfig    `yaml:"docker"`
 	Images    ImagesConfig    `yaml:"images"`
+	// Pools are warm pools: sandboxes created ahead, enforced deny-all and held, that a
+	// matching create claims in milliseconds (see lifecycle.PoolSpec). Default none.
+	Pools []PoolConfig `yaml:"pools"`
+}
+
+// PoolConfig declares one warm pool. A create matches it when it asks for the same
+// image (after aliases) and the same resourceLimits, with no volumes and no
+// credentialProxy; any entrypoint, env and policy are applied at claim.
+type PoolConfig struct {
+	// Name labels the pool's metrics; default the image.
+	Name string `yaml:"name"`
+	// Image is required.
+	Image string `yaml:"image"`
+	// Size is how many members are kept ready (1 to 256).
+	Size int `yaml:"size"`
+	// ResourceLimits as in a create request; the OpenSandbox SDKs send
+	// {cpu: "1", memory: "2Gi"} unless told otherwise.
+	ResourceLimits map[string]string `yaml:"resourceLimits"`
 }
 
 // DefaultImageAliases are the aliases every configuration starts with: the image the

@@ -244,6 +244,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		},
 		ReadyTimeout:    time.Duration(s.cfg.Lifecycle.ReadyTimeout),
 		ImageAliases:    s.cfg.Images.Aliases,
+		Pools:           s.poolSpecs(),
 		Endpoint:        s.endpoint,
 		Audit:           s.Audit,
 		AuditDir:        s.cfg.Audit.Dir,
@@ -296,4 +297,13 @@ func (s *Stack) credentialVault() lifecycle.CredentialVault {
 		return nil
 	}
 	return s.Vault
+}
+
+// poolSpecs are the configured warm pools in lifecycle's form (checked by lifecycle.New).
+func (s *Stack) poolSpecs() []lifecycle.PoolSpec {
+	out := make([]lifecycle.PoolSpec, 0, len(s.cfg.Pools))
+	for _, p := range s.cfg.Pools {
+		out = append(out, lifecycle.PoolSpec{Name: p.Name, Image: p.Image, Size: p.Size, ResourceLimits: p.ResourceLimits})
+	}
+	return out
 }
