@@ -163,7 +163,6 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	c2.want("DELETE", "/v1/sandboxes/"+b.ID, nil, http.StatusNoContent, "")
 }
 
-
 // waitPoolMetric waits until the server's metrics show ready members in the pool
 // "warm" (at most 2 min).
 func waitPoolMetric(t *testing.T, c *client, ready int) {
