@@ -128,6 +128,11 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		return dec.deny(err, reason)
 	}
 	dec.dial = dec.entry.Dial(dec.cand.Port)
+	if sb.State == "Paused" || sb.State == "Pausing" {
+		// Not retried, and no renew intent: a paused sandbox is resumed only by its
+		// owner through the lifecycle API.
+		return dec.deny(ErrPaused, fmt.Sprintf("sandbox %s is %s: resume it through the lifecycle API (POST /sandboxes/%s/resume)", sb.ID, sb.State, sb.ID))
+	}
 	if sb.State != "Running" || dec.dial == "" {
 		dec.retryAfter = 2
 		state := sb.State

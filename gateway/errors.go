@@ -15,6 +15,7 @@ var (
 	ErrNotFound         = errors.New("sandbox not found")
 	ErrGone             = errors.New("sandbox gone")
 	ErrNotRunning       = errors.New("sandbox not running")
+	ErrPaused           = errors.New("sandbox paused")
 	ErrNotReady         = errors.New("route table not loaded")
 	ErrUnauthorized     = errors.New("unauthorized")
 	ErrForbidden        = errors.New("forbidden")
@@ -38,11 +39,12 @@ const (
 	resOverCapacity
 	resUpstreamError
 	resNotReady
+	resPaused
 	numResults
 )
 
 var resultNames = [numResults]string{"proxied", "bad_route", "not_found", "gone", "not_running",
-	"unauthorized", "forbidden", "over_capacity", "upstream_error", "not_ready"}
+	"unauthorized", "forbidden", "over_capacity", "upstream_error", "not_ready", "paused"}
 
 func (r result) String() string { return resultNames[r] }
 
@@ -64,6 +66,8 @@ func statusOf(err error) errorStatus {
 		return errorStatus{http.StatusGone, "SANDBOX_GONE", resGone}
 	case errors.Is(err, ErrNotReady):
 		return errorStatus{http.StatusServiceUnavailable, "GATEWAY_NOT_READY", resNotReady}
+	case errors.Is(err, ErrPaused):
+		return errorStatus{http.StatusConflict, "SANDBOX_PAUSED", resPaused}
 	case errors.Is(err, ErrNotRunning):
 		return errorStatus{http.StatusServiceUnavailable, "SANDBOX_NOT_RUNNING", resNotRunning}
 	case errors.Is(err, ErrUnauthorized):

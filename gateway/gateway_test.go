@@ -117,7 +117,7 @@ func TestErrors(t *testing.T) {
 			{"deleted", e.hostOf(p + "-deleted"), "/", nil, 410, "SANDBOX_GONE"},
 			{"terminated", "", "/sandboxes/dead/proxy/" + p + "/", nil, 410, "SANDBOX_GONE"},
 			{"expired", "", "/sandboxes/expired/proxy/" + p + "/", nil, 410, "SANDBOX_GONE"},
-			{"paused", e.hostOf("paused-" + p), "/", nil, 503, "SANDBOX_NOT_RUNNING"},
+			{"paused", e.hostOf("paused-" + p), "/", nil, 409, "SANDBOX_PAUSED"},
 			{"pending_no_address", e.hostOf("pending-" + p), "/", nil, 503, "SANDBOX_NOT_RUNNING"},
 			{"nothing_listening", e.hostOf("live-1"), "/", nil, 502, "UPSTREAM_UNAVAILABLE"},
 		}

@@ -95,6 +95,9 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	switch st {
 	case Pending, Running, Resuming:
+	case Paused, Pausing:
+		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s: resume it first (POST /sandboxes/%s/resume)", ErrInvalidState, id, st, id))
+		return
 	default:
 		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s", ErrUnavailable, id, st))
 		return

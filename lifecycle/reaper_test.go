@@ -17,7 +17,8 @@ import (
 )
 
 // TestExpiry: a sandbox past expiresAt is removed by the reaper (container and record);
-// a renewed one outlives its first deadline; a manual-cleanup one never expires.
+// a renewed one outlives its first deadline; a manual-cleanup one never expires; a
+// paused one expires like a running one (pause does not stop the clock).
 func TestExpiry(t *testing.T) {
 	h := lctest.New(t, lctest.Options{
 		APIKey:       testKey,
@@ -32,6 +33,11 @@ func TestExpiry(t *testing.T) {
 	manual := baseReq(h.Image, map[string]string{"kind": "manual"})
 	delete(manual, "timeout")
 
+	pausedShort := baseReq(h.Image, map[string]string{"kind": "paused"})
+	pausedShort["timeout"] = 2
+	sPaused := c.create(pausedShort)
+	c.waitState(sPaused.ID, lifecycle.Running)
+	c.want("POST", "/v1/sandboxes/"+sPaused.ID+"/pause", nil, http.StatusAccepted, "")
 	sShort := c.create(short)
 	sRenewed := c.create(renewed)
 	c.want("POST", "/v1/sandboxes/"+sRenewed.ID+"/renew-expiration",
@@ -42,17 +48,19 @@ func TestExpiry(t *testing.T) {
 	}
 
 	// Bounded wait for the reaper (expiry is 2 s away; the bound is generous).
-	gone := false
-	for range 300 {
-		resp, _ := c.do("GET", "/v1/sandboxes/"+sShort.ID, nil)
-		if resp.StatusCode == http.StatusNotFound {
-			gone = true
-			break
+	for _, id := range []string{sShort.ID, sPaused.ID} {
+		gone := false
+		for range 300 {
+			resp, _ := c.do("GET", "/v1/sandboxes/"+id, nil)
+			if resp.StatusCode == http.StatusNotFound {
+				gone = true
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if !gone {
-		t.Fatal("expired sandbox still listed after 30 s")
+		if !gone {
+			t.Fatalf("expired sandbox %s still listed after 30 s", id)
+		}
 	}
 	// The renewed one had the same first deadline: it is well past it now.
 	if sb := c.get(sRenewed.ID); sb.Status.State.Terminal() {
@@ -64,7 +72,7 @@ func TestExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, in := range insts {
-		if in.SandboxID == sShort.ID {
+		if in.SandboxID == sShort.ID || in.SandboxID == sPaused.ID {
 			t.Errorf("container of the expired sandbox is still there")
 		}
 	}
