@@ -368,7 +368,7 @@ func TestRoutes(t *testing.T) {
 		}
 		c.waitState(main.ID, lifecycle.Paused)
 		c.want("POST", "/v1/sandboxes/"+main.ID+"/pause", nil, http.StatusConflict, "INVALID_STATE")
-		c.want("GET", "/sandboxes/"+main.ID+"/proxy/44772/ping", nil, http.StatusServiceUnavailable, "SANDBOX_UNAVAILABLE")
+		c.want("GET", "/sandboxes/"+main.ID+"/proxy/44772/ping", nil, http.StatusConflict, "INVALID_STATE")
 		c.want("POST", "/sandboxes/"+main.ID+"/resume", nil, http.StatusAccepted, "")
 		c.waitState(main.ID, lifecycle.Running)
 		c.want("GET", "/sandboxes/"+main.ID+"/proxy/44772/ping", nil, http.StatusOK, "")

@@ -1,8 +1,8 @@
 // Package purge stops a running `airlock up` on this host and removes what it made:
 // `airlock down` and `airlock down --purge`. Removal is scoped to one installation:
-// the containers carrying its instance id (from its store), its Docker network, its
-// pinned eBPF state, the nftables table and its state directory. The audit log is kept
-// unless asked for. Every step says what it removed; a second run finds nothing.
+// the containers carrying its instance id (from its store), its Docker network, the
+// execd template images no container uses, its pinned eBPF state, the nftables table
+// and its state directory. The audit log is kept unless asked for. Every step says what it removed; a second run finds nothing.
 package purge
 
 import (
@@ -118,6 +118,7 @@ func Purge(ctx context.Context, cfg Config, cli *client.Client) error {
 	}
 	step(removeContainers(ctx, cfg, cli))
 	step(removeNetwork(ctx, cfg, cli))
+	step(removeTemplates(ctx, cfg, cli))
 	step(removePins(cfg))
 	step(removeTable(cfg))
 	step(removeState(cfg))
@@ -210,6 +211,27 @@ func removeContainers(ctx context.Context, cfg Config, cli *client.Client) (int,
 		fmt.Fprintf(cfg.Out, "removed container %.12s (sandbox %s)\n", c.ID, c.Labels[docker.LabelSandboxID])
 	}
 	return n, errors.Join(errs...)
+}
+
+// removeTemplates removes the execd template images (lifecycle/docker) that no
+// container uses; another installation's sandboxes keep theirs.
+func removeTemplates(ctx context.Context, cfg Config, cli *client.Client) (int, error) {
+	res, err := cli.ImageList(ctx, client.ImageListOptions{Filters: client.Filters{}.Add("label", docker.LabelTemplate)})
+	if err != nil {
+		return 0, fmt.Errorf("listing execd template images: %w", err)
+	}
+	n := 0
+	for _, img := range res.Items {
+		for _, tag := range img.RepoTags {
+			if _, err := cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{}); err == nil {
+				n++
+				fmt.Fprintf(cfg.Out, "removed image %s\n", tag)
+			} else if !cerrdefs.IsNotFound(err) {
+				fmt.Fprintf(cfg.Out, "kept image %s (in use)\n", tag)
+			}
+		}
+	}
+	return n, nil
 }
 
 func removeNetwork(ctx context.Context, cfg Config, cli *client.Client) (int, error) {

@@ -1,6 +1,7 @@
 // Package docker is the lifecycle server's Docker runtime (DESIGN.md §3): every sandbox
 // is a container on a dedicated bridge network (airlock0 by default, inter-container
-// traffic disabled) with execd copied in before start and running as PID 1
+// traffic disabled) with execd copied in before start (once per image, into a cached
+// template image one layer above it: template.go) and running as PID 1
 // (/opt/airlock/execd --exec -- <user entrypoint>), resource limits, dropped
 // capabilities, no-new-privileges and an optional OCI runtime (runsc, kata). Pause and
 // resume use the cgroup freezer (docker pause). It talks to the engine through
@@ -89,13 +90,15 @@ type Config struct {
 
 // Runtime implements lifecycle.Runtime on a Docker engine.
 type Runtime struct {
-	cfg     Config
-	cli     *client.Client
-	ownCli  bool
-	log     *slog.Logger
-	execd   []byte // tar archive holding opt/airlock/execd
-	gateway netip.Addr
-	subnet  netip.Prefix
+	cfg    Config
+	cli    *client.Client
+	ownCli bool
+	log    *slog.Logger
+	execd  []byte // tar archive holding opt/airlock/execd
+	// templates are the images with execd already in them, per base image.
+	templates *templates
+	gateway   netip.Addr
+	subnet    netip.Prefix
 	// gateway6 and subnet6 are the network's IPv6, invalid without.
 	gateway6 netip.Addr
 	subnet6  netip.Prefix
@@ -124,7 +127,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, cli: cfg.Client, log: cfg.Log, execd: tarball}
+	r := &Runtime{cfg: cfg, cli: cfg.Client, log: cfg.Log, execd: tarball, templates: newTemplates(tarball)}
 	if r.cli == nil {
 		if r.cli, err = client.New(client.FromEnv); err != nil {
 			return nil, fmt.Errorf("docker: %w", err)
@@ -208,6 +211,7 @@ func (r *Runtime) Setup(ctx context.Context) error {
 	if r.cfg.Subnet6.IsValid() && !r.subnet6.IsValid() {
 		r.log.Warn("network has no IPv6; recreate it for dual-stack sandboxes", "network", r.cfg.Network, "subnet6", r.cfg.Subnet6)
 	}
+	r.removeStaleTemplates(ctx)
 	return nil
 }
 
@@ -225,8 +229,16 @@ func (r *Runtime) Network() (name string, subnet netip.Prefix, gateway netip.Add
 
 // Create implements lifecycle.Runtime.
 func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecycle.Instance, err error) {
-	if err := r.ensureImage(ctx, spec.Image, spec.ImageAuth); err != nil {
+	baseID, err := r.ensureImage(ctx, spec.Image, spec.ImageAuth)
+	if err != nil {
 		return inst, err
+	}
+	image, copyExecd := spec.Image, false
+	if tmpl, err := r.templateRef(ctx, baseID); err == nil {
+		image = tmpl
+	} else {
+		r.log.Warn("no execd template image; copying execd into the container", "image", spec.Image, "err", err)
+		copyExecd = true
 	}
 	mounts, created, err := r.mounts(ctx, spec)
 	if err != nil {
@@ -275,10 +287,10 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		LabelInstance:  r.cfg.Instance,
 		LabelManagedBy: "airlock",
 	}
-	cres, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+	opts := client.ContainerCreateOptions{
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
-			Image:      spec.Image,
+			Image:      image,
 			Entrypoint: append(execdArgs(spec.Hold), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
@@ -289,7 +301,15 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		NetworkingConfig: &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
 			r.cfg.Network: {},
 		}},
-	})
+	}
+	cres, err := r.cli.ContainerCreate(ctx, opts)
+	if err != nil && !copyExecd && cerrdefs.IsNotFound(err) {
+		// The template went (removed by hand or by another instance's Setup): once more.
+		r.templates.forget(baseID)
+		if opts.Config.Image, err = r.templateRef(ctx, baseID); err == nil {
+			cres, err = r.cli.ContainerCreate(ctx, opts)
+		}
+	}
 	if err != nil {
 		if cerrdefs.IsInvalidArgument(err) {
 			return inst, fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
@@ -303,11 +323,13 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			}
 		}
 	}()
-	if _, err = r.cli.CopyToContainer(ctx, cres.ID, client.CopyToContainerOptions{
-		DestinationPath: "/",
-		Content:         bytes.NewReader(r.execd),
-	}); err != nil {
-		return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
+	if copyExecd {
+		if _, err = r.cli.CopyToContainer(ctx, cres.ID, client.CopyToContainerOptions{
+			DestinationPath: "/",
+			Content:         bytes.NewReader(r.execd),
+		}); err != nil {
+			return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
+		}
 	}
 	if len(spec.TrustedCAPEM) > 0 {
 		if err = r.installTrust(ctx, cres.ID, spec.TrustedCAPEM); err != nil {
@@ -325,18 +347,18 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	return inst, nil
 }
 
-// ensureImage pulls ref when the engine does not have it.
-func (r *Runtime) ensureImage(ctx context.Context, ref string, auth *lifecycle.ImageAuth) error {
-	if _, err := r.cli.ImageInspect(ctx, ref); err == nil {
-		return nil
+// ensureImage pulls ref when the engine does not have it and returns its image id.
+func (r *Runtime) ensureImage(ctx context.Context, ref string, auth *lifecycle.ImageAuth) (string, error) {
+	if res, err := r.cli.ImageInspect(ctx, ref); err == nil {
+		return res.ID, nil
 	} else if !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("docker: inspecting image %s: %w", ref, err)
+		return "", fmt.Errorf("docker: inspecting image %s: %w", ref, err)
 	}
 	opts := client.ImagePullOptions{}
 	if auth != nil {
 		enc, err := encodeAuth(auth)
 		if err != nil {
-			return err
+			return "", err
 		}
 		opts.RegistryAuth = enc
 	}
@@ -346,12 +368,13 @@ func (r *Runtime) ensureImage(ctx context.Context, ref string, auth *lifecycle.I
 		err = resp.Wait(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %s is not on this host and pulling it failed: %v", lifecycle.ErrImageUnavailable, ref, err)
+		return "", fmt.Errorf("%w: %s is not on this host and pulling it failed: %v", lifecycle.ErrImageUnavailable, ref, err)
 	}
-	if _, err := r.cli.ImageInspect(ctx, ref); err != nil {
-		return fmt.Errorf("%w: %s: pulled but not found: %v", lifecycle.ErrImageUnavailable, ref, err)
+	res, err := r.cli.ImageInspect(ctx, ref)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: pulled but not found: %v", lifecycle.ErrImageUnavailable, ref, err)
 	}
-	return nil
+	return res.ID, nil
 }
 
 // Remove implements lifecycle.Runtime.
