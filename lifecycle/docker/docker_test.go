@@ -242,3 +242,63 @@ func TestOCIRuntimeByName(t *testing.T) {
 		t.Errorf("%d containers left", len(insts))
 	}
 }
+
+// TestExecdTemplate: sandboxes of one image start from one template image that holds
+// execd (label with the execd hash); the template keeps the image's own config (env,
+// workdir); a template removed behind the runtime's back is rebuilt at the next create.
+func TestExecdTemplate(t *testing.T) {
+	rt, cli, img := newRuntime(t, nil)
+	ctx := t.Context()
+	a, err := rt.Create(ctx, spec("dktpl1", img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rt.Create(ctx, spec("dktpl2", img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	imageOf := func(cid string) string {
+		res, err := cli.ContainerInspect(ctx, cid, client.ContainerInspectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Container.Config.Image
+	}
+	tpl := imageOf(a.ContainerID)
+	if !strings.HasPrefix(tpl, docker.TemplateRepository+":") || imageOf(b.ContainerID) != tpl {
+		t.Fatalf("sandboxes run %q and %q, want one template of %s", tpl, imageOf(b.ContainerID), docker.TemplateRepository)
+	}
+	ires, err := cli.ImageInspect(ctx, tpl)
+	if err != nil || ires.Config.Labels[docker.LabelTemplate] == "" {
+		t.Fatalf("template %s: labels %v %v", tpl, ires.Config, err)
+	}
+	base, err := cli.ImageInspect(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ires.Config.WorkingDir != base.Config.WorkingDir || !slices.Equal(ires.Config.Env, base.Config.Env) {
+		t.Errorf("template config differs from the image's: workdir %q env %v, want %q %v",
+			ires.Config.WorkingDir, ires.Config.Env, base.Config.WorkingDir, base.Config.Env)
+	}
+	out, err := exec.Command("docker", "exec", a.ContainerID, "sh", "-c", "pwd; echo $A").Output()
+	if err != nil || strings.Fields(string(out))[0] != base.Config.WorkingDir || strings.Fields(string(out))[1] != "1" {
+		t.Errorf("inside the sandbox: %q %v", out, err)
+	}
+
+	// Gone behind our back: rebuilt.
+	for _, in := range []lifecycle.Instance{a, b} {
+		if err := rt.Remove(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.ImageRemove(ctx, tpl, client.ImageRemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rt.Create(ctx, spec("dktpl3", img))
+	if err != nil {
+		t.Fatalf("create after the template was removed: %v", err)
+	}
+	if imageOf(c.ContainerID) != tpl {
+		t.Errorf("rebuilt template %q, want %q", imageOf(c.ContainerID), tpl)
+	}
+}
