@@ -46,6 +46,13 @@ before(async () => {
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
     `  pinRoot: /sys/fs/bpf/airlock-sdktest-${process.pid}`,
+    // A warm pool for the SDK's default resources: creates that find a ready member are
+    // claimed from it, the others are served cold; the suite passes either way.
+    "pools:",
+    "  - name: sdk",
+    `    image: ${IMAGE}`,
+    "    size: 2",
+    '    resourceLimits: {cpu: "1", memory: 2Gi}',
   ];
   if (process.env.AIRLOCK_EXECD) {
     lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
@@ -232,6 +239,52 @@ test("networkPolicy at create is enforced; the egress API changes it at runtime"
   } finally {
     await pol.kill();
     await pol.close();
+  }
+});
+
+async function poolMetric(name) {
+  const res = await fetch(`http://${domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
+  const line = (await res.text()).split("\n").find((l) => l.startsWith(name));
+  return line ? Number(line.split(" ").pop()) : 0;
+}
+
+test("a create claimed from the warm pool is a sandbox like any other", async () => {
+  const ready = 'airlock_lifecycle_pool_members{pool="sdk",state="ready"}';
+  for (let i = 0; i < 600 && (await poolMetric(ready)) < 2; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(await poolMetric(ready), 2, "the pool filled");
+  const claims = 'airlock_lifecycle_pool_claims_total{pool="sdk"}';
+  const before = await poolMetric(claims);
+  const started = Date.now();
+  const warm = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    metadata: { suite: RUN, role: "pooled" },
+    env: { POOLED: "claimed-env" },
+    entrypoint: ["sh", "-c", "echo started:$POOLED > /tmp/entry; exec tail -f /dev/null"],
+    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: "allowed.test" }] },
+    timeoutSeconds: 600,
+    readyTimeoutSeconds: 60,
+  });
+  const tookMs = Date.now() - started;
+  try {
+    assert.equal(await poolMetric(claims), before + 1, "the create was claimed from the pool");
+    const info = await warm.getInfo();
+    assert.equal(info.status.state, "Running");
+    assert.equal(info.image?.uri ?? IMAGE, IMAGE);
+    assert.deepEqual(info.entrypoint, ["sh", "-c", "echo started:$POOLED > /tmp/entry; exec tail -f /dev/null"]);
+    const out = async (cmd) => (await warm.commands.run(cmd)).logs.stdout.map((m) => m.text).join("");
+    assert.equal(await out("echo $POOLED"), "claimed-env");
+    assert.equal(await out("getent hosts denied.test | cut -d' ' -f1"), "", "the policy is enforced from the first command");
+    assert.equal(await out("getent hosts allowed.test | cut -d' ' -f1"), "203.0.113.10");
+    let entry = "";
+    for (let i = 0; i < 50 && entry === ""; i++) entry = await out("cat /tmp/entry 2>/dev/null");
+    assert.equal(entry, "started:claimed-env", "the entrypoint ran with the request's env");
+    console.log(`# pooled Sandbox.create (policy, env, entrypoint) to ready: ${tookMs} ms`);
+  } finally {
+    await warm.kill();
+    await warm.close();
   }
 });
 
