@@ -88,6 +88,12 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 		add(nfproto(fm), flowKey(fm), one(&expr.Lookup{SourceRegister: regCat, SetName: inSet(fm, id)}),
 			one(addFlow(inSet(fm, id), f.cfg.FlowIdle), accept))
 		add(nfproto(fm), l4proto(protoTC), tcpFlags(0x12, 0x12), flowKey(fm), one(addFlow(inSet(fm, id), f.cfg.FlowIdle), accept))
+		// A reset is the sandbox kernel's answer to an inbound packet it has no socket
+		// for (lifecycle's readiness probe before execd listens, the gateway before the
+		// app listens): without CAP_NET_RAW the sandbox cannot forge one, and only the
+		// host reaches it, so a reset carries nothing out. Accepted, not recorded, so
+		// Airlock's own probes never read as denials.
+		add(nfproto(fm), l4proto(protoTC), tcpFlags(0x04, 0x04), one(accept))
 		// 6. static rules, in order
 		for _, r := range p.Rules {
 			if r.Prefix.Addr().Is4() != (fm == v4) {
