@@ -330,9 +330,12 @@ func (k *Kernel) Execute(ctx context.Context, code string, handle func(Message))
 		return "", ErrDead
 	default:
 	}
+	// stop_on_error false: each request is a run of its own. With true, ipykernel
+	// aborts (no output, status "aborted") every request that reaches it shortly after a
+	// failed one, such as the next cell after an interrupted one.
 	h, ch, err := k.request(k.shell, "execute_request", map[string]any{
 		"code": code, "silent": false, "store_history": true,
-		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
 		return "", err
