@@ -110,14 +110,16 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("the entrypoint did not run with the request's env: %q", entry)
 	}
 
-	// A create that matches no pool (other limits) is served cold.
-	cold := baseReq(img, nil)
+	// A create that matches no pool (other limits) is served cold, through the alias too.
+	cold := baseReq("example.test/pooled:latest", nil)
 	cold["resourceLimits"] = map[string]string{"cpu": "250m", "memory": "128Mi"}
 	csb := c.create(cold)
 	if csb.Status.State != lifecycle.Pending {
 		t.Fatalf("unmatched create answered %s, want Pending (cold)", csb.Status.State)
 	}
-	c.waitState(csb.ID, lifecycle.Running)
+	if got := c.waitState(csb.ID, lifecycle.Running); got.Image == nil || got.Image.URI != "example.test/pooled:latest" {
+		t.Fatalf("cold create through an alias reports %+v", got.Image)
+	}
 	waitPool(t, h, size)
 
 	// 20 creates race for the 5 members.
