@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/airlockdev/airlock/internal/lctest"
@@ -247,8 +248,26 @@ func TestOCIRuntimeByName(t *testing.T) {
 // execd (label with the execd hash); the template keeps the image's own config (env,
 // workdir); a template removed behind the runtime's back is rebuilt at the next create.
 func TestExecdTemplate(t *testing.T) {
-	rt, cli, img := newRuntime(t, nil)
+	rt, cli, base := newRuntime(t, nil)
 	ctx := t.Context()
+	// An image of this test's own (one label more): its template is not shared with
+	// the other packages' tests running at the same time, so it can be removed.
+	img := fmt.Sprintf("altest-tpl:%d", time.Now().UnixNano())
+	cres, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: base}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cli.ContainerCommit(ctx, cres.ID, client.ContainerCommitOptions{Reference: img, Changes: []string{"LABEL airlock.test=template"}})
+	cli.ContainerRemove(ctx, cres.ID, client.ContainerRemoveOptions{Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		res, _ := cli.ImageList(context.Background(), client.ImageListOptions{Filters: client.Filters{}.Add("label", "airlock.test=template")})
+		for _, im := range res.Items {
+			cli.ImageRemove(context.Background(), im.ID, client.ImageRemoveOptions{Force: true})
+		}
+	})
 	a, err := rt.Create(ctx, spec("dktpl1", img))
 	if err != nil {
 		t.Fatal(err)
@@ -272,16 +291,16 @@ func TestExecdTemplate(t *testing.T) {
 	if err != nil || ires.Config.Labels[docker.LabelTemplate] == "" {
 		t.Fatalf("template %s: labels %v %v", tpl, ires.Config, err)
 	}
-	base, err := cli.ImageInspect(ctx, img)
+	bres, err := cli.ImageInspect(ctx, img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ires.Config.WorkingDir != base.Config.WorkingDir || !slices.Equal(ires.Config.Env, base.Config.Env) {
+	if ires.Config.WorkingDir != bres.Config.WorkingDir || !slices.Equal(ires.Config.Env, bres.Config.Env) {
 		t.Errorf("template config differs from the image's: workdir %q env %v, want %q %v",
-			ires.Config.WorkingDir, ires.Config.Env, base.Config.WorkingDir, base.Config.Env)
+			ires.Config.WorkingDir, ires.Config.Env, bres.Config.WorkingDir, bres.Config.Env)
 	}
 	out, err := exec.Command("docker", "exec", a.ContainerID, "sh", "-c", "pwd; echo $A").Output()
-	if err != nil || strings.Fields(string(out))[0] != base.Config.WorkingDir || strings.Fields(string(out))[1] != "1" {
+	if err != nil || strings.Fields(string(out))[0] != bres.Config.WorkingDir || strings.Fields(string(out))[1] != "1" {
 		t.Errorf("inside the sandbox: %q %v", out, err)
 	}
 
@@ -300,5 +319,8 @@ func TestExecdTemplate(t *testing.T) {
 	}
 	if imageOf(c.ContainerID) != tpl {
 		t.Errorf("rebuilt template %q, want %q", imageOf(c.ContainerID), tpl)
+	}
+	if err := rt.Remove(ctx, c); err != nil { // before the images go (Cleanup)
+		t.Fatal(err)
 	}
 }
