@@ -14,17 +14,18 @@ all: build
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-build: ## build bin/airlock and bin/execd (static)
-	@echo "==> building bin/airlock bin/execd ($(VERSION))"
+build: ## build bin/airlock, bin/execd and bin/airlock-gokernel (static)
+	@echo "==> building bin/airlock bin/execd bin/airlock-gokernel ($(VERSION))"
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/execd ./cmd/execd
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/airlock-gokernel ./cmd/airlock-gokernel
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/airlock ./cmd/airlock
 
 prepare: ## install missing packages, start dockerd, mount bpffs
 	@deploy/host/prepare.sh
 
-image: prepare build ## build the default sandbox image (cached by recipe)
-	$(BIN)/airlock image build
+image: prepare build ## build the sandbox and code-interpreter images (cached by recipe)
+	$(BIN)/airlock image build all
 
 doctor: build ## check this host: one row per prerequisite, with the fix
 	@$(BIN)/airlock doctor

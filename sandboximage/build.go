@@ -22,8 +22,13 @@ type Builder struct {
 	Docker *client.Client
 	// Progress receives one line per step and the tools' progress lines; nil discards.
 	Progress io.Writer
-	// WorkDir holds the temporary root; default os.TempDir(). It needs ~600 MB.
+	// WorkDir holds the temporary root; default os.TempDir(). It needs ~600 MB (~900 MB
+	// for the code-interpreter image).
 	WorkDir string
+	// GoKernel is the path of a static airlock-gokernel binary, for recipes with GoKernel.
+	GoKernel string
+
+	steps, stepN int // progress: total steps of the current build, steps begun
 }
 
 // Result says what Build did.
@@ -39,14 +44,22 @@ type Result struct {
 // ErrNotRoot is returned when the build needs root and the process is not.
 var ErrNotRoot = errors.New("sandboximage: building an image needs root (debootstrap, chroot)")
 
-// Build makes Repository:<version> and Repository:latest from r unless an image with r's
-// hash already carries both tags (or force). It removes its temporary root on every exit.
+// Build makes r.Repository:<version> and :latest from r unless an image with the same
+// hash already carries both tags (or force). It removes its temporary root on every
+// exit.
 func (b *Builder) Build(ctx context.Context, r Recipe, version string, force bool) (Result, error) {
 	if err := r.Validate(); err != nil {
 		return Result{}, err
 	}
-	refs := []string{Repository + ":" + version, Repository + ":latest"}
-	hash := r.Hash()
+	var kernel []byte
+	if r.GoKernel {
+		var err error
+		if kernel, err = os.ReadFile(b.GoKernel); err != nil {
+			return Result{}, fmt.Errorf("sandboximage: the Go kernel binary (make build writes bin/airlock-gokernel): %w", err)
+		}
+	}
+	refs := []string{r.Repository + ":" + version, r.Repository + ":latest"}
+	hash := r.ImageHash(kernel)
 	if !force {
 		if id, ok := b.cached(ctx, refs, hash); ok {
 			return Result{Refs: refs, Cached: true, ImageID: id}, nil
@@ -55,9 +68,13 @@ func (b *Builder) Build(ctx context.Context, r Recipe, version string, force boo
 	if os.Geteuid() != 0 {
 		return Result{}, ErrNotRoot
 	}
-	for _, tool := range []string{"debootstrap", "chroot", "tar"} {
+	tools := []string{"debootstrap", "chroot", "tar"}
+	if len(r.NPM) > 0 {
+		tools = append(tools, "npm")
+	}
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			return Result{}, fmt.Errorf("sandboximage: %s not found (apt-get install debootstrap)", tool)
+			return Result{}, fmt.Errorf("sandboximage: %s not found (apt-get install debootstrap npm)", tool)
 		}
 	}
 
@@ -68,28 +85,58 @@ func (b *Builder) Build(ctx context.Context, r Recipe, version string, force boo
 	defer os.RemoveAll(dir)
 	root := filepath.Join(dir, "root")
 	start := time.Now()
-
-	b.step(1, "debootstrap %s (minbase) from %s", r.Suite, r.Mirror)
-	if err := b.run(ctx, "debootstrap", "--variant=minbase", r.Suite, root, r.Mirror); err != nil {
-		return Result{}, fmt.Errorf("debootstrap: %w", err)
+	b.steps, b.stepN = 4, 0
+	if len(r.NPM) > 0 {
+		b.steps++
+	}
+	if r.Verify != "" {
+		b.steps++
 	}
 
-	b.step(2, "apt-get install %s", strings.Join(r.Packages, " "))
+	b.step("debootstrap %s (minbase) from %s", r.Suite, r.Mirror)
+	if err := b.run(ctx, "debootstrap", "--variant=minbase", r.Suite, root, r.Mirror); err != nil {
+		// A mirror's transient miss fails debootstrap outright: try once more from scratch.
+		b.say("debootstrap failed, retrying once: %v", firstLine(err))
+		if err := os.RemoveAll(root); err != nil {
+			return Result{}, err
+		}
+		if err := b.run(ctx, "debootstrap", "--variant=minbase", r.Suite, root, r.Mirror); err != nil {
+			return Result{}, fmt.Errorf("debootstrap: %w", err)
+		}
+	}
+
+	b.step("apt-get install %s", strings.Join(r.Packages, " "))
+	// The host's resolver for apt inside the root; finishRoot empties it again.
 	if err := copyFile("/etc/resolv.conf", filepath.Join(root, "etc/resolv.conf")); err != nil {
 		return Result{}, err
 	}
-	aptEnv := []string{"DEBIAN_FRONTEND=noninteractive", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
-	install := append([]string{root, "apt-get", "install", "-y", "--no-install-recommends"}, r.Packages...)
-	if err := b.runEnv(ctx, aptEnv, "chroot", install...); err != nil {
+	install := append([]string{root, "apt-get", "install", "-y", "--no-install-recommends", "-o", "Acquire::Retries=3"}, r.Packages...)
+	if err := b.runEnv(ctx, chrootEnv, "chroot", install...); err != nil {
 		return Result{}, fmt.Errorf("apt-get install: %w", err)
 	}
 
-	b.step(3, "adding Airlock files, trimming caches")
-	if err := finishRoot(root); err != nil {
+	if len(r.NPM) > 0 {
+		b.step("npm install -g %s (host npm, into /usr/local)", strings.Join(r.NPM, " "))
+		args := append([]string{"install", "--global", "--prefix", filepath.Join(root, "usr/local"),
+			"--omit=dev", "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error"}, r.NPM...)
+		if err := b.run(ctx, "npm", args...); err != nil {
+			return Result{}, fmt.Errorf("npm install: %w", err)
+		}
+	}
+
+	b.step("adding Airlock files and %d kernelspecs, trimming caches", len(r.Kernels))
+	if err := finishRoot(root, r, kernel); err != nil {
 		return Result{}, err
 	}
 
-	b.step(4, "docker import as %s", strings.Join(refs, ", "))
+	if r.Verify != "" {
+		b.step("verifying the root")
+		if err := b.runEnv(ctx, chrootEnv, "chroot", root, "/bin/bash", "-c", r.Verify); err != nil {
+			return Result{}, fmt.Errorf("verify: %w", err)
+		}
+	}
+
+	b.step("docker import as %s", strings.Join(refs, ", "))
 	id, err := b.importRoot(ctx, root, r, hash, refs)
 	if err != nil {
 		return Result{}, err
@@ -97,6 +144,9 @@ func (b *Builder) Build(ctx context.Context, r Recipe, version string, force boo
 	b.say("built %s in %s", refs[0], time.Since(start).Round(time.Second))
 	return Result{Refs: refs, ImageID: id}, nil
 }
+
+// chrootEnv is the environment of commands run inside the root.
+var chrootEnv = []string{"DEBIAN_FRONTEND=noninteractive", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}
 
 // cached reports whether every ref exists with the recipe hash label.
 func (b *Builder) cached(ctx context.Context, refs []string, hash string) (string, bool) {
@@ -114,8 +164,9 @@ func (b *Builder) cached(ctx context.Context, refs []string, hash string) (strin
 	return id, true
 }
 
-// finishRoot writes Airlock's files into the root and removes what an image need not carry.
-func finishRoot(root string) error {
+// finishRoot writes Airlock's files and r's kernelspecs into the root and removes what
+// an image need not carry.
+func finishRoot(root string, r Recipe, goKernel []byte) error {
 	ci := filepath.Join(root, "opt/code-interpreter/code-interpreter.sh")
 	if err := os.MkdirAll(filepath.Dir(ci), 0o755); err != nil {
 		return err
@@ -137,6 +188,41 @@ func finishRoot(root string) error {
 		}
 		if !strings.Contains(string(b), "\n"+entry) && !strings.HasPrefix(string(b), entry) {
 			return fmt.Errorf("sandboximage: %s has no %s entry", file, strings.TrimSuffix(entry, ":"))
+		}
+	}
+	if r.GoKernel {
+		if err := os.WriteFile(filepath.Join(root, GoKernelPath), goKernel, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, k := range r.Kernels {
+		dir := filepath.Join(root, KernelDir, k.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		spec, err := json.MarshalIndent(struct {
+			Argv          []string          `json:"argv"`
+			DisplayName   string            `json:"display_name"`
+			Language      string            `json:"language"`
+			InterruptMode string            `json:"interrupt_mode"`
+			Env           map[string]string `json:"env,omitempty"`
+		}{k.Argv, k.DisplayName, k.Language, "signal", k.Env}, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "kernel.json"), append(spec, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, pattern := range r.Remove {
+		matches, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			return err
+		}
+		for _, m := range matches {
+			if err := os.RemoveAll(m); err != nil {
+				return err
+			}
 		}
 	}
 	if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), nil, 0o644); err != nil {
@@ -220,8 +306,9 @@ func readImportResult(rd io.Reader) (string, error) {
 	}
 }
 
-func (b *Builder) step(n int, format string, args ...any) {
-	b.say("[%d/4] %s", append([]any{n}, fmt.Sprintf(format, args...))...)
+func (b *Builder) step(format string, args ...any) {
+	b.stepN++
+	b.say("[%d/%d] %s", b.stepN, b.steps, fmt.Sprintf(format, args...))
 }
 
 func (b *Builder) say(format string, args ...any) {
@@ -258,7 +345,8 @@ func (b *Builder) runEnv(ctx context.Context, env []string, name string, args ..
 			}
 			tail = append(tail, line)
 			if b.Progress != nil && (strings.HasPrefix(line, "I: Retrieving") || strings.HasPrefix(line, "I: Base system") ||
-				strings.HasPrefix(line, "Setting up") || strings.HasPrefix(line, "E:")) {
+				strings.HasPrefix(line, "Setting up") || strings.HasPrefix(line, "E:") ||
+				strings.HasPrefix(line, "added ") || strings.HasPrefix(line, "npm ERR") || strings.HasPrefix(line, "npm error")) {
 				fmt.Fprintln(b.Progress, "    "+line)
 			}
 		}
@@ -271,6 +359,11 @@ func (b *Builder) runEnv(ctx context.Context, env []string, name string, args ..
 		return fmt.Errorf("%w\n%s", err, strings.Join(tail, "\n"))
 	}
 	return nil
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
 }
 
 func copyFile(src, dst string) error {

@@ -1,8 +1,12 @@
-// Package sandboximage builds Airlock's default sandbox image offline from Debian
-// packages: debootstrap a minimal root, install the recipe's packages with apt inside it,
-// add Airlock's files, and `docker import` the tree (DESIGN.md §7). No container registry
-// is needed. The image carries the recipe's hash as a label, so a build whose recipe has
-// not changed is skipped.
+// Package sandboximage builds Airlock's sandbox images offline: debootstrap a minimal
+// Debian root, install the recipe's packages with apt inside it, add npm packages (with
+// the build host's npm) and Airlock's files, write Jupyter kernelspecs, and `docker
+// import` the tree (DESIGN.md §7). No container registry is needed. The image carries
+// the recipe's hash as a label, so a build whose recipe has not changed is skipped.
+//
+// Two recipes ship: the default image (DefaultRecipe, airlock/sandbox) and the code
+// interpreter (CodeInterpreterRecipe, airlock/code-interpreter) with kernels for Python,
+// JavaScript, TypeScript and Go. See README.md.
 package sandboximage
 
 import (
@@ -12,11 +16,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"regexp"
+	"strings"
 )
 
 // Repository is the default image's name; tags are the Airlock version and "latest".
 const Repository = "airlock/sandbox"
+
+// CodeInterpreterRepository is the code-interpreter image's name.
+const CodeInterpreterRepository = "airlock/code-interpreter"
+
+// GoKernelPath is where the Go kernel binary (cmd/airlock-gokernel) lives in an image.
+const GoKernelPath = "/usr/local/bin/airlock-gokernel"
+
+// KernelDir is where a recipe's kernelspecs are written (a Jupyter data directory that
+// execd searches).
+const KernelDir = "/usr/local/share/jupyter/kernels"
 
 // RecipeLabel is the image label holding the recipe hash.
 const RecipeLabel = "airlock.dev/image-recipe"
@@ -27,6 +43,9 @@ var codeInterpreterScript []byte
 // Recipe is what an image is built from. Two recipes with the same Hash build the same
 // image.
 type Recipe struct {
+	// Repository is the image name (tags: the version and latest). It names the image and
+	// is not part of the hash.
+	Repository string `json:"-"`
 	// Suite is the Debian release (bookworm).
 	Suite string `json:"suite"`
 	// Mirror is the Debian mirror URL.
@@ -38,14 +57,42 @@ type Recipe struct {
 	Workdir string   `json:"workdir"`
 	// Revision is bumped when the build steps change in a way the fields do not show.
 	Revision int `json:"revision"`
+	// NPM are npm packages (name@exact-version) installed globally under /usr/local with
+	// the build host's npm from the npm registry; their native parts must come as
+	// prebuilt binaries in the package tarballs (nothing is compiled or fetched from
+	// elsewhere). Needs a Node.js runtime among Packages.
+	NPM []string `json:"npm,omitempty"`
+	// GoKernel copies the Go kernel binary (Builder.GoKernel) to GoKernelPath; its
+	// content is part of the image's hash.
+	GoKernel bool `json:"goKernel,omitempty"`
+	// Kernels are written to KernelDir/<name>/kernel.json.
+	Kernels []Kernelspec `json:"kernels,omitempty"`
+	// Remove are paths in the root deleted before import (globs allowed), for what the
+	// packages carry that the image never uses.
+	Remove []string `json:"remove,omitempty"`
+	// Verify is a bash script run in the finished root (chroot); a non-zero exit fails the
+	// build.
+	Verify string `json:"verify,omitempty"`
+}
+
+// Kernelspec is a Jupyter kernelspec
+// (https://jupyter-client.readthedocs.io/en/stable/kernels.html#kernel-specs).
+type Kernelspec struct {
+	// Name is the kernelspec's directory name.
+	Name        string            `json:"name"`
+	Argv        []string          `json:"argv"`
+	DisplayName string            `json:"display_name"`
+	Language    string            `json:"language"`
+	Env         map[string]string `json:"env,omitempty"`
 }
 
 // DefaultRecipe is the default sandbox image: a shell, the usual tools, curl with CA
 // certificates, and Python with a Jupyter kernel for code contexts.
 func DefaultRecipe() Recipe {
 	return Recipe{
-		Suite:  "bookworm",
-		Mirror: "http://deb.debian.org/debian",
+		Repository: Repository,
+		Suite:      "bookworm",
+		Mirror:     "http://deb.debian.org/debian",
 		Packages: []string{
 			"bash", "coreutils", "grep", "sed", "findutils", "procps", "curl", "ca-certificates",
 			"iproute2", "python3", "python3-ipykernel",
@@ -60,9 +107,58 @@ func DefaultRecipe() Recipe {
 	}
 }
 
+// CodeInterpreterRecipe is the code-interpreter image: the default image plus Node.js,
+// and Jupyter kernels for every language execd's code contexts serve besides bash
+// (which execd serves itself):
+//
+//   - python: ipykernel from Debian (kernelspec python3, from the package);
+//   - javascript and typescript: tslab from the npm registry (kernelspecs jslab and
+//     tslab), whose ZeroMQ binding (zeromq 6) ships prebuilt in its tarball;
+//   - go: Airlock's gokernel (the yaegi interpreter; standard library only, no toolchain
+//     and no network needed at run time).
+//
+// Java has no kernel: none can be had from Debian, the npm registry or the Go module
+// proxy (IJava is published on GitHub only).
+func CodeInterpreterRecipe() Recipe {
+	r := DefaultRecipe()
+	r.Repository = CodeInterpreterRepository
+	r.Packages = append(r.Packages, "nodejs")
+	r.Env = append(r.Env, "NODE_PATH=/usr/local/lib/node_modules")
+	r.NPM = []string{"tslab@1.0.22"}
+	r.GoKernel = true
+	tslab := "/usr/local/lib/node_modules/tslab/bin/tslab"
+	r.Kernels = []Kernelspec{
+		{Name: "tslab", DisplayName: "TypeScript", Language: "typescript",
+			Argv: []string{tslab, "kernel", "--config-path", "{connection_file}"}},
+		{Name: "jslab", DisplayName: "JavaScript", Language: "javascript",
+			Argv: []string{tslab, "kernel", "--config-path", "{connection_file}", "--js"}},
+		{Name: "go", DisplayName: "Go", Language: "go",
+			Argv: []string{GoKernelPath, "{connection_file}"}},
+	}
+	// zeromq ships prebuilt addons for every platform; only linux/x64 glibc is used.
+	zmq := "usr/local/lib/node_modules/tslab/node_modules/zeromq/build/"
+	r.Remove = []string{zmq + "darwin", zmq + "win32", zmq + "linux/arm*", zmq + "linux/x64/node/musl-*"}
+	r.Verify = `set -e
+cd /usr/local/lib/node_modules/tslab && node -e 'require("zeromq")'
+python3 -c 'import ipykernel'
+test -x ` + GoKernelPath + `
+for k in ` + KernelDir + `/*/kernel.json /usr/share/jupyter/kernels/*/kernel.json; do
+  test -x "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["argv"][0])' "$k")"
+done`
+	return r
+}
+
+// Recipes are the images `airlock image build NAME` knows, by name.
+func Recipes() map[string]Recipe {
+	return map[string]Recipe{"sandbox": DefaultRecipe(), "code-interpreter": CodeInterpreterRecipe()}
+}
+
 var (
 	suiteRe   = regexp.MustCompile(`^[a-z]+$`)
 	packageRe = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	repoRe    = regexp.MustCompile(`^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$`)
+	npmRe     = regexp.MustCompile(`^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*@[0-9]+\.[0-9]+\.[0-9]+[a-z0-9.+-]*$`)
+	kernelRe  = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
 )
 
 // Validate reports the first problem with r.
@@ -81,13 +177,43 @@ func (r Recipe) Validate() error {
 			return fmt.Errorf("recipe: invalid package name %q", p)
 		}
 	}
+	if !repoRe.MatchString(r.Repository) {
+		return fmt.Errorf("recipe: invalid repository %q", r.Repository)
+	}
+	for _, p := range r.NPM {
+		if !npmRe.MatchString(p) {
+			return fmt.Errorf("recipe: invalid npm package %q: want name@exact-version", p)
+		}
+	}
+	for _, k := range r.Kernels {
+		if !kernelRe.MatchString(k.Name) || len(k.Argv) == 0 || k.Language == "" {
+			return fmt.Errorf("recipe: kernelspec %q needs a plain name, argv and a language", k.Name)
+		}
+	}
+	for _, p := range r.Remove {
+		if p == "" || filepath.IsAbs(p) || strings.Contains(p, "..") {
+			return fmt.Errorf("recipe: invalid remove path %q: want a relative path inside the root", p)
+		}
+	}
 	return nil
 }
 
 // Hash identifies the recipe and Airlock's files in the image (hex SHA-256, 16 chars).
+// For a recipe with GoKernel the image's hash also covers the kernel binary: see
+// ImageHash.
 func (r Recipe) Hash() string {
+	return r.ImageHash(nil)
+}
+
+// ImageHash is the label of the image built from r with goKernel as the Go kernel binary
+// (ignored unless r.GoKernel).
+func (r Recipe) ImageHash(goKernel []byte) string {
 	h := sha256.New()
 	_ = json.NewEncoder(h).Encode(r)
 	h.Write(codeInterpreterScript)
+	if r.GoKernel {
+		k := sha256.Sum256(goKernel)
+		h.Write(k[:])
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
@@ -14,35 +17,67 @@ import (
 func newImageCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Build and inspect sandbox images"}
 	var (
-		force   bool
-		mirror  string
-		workDir string
+		force    bool
+		mirror   string
+		workDir  string
+		goKernel string
 	)
+	recipes := sandboximage.Recipes()
+	names := make([]string, 0, len(recipes))
+	for n := range recipes {
+		names = append(names, n)
+	}
+	slices.Sort(names)
 	build := &cobra.Command{
-		Use:   "build",
-		Short: "Build the default sandbox image offline from Debian packages",
-		Long: `Builds ` + sandboximage.Repository + `:<version> (also :latest) with debootstrap and apt from a
-Debian mirror, then docker import. No container registry is used. The image records its
-recipe's hash; when an image with the same recipe exists the build is skipped (--force
-rebuilds). Needs root and a running Docker engine; takes about two minutes.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:       "build [sandbox|code-interpreter|all]",
+		Short:     "Build a sandbox image offline from Debian packages (default: the sandbox image)",
+		ValidArgs: append(names, "all"),
+		Long: `Builds an image with debootstrap and apt from a Debian mirror, then docker import. No
+container registry is used. Each image records its recipe's hash; when an image with the
+same recipe exists the build is skipped (--force rebuilds). Needs root and a running
+Docker engine.
+
+  sandbox (the default)  ` + sandboximage.Repository + `:<version> and :latest: a shell, the usual
+                         tools, curl, Python with a Jupyter kernel. About two minutes.
+  code-interpreter       ` + sandboximage.CodeInterpreterRepository + `:<version> and :latest: the sandbox
+                         image plus Jupyter kernels for Python (ipykernel), JavaScript and
+                         TypeScript (tslab, from the npm registry with the host's npm) and
+                         Go (airlock-gokernel, found beside this binary or at --gokernel);
+                         bash is served by execd itself. No Java kernel. About three
+                         minutes.
+  all                    both.`,
+		Args: cobra.MatchAll(cobra.MaximumNArgs(1), cobra.OnlyValidArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			which := []string{"sandbox"}
+			if len(args) == 1 && args[0] == "all" {
+				which = names
+			} else if len(args) == 1 {
+				which = args
+			}
+			if goKernel == "" {
+				if exe, err := os.Executable(); err == nil {
+					goKernel = filepath.Join(filepath.Dir(exe), "airlock-gokernel")
+				}
+			}
 			docker, err := client.New(client.FromEnv)
 			if err != nil {
 				return err
 			}
 			defer docker.Close()
-			r := sandboximage.DefaultRecipe()
-			if mirror != "" {
-				r.Mirror = mirror
-			}
-			b := &sandboximage.Builder{Docker: docker, Progress: os.Stdout, WorkDir: workDir}
-			res, err := b.Build(cmd.Context(), r, buildinfo.Version, force)
-			if err != nil {
-				return err
-			}
-			if res.Cached {
-				fmt.Printf("==> image %s is current (recipe %s), nothing to build\n", res.Refs[0], r.Hash())
+			b := &sandboximage.Builder{Docker: docker, Progress: os.Stdout, WorkDir: workDir, GoKernel: goKernel}
+			for _, name := range which {
+				r := recipes[name]
+				if mirror != "" {
+					r.Mirror = mirror
+				}
+				fmt.Printf("==> image %s (%s)\n", name, r.Repository)
+				res, err := b.Build(cmd.Context(), r, buildinfo.Version, force)
+				if err != nil {
+					return fmt.Errorf("image %s: %w", name, err)
+				}
+				if res.Cached {
+					fmt.Printf("==> image %s is current (%s), nothing to build\n", res.Refs[0], strings.TrimPrefix(res.ImageID, "sha256:")[:12])
+				}
 			}
 			return nil
 		},
@@ -50,6 +85,7 @@ rebuilds). Needs root and a running Docker engine; takes about two minutes.`,
 	build.Flags().BoolVar(&force, "force", false, "rebuild even when the recipe is unchanged")
 	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror URL (default http://deb.debian.org/debian)")
 	build.Flags().StringVar(&workDir, "work-dir", "", "directory for the temporary root (default $TMPDIR)")
+	build.Flags().StringVar(&goKernel, "gokernel", "", "the airlock-gokernel binary for the code-interpreter image (default: beside this binary)")
 	cmd.AddCommand(build)
 	return cmd
 }

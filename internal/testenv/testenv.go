@@ -1,5 +1,6 @@
 // Package testenv holds the preconditions that Airlock's integration tests share:
-// root, a Docker engine, eBPF, the default sandbox image, and the benchmark switch.
+// root, a Docker engine, eBPF, the default and code-interpreter sandbox images, and the
+// benchmark switch.
 //
 // A test that cannot run for lack of a privilege skips with a clear reason, except when
 // AIRLOCK_REQUIRE_PRIVILEGED=1 (set by .ci/run): then the same condition fails the test,
@@ -90,6 +91,29 @@ func NeedSandboxImage(t testing.TB) string {
 	defer cancel()
 	if err := exec.CommandContext(ctx, "docker", "image", "inspect", img).Run(); err != nil {
 		SkipOrFail(t, fmt.Sprintf("sandbox image %s is missing (run `make image`)", img))
+	}
+	return img
+}
+
+// CodeInterpreterImage is the code-interpreter image the integration tests run (kernels
+// for python, javascript, typescript and go). Override with AIRLOCK_TEST_CI_IMAGE.
+func CodeInterpreterImage() string {
+	if img := os.Getenv("AIRLOCK_TEST_CI_IMAGE"); img != "" {
+		return img
+	}
+	return "airlock/code-interpreter:latest"
+}
+
+// NeedCodeInterpreterImage skips (or fails) unless Docker runs and the code-interpreter
+// image exists locally (`make image` builds it). It returns the image reference.
+func NeedCodeInterpreterImage(t testing.TB) string {
+	t.Helper()
+	NeedDocker(t)
+	img := CodeInterpreterImage()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := exec.CommandContext(ctx, "docker", "image", "inspect", img).Run(); err != nil {
+		SkipOrFail(t, fmt.Sprintf("code-interpreter image %s is missing (run `make image`)", img))
 	}
 	return img
 }
