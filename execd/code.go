@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -348,22 +349,71 @@ func (s *Server) handleRunCode(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	failed := false
-	_, err = c.kernel.Execute(r.Context(), req.Code, func(m jupyter.Message) {
-		if ev, ok := kernelEvent(m); ok {
-			failed = failed || ev.Type == EventError
-			st.send(ev)
+	var (
+		failed bool
+		status string
+		stderr strings.Builder
+	)
+	for attempt := 0; ; attempt++ {
+		status, err = c.kernel.Execute(r.Context(), req.Code, func(m jupyter.Message) {
+			if ev, ok := kernelEvent(m); ok {
+				failed = failed || ev.Type == EventError
+				if ev.Type == EventStderr && stderr.Len() < 64<<10 {
+					stderr.WriteString(ev.Text)
+				}
+				st.send(ev)
+			}
+		})
+		// A kernel may abort a request that arrives just after a failed one (tslab
+		// aborts everything for 200 ms after an error, as if it had been queued behind
+		// it). execd sends one request at a time, so nothing was queued: run it again.
+		if err != nil || (status != "aborted" && status != "abort") || attempt == 2 || r.Context().Err() != nil {
+			break
 		}
-	})
+		time.Sleep(250 * time.Millisecond)
+	}
 	switch {
 	case err != nil:
 		st.send(Event{Type: EventError, Error: &ErrorDetail{Name: "KernelError", Value: err.Error(), Traceback: []string{err.Error()}}})
 		if errors.Is(err, jupyter.ErrDead) {
 			s.code.remove(c.ID)
 		}
+	case !failed && status == "error":
+		// Some kernels (tslab) print the error to stderr and publish no error message;
+		// the reply's status still says the cell failed.
+		st.send(Event{Type: EventError, Error: stderrError(stderr.String())})
 	case !failed:
 		st.complete(start)
 	}
+}
+
+// errorLine is a JavaScript-style "Name: message" line (TypeError: x is not a function).
+var errorLine = regexp.MustCompile(`^((?:[A-Za-z_$][A-Za-z0-9_$]*)?(?:Error|Exception)): ?(.*)$`)
+
+// stderrError makes an error event from what a failed cell wrote to stderr: the first
+// "SomethingError: message" line names it, else it is an Error whose value is the first
+// non-empty line; the traceback is the stderr lines.
+func stderrError(text string) *ErrorDetail {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	e := &ErrorDetail{Name: "Error", Traceback: []string{}}
+	if text == "" {
+		e.Value = "the cell failed"
+		return e
+	}
+	e.Traceback = lines
+	for _, l := range lines {
+		if m := errorLine.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			e.Name, e.Value = m[1], m[2]
+			return e
+		}
+	}
+	for _, l := range lines {
+		if strings.TrimSpace(l) != "" {
+			e.Value = strings.TrimSpace(l)
+			break
+		}
+	}
+	return e
 }
 
 // kernelEvent turns an iopub message into a stream event: stream → stdout/stderr,

@@ -68,13 +68,18 @@ func (s *Server) startShell(dir string) (*shell, error) {
 		s.procs.Wait(cmd)
 		close(sh.dead)
 	}()
-	// A trapped SIGINT interrupts the running command but not the shell.
-	if _, err := io.WriteString(stdin, "trap : INT\n"); err != nil {
+	// A trapped SIGINT ends the running script (the trap returns from the function that
+	// runs it, which stops a loop of builtins too) but not the shell; between scripts
+	// it does nothing. Variables the script sets stay global.
+	if _, err := io.WriteString(stdin, "trap 'return 130 2>/dev/null' INT\n"+runFunc+"() { eval \"$1\"; }\n"); err != nil {
 		sh.close()
 		return nil, fmt.Errorf("starting bash: %w", err)
 	}
 	return sh, nil
 }
+
+// runFunc is the shell function that runs each script.
+const runFunc = "__execd_run"
 
 // quoteShell quotes s as one single-quoted bash word.
 func quoteShell(s string) string {
@@ -99,7 +104,7 @@ func (sh *shell) run(ctx context.Context, script, dir string, timeout time.Durat
 	if dir != "" {
 		b.WriteString("cd -- " + quoteShell(dir) + " && ")
 	}
-	b.WriteString("eval " + quoteShell(script) + " </dev/null\n")
+	b.WriteString(runFunc + " " + quoteShell(script) + " </dev/null\n")
 	b.WriteString("printf '%s%d\\n' " + quoteShell(sh.mark) + " \"$?\"\n")
 	if _, err := io.WriteString(sh.stdin, b.String()); err != nil {
 		return 0, errorf(ErrClosed, "the shell has exited")

@@ -76,3 +76,22 @@ func TestServerInProcess(t *testing.T) {
 		t.Fatal("relative workdir accepted")
 	}
 }
+
+func TestStderrError(t *testing.T) {
+	cases := []struct {
+		name, stderr, ename, evalue string
+	}{
+		{"node_stack", "evalmachine.<anonymous>:2\nthrow new TypeError(\"boom\");\n^\n\nTypeError: boom\n    at evalmachine.<anonymous>:2:7\n", "TypeError", "boom"},
+		{"plain_error", "Error: Script execution was interrupted by `SIGINT`\n    at sigintHandlersWrap (node:vm:260:12)\n", "Error", "Script execution was interrupted by `SIGINT`"},
+		{"diagnostic", "1:7 - Type 'string' is not assignable to type 'number'.\n", "Error", "1:7 - Type 'string' is not assignable to type 'number'."},
+		{"nothing", "", "Error", "the cell failed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := stderrError(tc.stderr)
+			if e.Name != tc.ename || e.Value != tc.evalue || (tc.stderr != "" && len(e.Traceback) == 0) {
+				t.Errorf("stderrError(%q) = %+v", tc.stderr, e)
+			}
+		})
+	}
+}
