@@ -277,9 +277,15 @@ func (x *Execd) CommandLogs(ctx context.Context, id string, cursor int64) (strin
 	return string(b), next, err
 }
 
-// Interrupt stops a running command (or code execution) by id.
+// Interrupt stops a running command by id.
 func (x *Execd) Interrupt(ctx context.Context, id string) error {
 	return x.json(ctx, http.MethodDelete, "/command?id="+url.QueryEscape(id), nil, nil)
+}
+
+// InterruptCode interrupts the code running in a code context; id is the context id or
+// the execution id of a RunCode stream's init event.
+func (x *Execd) InterruptCode(ctx context.Context, id string) error {
+	return x.json(ctx, http.MethodDelete, "/code?id="+url.QueryEscape(id), nil, nil)
 }
 
 // CreateSession starts a bash session whose directory and exported variables persist
@@ -384,13 +390,15 @@ func (x *Execd) DeleteFiles(ctx context.Context, paths ...string) error {
 	return x.json(ctx, http.MethodDelete, "/files?"+q.Encode(), nil, nil)
 }
 
-// CodeContext is a stateful interpreter (a Jupyter kernel for python).
+// CodeContext is a stateful interpreter: a Jupyter kernel (python, and in the
+// code-interpreter image javascript, typescript and go) or a bash shell.
 type CodeContext struct {
 	ID       string `json:"id,omitempty"`
 	Language string `json:"language"`
 }
 
-// CreateContext starts an interpreter for language ("python").
+// CreateContext starts an interpreter for language ("python", "bash"; the
+// code-interpreter image adds "javascript", "typescript" and "go").
 func (x *Execd) CreateContext(ctx context.Context, language string) (*CodeContext, error) {
 	var cc CodeContext
 	if err := x.json(ctx, http.MethodPost, "/code/context", map[string]string{"language": language}, &cc); err != nil {
