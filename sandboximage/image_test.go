@@ -82,3 +82,57 @@ ps -o pid= -p 1 >/dev/null && echo procps`
 		t.Errorf("image contents:\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestCodeInterpreterImageContents checks the code-interpreter image carries a kernelspec
+// whose program exists for every language, the recipe label, and Node.js with tslab's
+// ZeroMQ binding loadable.
+func TestCodeInterpreterImageContents(t *testing.T) {
+	img := testenv.NeedCodeInterpreterImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	label, err := exec.CommandContext(ctx, "docker", "image", "inspect", "--format",
+		`{{index .Config.Labels "`+RecipeLabel+`"}}`, img).Output()
+	if err != nil {
+		t.Fatalf("inspect %s: %v", img, err)
+	}
+	if len(strings.TrimSpace(string(label))) != 16 {
+		t.Errorf("image recipe label = %q, want a 16-digit hash", label)
+	}
+	script := `set -e
+for k in /usr/local/share/jupyter/kernels/*/kernel.json /usr/share/jupyter/kernels/*/kernel.json; do
+  python3 -c 'import json,os,sys; s=json.load(open(sys.argv[1])); assert os.access(s["argv"][0], os.X_OK), s; print(s["language"])' "$k"
+done | sort | tr '\n' ' '
+cd /usr/local/lib/node_modules/tslab && node -e 'require("zeromq"); console.log("zeromq")'
+test -x /opt/code-interpreter/code-interpreter.sh && echo ci`
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network", "none", img, "bash", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run: %v\n%s", err, out)
+	}
+	want := "go javascript python typescript zeromq ci"
+	if got := strings.Join(strings.Fields(string(out)), " "); got != want {
+		t.Errorf("image contents:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestCodeInterpreterRecipe(t *testing.T) {
+	r := CodeInterpreterRecipe()
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r.ImageHash([]byte("kernel a")) == r.ImageHash([]byte("kernel b")) {
+		t.Error("a different Go kernel binary did not change the image hash")
+	}
+	if d := DefaultRecipe(); d.ImageHash([]byte("x")) != d.Hash() {
+		t.Error("the default recipe's hash depends on a Go kernel it does not carry")
+	}
+	bad := r
+	bad.NPM = []string{"tslab@latest"}
+	if bad.Validate() == nil {
+		t.Error("an npm package without an exact version was accepted")
+	}
+	bad = r
+	bad.Remove = []string{"../etc"}
+	if bad.Validate() == nil {
+		t.Error("a remove path leaving the root was accepted")
+	}
+}
