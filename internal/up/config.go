@@ -87,6 +87,7 @@ type Config struct {
 	Egress    EgressConfig    `yaml:"egress"`
 	Docker    DockerConfig    `yaml:"docker"`
 	Images    ImagesConfig    `yaml:"images"`
+	Console   ConsoleConfig   `yaml:"console"`
 	// Pools are warm pools: sandboxes created ahead, enforced deny-all and held, that a
 	// matching create claims in milliseconds (see lifecycle.PoolSpec). Default none.
 	Pools []PoolConfig `yaml:"pools"`

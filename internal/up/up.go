@@ -264,13 +264,17 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 }
 
 func (s *Stack) startAPI(context.Context) error {
+	h, err := s.apiHandler()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return err
 	}
 	s.Addr = ln.Addr()
 	s.http = &http.Server{
-		Handler:           s.Lifecycle.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       620 * time.Second,
 	}

@@ -1,0 +1,289 @@
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// CookieName is the session cookie (HttpOnly, SameSite=Strict, Path=/console, Secure
+// over TLS). Its value is a random id; the session lives in the server's memory only,
+// so a restart of airlock up signs everyone out.
+const CookieName = "airlock_console"
+
+// maxSessions bounds the session table; the oldest session goes when it is full.
+const maxSessions = 10000
+
+// session is one signed-in browser.
+type session struct {
+	key     [32]byte // SHA-256 of the cookie value (the table never holds the id itself)
+	csrf    string
+	expires time.Time
+}
+
+// sessionState says why a request has no session.
+type sessionState int
+
+const (
+	sessionValid   sessionState = iota
+	sessionNone                 // no cookie
+	sessionExpired              // a cookie naming an expired or unknown session
+)
+
+// sessions is the in-memory session table.
+type sessions struct {
+	ttl time.Duration
+	now func() time.Time
+	mu  sync.Mutex
+	m   map[[32]byte]*session
+}
+
+func newSessions(ttl time.Duration, now func() time.Time) *sessions {
+	return &sessions{ttl: ttl, now: now, m: map[[32]byte]*session{}}
+}
+
+// randomToken is 32 random bytes, base64url.
+func randomToken() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("console: no randomness: " + err.Error()) // crypto/rand does not fail on Linux
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// create opens a session and returns its cookie value.
+func (s *sessions) create() (id string, sess *session) {
+	id = randomToken()
+	sess = &session{key: sha256.Sum256([]byte(id)), csrf: randomToken(), expires: s.now().Add(s.ttl)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for k, v := range s.m {
+		if !now.Before(v.expires) {
+			delete(s.m, k)
+		}
+	}
+	if len(s.m) >= maxSessions {
+		var oldest [32]byte
+		var at time.Time
+		for k, v := range s.m {
+			if at.IsZero() || v.expires.Before(at) {
+				oldest, at = k, v.expires
+			}
+		}
+		delete(s.m, oldest)
+	}
+	s.m[sess.key] = sess
+	return id, sess
+}
+
+// lookup returns the live session of id.
+func (s *sessions) lookup(id string) (*session, sessionState) {
+	if id == "" {
+		return nil, sessionNone
+	}
+	k := sha256.Sum256([]byte(id))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess, ok := s.m[k]
+	if !ok {
+		return nil, sessionExpired
+	}
+	if !s.now().Before(sess.expires) {
+		delete(s.m, k)
+		return nil, sessionExpired
+	}
+	return sess, sessionValid
+}
+
+// remove ends the session of id.
+func (s *sessions) remove(id string) {
+	k := sha256.Sum256([]byte(id))
+	s.mu.Lock()
+	delete(s.m, k)
+	s.mu.Unlock()
+}
+
+// fromRequest returns the request's session.
+func (s *sessions) fromRequest(r *http.Request) (*session, sessionState) {
+	ck, err := r.Cookie(CookieName)
+	if err != nil {
+		return nil, sessionNone
+	}
+	return s.lookup(ck.Value)
+}
+
+// setCookie sets (or, with maxAge < 0, clears) the session cookie.
+func setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name: CookieName, Value: value, Path: "/console", MaxAge: maxAge,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	})
+}
+
+type ctxKey struct{}
+
+func sessionOf(r *http.Request) *session {
+	s, _ := r.Context().Value(ctxKey{}).(*session)
+	return s
+}
+
+// read admits console API requests that carry a live session (401 SESSION_EXPIRED or
+// UNAUTHORIZED otherwise).
+func (c *Console) read(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s, state := c.sessions.fromRequest(r)
+		if s == nil {
+			if state == sessionExpired {
+				writeError(w, http.StatusUnauthorized, "SESSION_EXPIRED", "your console session has expired: sign in again")
+			} else {
+				writeError(w, http.StatusUnauthorized, "UNAUTHORIZED", "sign in to the console first")
+			}
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s)))
+	})
+}
+
+// CSRFHeader carries the session's CSRF token on every write.
+const CSRFHeader = "X-CSRF-Token"
+
+// write admits a state-changing request: a live session, a same-origin request
+// (originCheck) and the session's CSRF token in CSRFHeader (constant-time compare).
+// Failures are 403 with code CSRF_FAILED, before anything is done.
+func (c *Console) write(h http.HandlerFunc) http.Handler {
+	return c.read(func(w http.ResponseWriter, r *http.Request) {
+		if err := c.origins.check(r); err != nil {
+			c.log.Warn("console write refused", "reason", err.Error(), "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr)
+			writeError(w, http.StatusForbidden, "CSRF_FAILED", err.Error())
+			return
+		}
+		if !tokenEqual(r.Header.Get(CSRFHeader), sessionOf(r).csrf) {
+			c.log.Warn("console write refused", "reason", "csrf token", "method", r.Method, "path", r.URL.Path, "client", r.RemoteAddr)
+			writeError(w, http.StatusForbidden, "CSRF_FAILED", "missing or wrong CSRF token: reload the page")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// tokenEqual compares secrets in constant time; an empty token never matches.
+func tokenEqual(got, want string) bool {
+	if got == "" || want == "" {
+		return false
+	}
+	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// loginLimiter slows key guessing: at most loginBurst failed logins per minute for the
+// whole console; further attempts are 429 until the minute passes.
+type loginLimiter struct {
+	now      func() time.Time
+	mu       sync.Mutex
+	start    time.Time
+	failures int
+}
+
+const loginBurst = 20
+
+func newLoginLimiter(now func() time.Time) *loginLimiter { return &loginLimiter{now: now} }
+
+func (l *loginLimiter) allow() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.now().Sub(l.start) >= time.Minute {
+		l.start, l.failures = l.now(), 0
+	}
+	return l.failures < loginBurst
+}
+
+func (l *loginLimiter) fail() {
+	l.mu.Lock()
+	l.failures++
+	l.mu.Unlock()
+}
+
+func (c *Console) handleLoginPage(w http.ResponseWriter, r *http.Request) {
+	if s, _ := c.sessions.fromRequest(r); s != nil {
+		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	d := pageData{Title: "Sign in", NoAuth: c.cfg.APIKey == ""}
+	if r.URL.Query().Get("expired") != "" {
+		d.Notice = "Your session has expired. Sign in again."
+	}
+	if r.URL.Query().Get("out") != "" {
+		d.Notice = "You are signed out."
+	}
+	c.render(w, http.StatusOK, "login.html", d)
+}
+
+// handleLogin checks the API key from the form (field "key") and opens a session; a
+// wrong key is 401 with the login page saying so. The request must be same-origin (a
+// forged login would sign the victim into the attacker's session).
+func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
+	d := pageData{Title: "Sign in", NoAuth: c.cfg.APIKey == ""}
+	if err := c.origins.check(r); err != nil {
+		d.Error = "Sign-in refused: " + err.Error() + "."
+		c.render(w, http.StatusForbidden, "login.html", d)
+		return
+	}
+	if !c.logins.allow() {
+		d.Error = "Too many failed sign-ins: wait a minute and try again."
+		c.render(w, http.StatusTooManyRequests, "login.html", d)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		d.Error = "The sign-in form could not be read."
+		c.render(w, http.StatusBadRequest, "login.html", d)
+		return
+	}
+	if c.cfg.APIKey != "" && !tokenEqual(r.PostForm.Get("key"), c.cfg.APIKey) {
+		c.logins.fail()
+		c.log.Warn("console sign-in failed", "client", r.RemoteAddr)
+		d.Error = "Wrong API key."
+		c.render(w, http.StatusUnauthorized, "login.html", d)
+		return
+	}
+	if old, err := r.Cookie(CookieName); err == nil {
+		c.sessions.remove(old.Value) // never keep a session id from before sign-in
+	}
+	id, _ := c.sessions.create()
+	setCookie(w, r, id, int(c.cfg.SessionTTL/time.Second))
+	c.log.Info("console sign-in", "client", r.RemoteAddr)
+	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
+}
+
+func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(CookieName); err == nil {
+		c.sessions.remove(ck.Value)
+	}
+	setCookie(w, r, "", -1)
+	c.log.Info("console sign-out", "client", r.RemoteAddr)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleSession answers GET /console/api/session: {"noAuth","expiresAt"}.
+func (c *Console) handleSession(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"noAuth": c.cfg.APIKey == "", "expiresAt": sessionOf(r).expires.UTC()})
+}
+
+// safeNext keeps a post-login redirect inside the console.
+func safeNext(next string) string {
+	u, err := url.Parse(next)
+	if next == "" || err != nil || u.IsAbs() || u.Host != "" || len(u.Path) < len(Prefix) ||
+		u.Path[:len(Prefix)] != Prefix || u.Path == Prefix+"login" {
+		return Prefix
+	}
+	return u.Path
+}
+
+func urlQueryEscape(s string) string { return url.QueryEscape(s) }

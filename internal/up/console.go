@@ -1,0 +1,56 @@
+package up
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/airlockdev/airlock/console"
+	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// ConsoleConfig configures the operator console (package console), served under
+// /console/ on the API listener.
+type ConsoleConfig struct {
+	// Disabled turns the console off (/console/ is then the API's 404).
+	Disabled bool `yaml:"disabled"`
+	// SessionTTL is how long a console sign-in lasts; default 12h.
+	SessionTTL Duration `yaml:"sessionTTL"`
+	// TrustedOrigins are extra origins whose writes the console accepts besides its
+	// own ("https://airlock.example.com" when a TLS proxy fronts the API).
+	TrustedOrigins []string `yaml:"trustedOrigins"`
+}
+
+// apiHandler is the API listener's handler: the console under /console/ (when enabled)
+// in front of lifecycle's API.
+func (s *Stack) apiHandler() (http.Handler, error) {
+	api := s.Lifecycle.Handler()
+	if s.cfg.Console.Disabled {
+		return api, nil
+	}
+	ov := policies.BaseOverlay()
+	if !s.cfg.Egress.Disabled {
+		ov.DenyAddrs(egressd.HostAddrs()...) // as egressd compiles policies
+	}
+	scheme := "http"
+	if s.cfg.Gateway.TLS != "" && !s.cfg.Gateway.Disabled {
+		scheme = "https"
+	}
+	con, err := console.New(console.Config{
+		API:            api,
+		APIKey:         s.APIKey,
+		AuditDir:       s.cfg.Audit.Dir,
+		Overlay:        ov,
+		SessionTTL:     time.Duration(s.cfg.Console.SessionTTL),
+		EndpointScheme: scheme,
+		TrustedOrigins: s.cfg.Console.TrustedOrigins,
+		Log:            s.log.With("component", "console"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix, con)
+	mux.Handle("/", api)
+	return mux, nil
+}
