@@ -63,6 +63,7 @@ probes=(
   openssl:openssl            # SDK tests: the vault suite's test CA
   git:git
   gcc:gcc                    # go test -race
+  chromium:chromium          # console browser tests (chromedp drives headless Chromium)
 )
 if [ "$want_node" = 1 ]; then
   probes+=(node:nodejs npm:npm)  # the OpenSandbox JavaScript SDK tests

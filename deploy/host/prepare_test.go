@@ -35,6 +35,7 @@ var probes = map[string]string{
 	"openssl":                        "openssl",
 	"git":                            "git",
 	"gcc":                            "gcc",
+	"chromium":                       "chromium",
 	"node":                           "nodejs",
 	"npm":                            "npm",
 }
