@@ -153,11 +153,18 @@ for (const c of cases) {
     const looping = ci.codes.run(c.loop, { context, handlers: { onInit: () => started() } });
     await initSeen;
     await new Promise((res) => setTimeout(res, 1000));
+    // A kernel under load may not be in the loop yet when the first SIGINT lands (tslab
+    // drops an interrupt that finds nothing running): interrupt again every 5 s.
     const t0 = Date.now();
-    await ci.codes.interrupt(context.id);
+    let ended = false;
+    looping.finally(() => (ended = true)).catch(() => {});
+    while (!ended && Date.now() - t0 < 20_000) {
+      await ci.codes.interrupt(context.id);
+      for (let i = 0; i < 50 && !ended; i++) await new Promise((res) => setTimeout(res, 100));
+    }
+    assert.ok(ended, "the loop stopped within 20 s of the first interrupt");
     r = await looping;
     assert.ok(r.error, "an interrupted loop ends with an error");
-    assert.ok(Date.now() - t0 < 20_000, "the loop stopped soon after the interrupt");
     await readsState("after an interrupt");
 
     const seen = [];
