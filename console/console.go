@@ -170,8 +170,11 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		"connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
-	// Signed URLs and sandbox ids must not leak to the sites endpoints link to.
-	h.Set("Referrer-Policy", "no-referrer")
+	// Signed URLs and sandbox ids must not leak to the sites endpoints link to; within
+	// the console the referrer stays, since with no-referrer browsers send "Origin:
+	// null" on same-origin form posts and fetches (Fetch §3.1 "serializing a request
+	// origin"), which the origin check refuses.
+	h.Set("Referrer-Policy", "same-origin")
 	if !strings.HasPrefix(r.URL.Path, "/console/static/") {
 		h.Set("Cache-Control", "no-store")
 	}

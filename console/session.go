@@ -119,7 +119,7 @@ func (s *sessions) fromRequest(r *http.Request) (*session, sessionState) {
 	return s.lookup(ck.Value)
 }
 
-// setCookie sets (or, with maxAge < 0, clears) the session cookie.
+// setCookie sets (maxAge 0: until the browser closes; < 0: clears) the session cookie.
 func setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
 		Name: CookieName, Value: value, Path: "/console", MaxAge: maxAge,
@@ -257,7 +257,9 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 		c.sessions.remove(old.Value) // never keep a session id from before sign-in
 	}
 	id, _ := c.sessions.create()
-	setCookie(w, r, id, int(c.cfg.SessionTTL/time.Second))
+	// A browser-session cookie: the server's table decides expiry, and a browser that
+	// still sends the cookie afterwards is told that its session expired.
+	setCookie(w, r, id, 0)
 	c.log.Info("console sign-in", "client", r.RemoteAddr)
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }

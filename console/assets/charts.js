@@ -48,7 +48,7 @@ export function topBars(items) {
   if (!items.length) return el('p', {}, 'No denied destinations in this window.');
   const max = Math.max(...items.map((x) => x.count));
   const rowH = 22, labelW = 260, w = 600;
-  const svg = svgEl('svg', { viewBox: `0 0 ${w} ${items.length * rowH}`, role: 'img', class: 'top', 'aria-label': 'Most denied destinations' },
+  const svg = svgEl('svg', { viewBox: `0 0 ${w} ${items.length * rowH}`, role: 'img', class: 'topn', 'aria-label': 'Most denied destinations' },
     svgEl('title', {}, 'Most denied destinations'));
   items.forEach((x, i) => {
     const bw = Math.max(2, ((w - labelW - 50) * x.count) / max);

@@ -175,7 +175,7 @@ async function loadChart() {
 // server (changing them reconnects). Newest first, at most 500 rows.
 const streamBody = q('stream').querySelector('tbody');
 const status = q('stream-status');
-let es = null, paused = false;
+let es = null, paused = false, chartTimer = null;
 function destination(r) {
   if (r.dst_host) return r.dst_host + (r.dst_port ? ':' + r.dst_port : '') + (r.qtype ? ` (${r.qtype})` : '');
   if (r.dst_ip) return r.dst_ip + (r.dst_port ? ':' + r.dst_port : '');
@@ -197,7 +197,12 @@ function connect() {
   status.textContent = 'connecting…';
   es = new EventSource(`/console/api/sandboxes/${encodeURIComponent(id)}/events?${params}`);
   es.addEventListener('ready', () => { status.textContent = 'live'; status.dataset.live = '1'; });
-  es.addEventListener('record', (ev) => { if (!paused) addRecord(JSON.parse(ev.data)); });
+  es.addEventListener('record', (ev) => {
+    if (paused) return;
+    addRecord(JSON.parse(ev.data));
+    // New decisions: redraw the chart soon (at most every 2 s).
+    if (!chartTimer) chartTimer = setTimeout(() => { chartTimer = null; loadChart(); }, 2000);
+  });
   es.addEventListener('expired', () => { es.close(); location.assign('/console/login?expired=1&next=' + encodeURIComponent(location.pathname)); });
   es.onerror = async () => {
     status.textContent = 'reconnecting…';

@@ -151,7 +151,7 @@ function render(data) {
       const cells = {
         id: el('td', {}, el('a', { href: `/console/sandboxes/${encodeURIComponent(sb.id)}` }, sb.id)),
         state: el('td', { class: 'state' }), image: el('td'), age: el('td'), expires: el('td'), policy: el('td', { class: 'policy' }),
-        actions: el('td', { class: 'actions' }), endpoint: el('td'),
+        actions: el('td', { class: 'row-actions' }), endpoint: el('td'),
       };
       tr.append(...Object.values(cells));
       cells.endpoint.append(endpointCell(sb));
@@ -169,7 +169,7 @@ function render(data) {
     c.expires.title = sb.expiresAt ? fmtTime(sb.expiresAt) : '';
     c.policy.textContent = policyText(sb);
     if (row.state !== st && !c.actions.contains(document.activeElement)) {
-      replace(c.actions, actionsFor(sb, row));
+      replace(c.actions, el('div', { class: 'actions' }, actionsFor(sb, row)));
       row.state = st;
     }
     // Keep the API's order (newest first), moving a row only when needed (a moved row
