@@ -153,6 +153,8 @@ func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.closed:
+			return
 		case rec, ok := <-recs:
 			if !ok {
 				return

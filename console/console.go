@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlockdev/airlock/policies"
@@ -80,6 +81,9 @@ type Console struct {
 	static   http.Handler
 	pages    *template.Template
 	logins   *loginLimiter
+	// closed ends the live streams (Close).
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // New checks cfg and builds the console; it performs no I/O.
@@ -130,6 +134,7 @@ func New(cfg Config) (*Console, error) {
 		static:   http.StripPrefix(Prefix+"static/", http.FileServerFS(sub)),
 		pages:    pages,
 		logins:   newLoginLimiter(cfg.Now),
+		closed:   make(chan struct{}),
 	}
 	c.routes()
 	return c, nil
@@ -161,6 +166,12 @@ func (c *Console) routes() {
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "404 page not found", http.StatusNotFound)
 	})
+}
+
+// Close ends the live audit streams (an http.Server's Shutdown waits for them
+// otherwise: register it with RegisterOnShutdown). Safe to call more than once.
+func (c *Console) Close() {
+	c.closeOnce.Do(func() { close(c.closed) })
 }
 
 // ServeHTTP serves everything under Prefix.

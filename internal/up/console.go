@@ -22,11 +22,11 @@ type ConsoleConfig struct {
 }
 
 // apiHandler is the API listener's handler: the console under /console/ (when enabled)
-// in front of lifecycle's API.
-func (s *Stack) apiHandler() (http.Handler, error) {
+// in front of lifecycle's API. closeFn ends the console's live streams (for Shutdown).
+func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	api := s.Lifecycle.Handler()
 	if s.cfg.Console.Disabled {
-		return api, nil
+		return api, func() {}, nil
 	}
 	ov := policies.BaseOverlay()
 	if !s.cfg.Egress.Disabled {
@@ -47,10 +47,10 @@ func (s *Stack) apiHandler() (http.Handler, error) {
 		Log:            s.log.With("component", "console"),
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle(console.Prefix, con)
 	mux.Handle("/", api)
-	return mux, nil
+	return mux, con.Close, nil
 }

@@ -264,7 +264,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 }
 
 func (s *Stack) startAPI(context.Context) error {
-	h, err := s.apiHandler()
+	h, closeConsole, err := s.apiHandler()
 	if err != nil {
 		return err
 	}
@@ -278,6 +278,7 @@ func (s *Stack) startAPI(context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       620 * time.Second,
 	}
+	s.http.RegisterOnShutdown(closeConsole)
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("api listener failed", "err", err)
