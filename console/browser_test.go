@@ -237,6 +237,17 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal("the API key is in the page")
 	}
 
+	// A failing action shows the API's error in the page: an invalid policy.
+	do(t, ctx, "create with an invalid policy", 20*time.Second,
+		setVal("c-image", img),
+		setVal("c-policy", "__json__"),
+		setVal("c-netpol", `{"defaultAction":"maybe","egress":[]}`),
+		chromedp.Click(id("create-submit")),
+		waitJS(`document.getElementById('create-msg').classList.contains('error')`))
+	if m := get(t, ctx, "create error", chromedp.Text(id("create-msg"))); !strings.Contains(m, "Create failed") || !strings.Contains(m, "INVALID_REQUEST") {
+		t.Errorf("invalid policy: the page says %q, want the API's INVALID_REQUEST message", m)
+	}
+
 	// Create with a literal policy: deny all but allowed.test.
 	const pol = `{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`
 	do(t, ctx, "create a sandbox", 60*time.Second,

@@ -194,6 +194,8 @@ async function refresh() {
   }
 }
 
+const deleted = new URLSearchParams(location.search).get('deleted');
+if (deleted) note(listMsg, `${deleted} deleted.`);
 loadPolicies();
 refresh();
 setInterval(refresh, 2000);
