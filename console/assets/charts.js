@@ -38,9 +38,12 @@ export function minuteBars(s, start, minutes) {
   const table = el('details', {}, el('summary', {}, 'numbers'),
     el('table', {}, el('thead', {}, el('tr', {}, el('th', { scope: 'col' }, 'Minute'), el('th', { scope: 'col' }, 'Allowed'), el('th', { scope: 'col' }, 'Denied'))),
       el('tbody', {}, rows)));
+  const hm = (ms) => new Date(ms).toLocaleTimeString(undefined, { hour12: false, hour: '2-digit', minute: '2-digit' });
+  const axis = el('div', { class: 'axis-labels', 'aria-hidden': 'true' },
+    el('span', {}, hm(Date.parse(start))), el('span', {}, hm(Date.parse(start) + minutes * 60e3)));
   return el('figure', { class: 'minute-chart', 'data-sandbox': s.sandboxId },
     el('figcaption', {}, el('a', { href: `/console/sandboxes/${encodeURIComponent(s.sandboxId)}` }, s.sandboxId),
-      ` · ${sumA} allowed · ${sumD} denied`), svg, table);
+      ` · ${sumA} allowed · ${sumD} denied`), svg, axis, table);
 }
 
 // topBars draws the most denied destinations as horizontal bars.
