@@ -34,6 +34,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /sandboxes/{id}/renew-expiration", s.handleRenew)
 	m.HandleFunc("GET /sandboxes/{id}/endpoints/{port}", s.handleEndpoint)
 	s.policyRoutes()
+	s.libraryRoutes()
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
 	}

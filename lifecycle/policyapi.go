@@ -23,6 +23,9 @@ const EgressPort = 18080
 // (GET/PUT/PATCH/DELETE /v1/sandboxes/{id}/policy).
 type PolicyResponse struct {
 	SandboxID string `json:"sandboxId"`
+	// Name is the library policy the sandbox runs under (Policy is then that policy
+	// with the sandbox's additions first); empty for a policy of its own.
+	Name string `json:"name,omitempty"`
 	// Version increases with every change (the data plane applies versions in order).
 	Version uint64 `json:"version"`
 	// Policy is the stored document (Airlock JSON form); null when the sandbox has
@@ -76,7 +79,9 @@ var DefaultPolicy = json.RawMessage(`{"defaultAction":"allow","egress":[]}`)
 // has none) atomically, persists the result (Airlock JSON form) and audits the attempt:
 // action allow when applied, deny when the change was rejected.
 func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur *policies.Policy) (*policies.Policy, error)) error {
-	v, err := s.UpdatePolicy(id, func(raw json.RawMessage) (json.RawMessage, error) {
+	// A put replaces the whole policy (a sandbox under a named policy leaves it); a
+	// patch or delete changes the additions of a named sandbox.
+	v, err := s.updatePolicy(id, kind == "put", func(raw json.RawMessage) (json.RawMessage, error) {
 		if len(raw) == 0 || string(raw) == "null" {
 			raw = DefaultPolicy
 		}
@@ -147,7 +152,7 @@ func (s *Server) writePolicy(w http.ResponseWriter, r *http.Request, id string) 
 		s.fail(w, r, err)
 		return
 	}
-	resp := PolicyResponse{SandboxID: id, Version: v, Policy: json.RawMessage("null")}
+	resp := PolicyResponse{SandboxID: id, Name: s.PolicyName(id), Version: v, Policy: json.RawMessage("null")}
 	if p != nil {
 		resp.Policy, _ = json.Marshal(p)
 		np, lossless := policies.ToNetworkPolicy(p)
@@ -165,6 +170,10 @@ func (s *Server) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
 // and changes nothing.
 func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if name := r.URL.Query().Get("name"); name != "" {
+		s.applyNamed(w, r, id, name)
+		return
+	}
 	body, err := readBody(r)
 	if err != nil {
 		s.fail(w, r, err)
@@ -231,6 +240,13 @@ func (s *Server) removeTargets(r *http.Request, id string) error {
 	targets, err := policies.ParseTargets("request body", body)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	if name := s.PolicyName(id); name != "" {
+		if np, err := s.named(name, true); err == nil {
+			if inNamed, _ := policies.RemoveTargets(np.Policy, targets); inNamed != nil && len(inNamed.Egress) != len(np.Policy.Egress) {
+				return fmt.Errorf("%w: a target is a rule of the named policy %q, which this sandbox runs under: edit its file, or PUT a policy of the sandbox's own", ErrInvalidRequest, name)
+			}
+		}
 	}
 	return s.changePolicy(r, id, "delete", func(cur *policies.Policy) (*policies.Policy, error) {
 		p, err := policies.RemoveTargets(cur, targets)

@@ -124,13 +124,14 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 
 	rec := want.clone()
 	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
-	rec.PolicyVersion = m.PolicyVersion + 1
+	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
 	s.mu.Lock()
 	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
+	_, version := s.effectiveLocked(rec)
 	s.mu.Unlock()
 	if err == nil {
-		err = s.awaitEnforced(ctx, rec.ID, rec.PolicyVersion)
+		err = s.awaitEnforced(ctx, rec.ID, version)
 	}
 	if err == nil {
 		env := maps.Clone(s.cfg.DefaultEnv)

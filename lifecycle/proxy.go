@@ -93,8 +93,14 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
 		return
 	}
+	if st == Pending {
+		// Not before its egress is enforced: a connection opened before the datapath
+		// attached would have its replies dropped once it has (they belong to no flow
+		// the filter saw start). execd holds such requests anyway.
+		st, addr = s.awaitStarted(r.Context(), id)
+	}
 	switch st {
-	case Pending, Running, Resuming:
+	case Running, Resuming:
 	case Paused, Pausing:
 		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s: resume it first (POST /sandboxes/%s/resume)", ErrInvalidState, id, st, id))
 		return
@@ -124,4 +130,32 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	// server closes the body when the response starts and the upstream write fails.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
+}
+
+// proxyPendingWait bounds how long the server proxy holds a request for a Pending
+// sandbox (execd holds requests as long before answering 503 STARTING).
+const proxyPendingWait = 30 * time.Second
+
+// awaitStarted waits until sandbox id leaves Pending (or proxyPendingWait, or ctx) and
+// returns its state and address then.
+func (s *Server) awaitStarted(ctx context.Context, id string) (State, netip.Addr) {
+	deadline := time.Now().Add(proxyPendingWait)
+	for {
+		s.mu.Lock()
+		e, ok := s.sbx[id]
+		var st State = Terminated
+		var addr netip.Addr
+		if ok {
+			st, addr = e.rec.Status.State, e.rec.Address
+		}
+		s.mu.Unlock()
+		if st != Pending || time.Now().After(deadline) {
+			return st, addr
+		}
+		select {
+		case <-ctx.Done():
+			return st, addr
+		case <-time.After(pingInterval):
+		}
+	}
 }

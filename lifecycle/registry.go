@@ -65,7 +65,8 @@ func (rec *record) view(full bool) Sandbox {
 	return sb
 }
 
-// watchView is what the data plane learns of rec.
+// watchView is what the data plane learns of rec; s.mu is held (or rec is not shared
+// yet).
 func (s *Server) watchView(rec *record) watch.Sandbox {
 	w := watch.Sandbox{
 		ID:       rec.ID,
@@ -73,14 +74,14 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		Address:  rec.Address,
 		Address6: rec.Address6,
 		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
-		Policy:   append(json.RawMessage(nil), rec.Policy...),
 		// PolicyVersion only means something with a policy.
-		PolicyVersion:   rec.PolicyVersion,
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,
 		Access:          s.access(rec),
 		Pool:            rec.Pool,
 	}
+	doc, v := s.effectiveLocked(rec)
+	w.Policy, w.PolicyVersion = append(json.RawMessage(nil), doc...), v
 	if rec.ExpiresAt != nil {
 		t := *rec.ExpiresAt
 		w.ExpiresAt = &t
@@ -163,6 +164,15 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			v.spec.Env[k] = val
 		}
 	}
+	policyName := req.Extensions[ExtPolicy]
+	if policyName == "" && len(v.policy) == 0 {
+		policyName = s.cfg.DefaultPolicy
+	}
+	if policyName != "" {
+		if _, err := s.named(policyName, false); err != nil {
+			return Sandbox{}, err
+		}
+	}
 	asked := v.spec.Image
 	if local, ok := s.cfg.ImageAliases[asked]; ok {
 		v.spec.Image = local
@@ -191,13 +201,14 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		Extensions:      cloneMap(req.Extensions),
 		CreatedAt:       now,
 		Policy:          v.policy,
+		PolicyName:      policyName,
 		RenewOnAccess:   v.renewOnAccess,
 		CredentialProxy: v.credentialProxy,
 	}
 	if rec.Metadata == nil {
 		rec.Metadata = map[string]string{}
 	}
-	if len(v.policy) > 0 {
+	if len(v.policy) > 0 || policyName != "" {
 		rec.PolicyVersion = 1
 	}
 	if v.timeout > 0 {
@@ -511,7 +522,8 @@ func (s *Server) Policy(id string) (json.RawMessage, uint64, error) {
 	if !ok {
 		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	return append(json.RawMessage(nil), e.rec.Policy...), e.rec.PolicyVersion, nil
+	doc, v := s.effectiveLocked(e.rec)
+	return append(json.RawMessage(nil), doc...), v, nil
 }
 
 // SetPolicy replaces the sandbox's egress policy document (validated by the caller:
@@ -524,29 +536,44 @@ func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
 // UpdatePolicy replaces the sandbox's policy with fn(current document, current version)
 // atomically: no other change can land between the read and the write (concurrent
 // PATCHes never lose rules). fn returning an error changes nothing; returning the
-// current document unchanged keeps the version. It returns the resulting version.
+// current document unchanged keeps the version. It returns the resulting (effective)
+// version. For a sandbox under a named policy fn gets and returns its additions.
 func (s *Server) UpdatePolicy(id string, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error) {
+	return s.updatePolicy(id, false, fn)
+}
+
+// updatePolicy is UpdatePolicy; replace detaches a sandbox from its named policy: the
+// result of fn becomes its whole policy.
+func (s *Server) updatePolicy(id string, replace bool, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.sbx[id]
 	if !ok {
 		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	doc, err := fn(append(json.RawMessage(nil), e.rec.Policy...))
+	rec := e.rec
+	doc, err := fn(append(json.RawMessage(nil), rec.Policy...))
 	if err != nil {
 		return 0, err
 	}
-	if string(doc) == string(e.rec.Policy) {
-		return e.rec.PolicyVersion, nil
+	_, effV := s.effectiveLocked(rec)
+	detach := replace && rec.PolicyName != ""
+	if string(doc) == string(rec.Policy) && !detach {
+		return effV, nil
 	}
-	old, oldV := e.rec.Policy, e.rec.PolicyVersion
-	e.rec.Policy = append(json.RawMessage(nil), doc...)
-	e.rec.PolicyVersion++
-	if err := s.commitLocked(e.rec); err != nil {
-		e.rec.Policy, e.rec.PolicyVersion = old, oldV
+	old, oldV, oldName := rec.Policy, rec.PolicyVersion, rec.PolicyName
+	rec.Policy = append(json.RawMessage(nil), doc...)
+	if detach {
+		rec.PolicyName, rec.PolicyVersion = "", effV+1
+	} else {
+		rec.PolicyVersion++
+	}
+	if err := s.commitLocked(rec); err != nil {
+		rec.Policy, rec.PolicyVersion, rec.PolicyName = old, oldV, oldName
 		return 0, err
 	}
-	return e.rec.PolicyVersion, nil
+	_, v := s.effectiveLocked(rec)
+	return v, nil
 }
 
 // RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with

@@ -63,6 +63,12 @@ type Config struct {
 	Endpoint EndpointFunc
 	// Limits bounds create requests.
 	Limits Limits
+	// Library holds the operator's named policies (GET /v1/policies; sandboxes name one
+	// with the create extension ExtPolicy or PUT /v1/sandboxes/{id}/policy?name=); nil
+	// means none. DefaultPolicy, when set, names the library policy of sandboxes created
+	// with neither a networkPolicy nor a name (it must be in the library at create).
+	Library       PolicyLibrary
+	DefaultPolicy string
 	// Pools are the warm pools (see PoolSpec); none by default.
 	Pools []PoolSpec
 	// ImageAliases maps an image reference a client asks for to the local image that

@@ -12,11 +12,14 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/airlockdev/airlock/policies/library"
 )
 
 var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketMeta      = []byte("meta")
+	bucketLibrary   = []byte("policy-library")
 	keyInstance     = []byte("instance")
 )
 
@@ -40,7 +43,7 @@ func OpenStore(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketMeta} {
+		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -112,6 +115,10 @@ type record struct {
 	Address         netip.Addr `json:"address,omitzero"`
 	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
+	// PolicyName names the library policy the sandbox runs under; then Policy holds only
+	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
+	// semantics) and PolicyVersion counts their changes.
+	PolicyName string `json:"policyName,omitempty"`
 	// Pool names the warm pool of a member not yet claimed (PoolSpec.Name): such a
 	// record is not a sandbox of the API. Empty for every claimed or cold sandbox.
 	Pool string `json:"pool,omitempty"`
@@ -193,4 +200,32 @@ func (s *Store) Count() (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// LibraryVersions returns the last applied version of every named policy (the policy
+// library's library.Store).
+func (s *Store) LibraryVersions() (map[string]library.Stored, error) {
+	out := map[string]library.Stored{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLibrary).ForEach(func(k, v []byte) error {
+			var st library.Stored
+			if err := json.Unmarshal(v, &st); err != nil {
+				return fmt.Errorf("store: named policy %q: %w", k, err)
+			}
+			out[string(k)] = st
+			return nil
+		})
+	})
+	return out, err
+}
+
+// PutLibraryVersion records the applied version of named policy name.
+func (s *Store) PutLibraryVersion(name string, st library.Stored) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLibrary).Put([]byte(name), b)
+	})
 }

@@ -11,6 +11,9 @@ import (
 // (GET and PUT /v1/sandboxes/{id}/policy, lifecycle/README.md).
 type PolicyInfo struct {
 	SandboxID string `json:"sandboxId"`
+	// Name is the library policy the sandbox runs under (Policy is then that policy
+	// with the sandbox's additions first); empty for a policy of its own.
+	Name string `json:"name,omitempty"`
 	// Version increases with every change.
 	Version uint64 `json:"version"`
 	// Policy is the document in Airlock's JSON form; null when the sandbox has none
@@ -37,6 +40,60 @@ func (c *Client) Policy(ctx context.Context, id string) (*PolicyInfo, error) {
 func (c *Client) SetPolicy(ctx context.Context, id string, doc json.RawMessage) (*PolicyInfo, error) {
 	var p PolicyInfo
 	if err := c.do(ctx, http.MethodPut, "/sandboxes/"+url.PathEscape(id)+"/policy", doc, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// SetNamedPolicy puts the sandbox under the library policy name (its own document or
+// additions are dropped); later edits of that policy's file reach it at once.
+func (c *Client) SetNamedPolicy(ctx context.Context, id, name string) (*PolicyInfo, error) {
+	var p PolicyInfo
+	u := "/sandboxes/" + url.PathEscape(id) + "/policy?name=" + url.QueryEscape(name)
+	if err := c.do(ctx, http.MethodPut, u, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// PatchPolicy merges rules into the sandbox's policy (OpenSandbox PATCH semantics: they
+// go first, replacing rules for the same targets); for a sandbox under a named policy
+// they are its additions. rules is a JSON array of {action, target}.
+func (c *Client) PatchPolicy(ctx context.Context, id string, rules json.RawMessage) (*PolicyInfo, error) {
+	var p PolicyInfo
+	if err := c.do(ctx, http.MethodPatch, "/sandboxes/"+url.PathEscape(id)+"/policy", rules, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// NamedPolicy is one policy of the server's library (GET /v1/policies).
+type NamedPolicy struct {
+	Name    string `json:"name"`
+	Version uint64 `json:"version"`
+	SHA256  string `json:"sha256"`
+	File    string `json:"file"`
+	Removed bool   `json:"removed,omitempty"`
+	// Sandboxes counts the sandboxes under it.
+	Sandboxes int `json:"sandboxes"`
+	// Policy (Airlock JSON form) and Source (the file) are set by NamedPolicy only.
+	Policy json.RawMessage `json:"policy,omitempty"`
+	Source string          `json:"source,omitempty"`
+}
+
+// NamedPolicies lists the server's library of named policies.
+func (c *Client) NamedPolicies(ctx context.Context) ([]NamedPolicy, error) {
+	var out []NamedPolicy
+	if err := c.do(ctx, http.MethodGet, "/policies", nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// NamedPolicy returns one policy of the library with its document and source.
+func (c *Client) NamedPolicy(ctx context.Context, name string) (*NamedPolicy, error) {
+	var p NamedPolicy
+	if err := c.do(ctx, http.MethodGet, "/policies/"+url.PathEscape(name), nil, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil

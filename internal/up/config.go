@@ -16,6 +16,7 @@ import (
 
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/internal/doctor"
+	"github.com/airlockdev/airlock/policies/library"
 	"github.com/airlockdev/airlock/sandboximage"
 )
 
@@ -91,6 +92,8 @@ type Config struct {
 	// Pools are warm pools: sandboxes created ahead, enforced deny-all and held, that a
 	// matching create claims in milliseconds (see lifecycle.PoolSpec). Default none.
 	Pools []PoolConfig `yaml:"pools"`
+	// Policies is the library of named policies.
+	Policies PoliciesConfig `yaml:"policies"`
 }
 
 // PoolConfig declares one warm pool. A create matches it when it asks for the same
@@ -242,6 +245,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Audit.Dir == "" {
 		c.Audit.Dir = filepath.Join(c.StateDir, "audit")
+	}
+	if c.Policies.Dir == "" {
+		c.Policies.Dir = library.DefaultDir
+	}
+	if c.Policies.Default != "" && !library.ValidName(c.Policies.Default) {
+		return fmt.Errorf("config: policies.default %q is not a policy name (the file name without .yaml)", c.Policies.Default)
 	}
 	aliases := maps.Clone(DefaultImageAliases)
 	for from, to := range c.Images.Aliases {

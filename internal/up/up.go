@@ -31,6 +31,7 @@ import (
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies/library"
 )
 
 // component is one part of the stack.
@@ -63,10 +64,16 @@ type Stack struct {
 	endpoints    atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
 	gatewayKey   string                              // see startLifecycle
 	stopEgressFn func()
-	egress       atomic.Pointer[egressd.Daemon] // for the ready gate (set once egressd runs)
-	http         *http.Server
-	components   []component
-	started      []component
+	// stopPoliciesFn stops the policy library's directory watch.
+	stopPoliciesFn func()
+	// lifecycleSrv is Lifecycle for the library's watch goroutine (set once started).
+	lifecycleSrv atomic.Pointer[lifecycle.Server]
+	// Library is the named policies (policies.dir).
+	Library    *library.Library
+	egress     atomic.Pointer[egressd.Daemon] // for the ready gate (set once egressd runs)
+	http       *http.Server
+	components []component
+	started    []component
 }
 
 // New checks cfg and lays out the components; it starts nothing.
@@ -81,6 +88,7 @@ func New(cfg Config, log *slog.Logger) (*Stack, error) {
 	s.components = []component{
 		{name: "store", start: s.startStore, stop: func(context.Context) error { return s.Store.Close() }},
 		{name: "audit", start: s.startAudit, stop: func(context.Context) error { return s.Audit.Close() }},
+		{name: "policies", start: s.startPolicies, stop: s.stopPolicies},
 		{name: "docker", start: s.startDocker, stop: func(context.Context) error { return s.Docker.Close() }},
 		{name: "lifecycle", start: s.startLifecycle, stop: func(context.Context) error { return s.Lifecycle.Close() }},
 		{name: "api", start: s.startAPI, stop: s.stopAPI},
@@ -245,6 +253,8 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		ReadyTimeout:    time.Duration(s.cfg.Lifecycle.ReadyTimeout),
 		ImageAliases:    s.cfg.Images.Aliases,
 		Pools:           s.poolSpecs(),
+		Library:         s.Library,
+		DefaultPolicy:   s.cfg.Policies.Default,
 		Endpoint:        s.endpoint,
 		Audit:           s.Audit,
 		AuditDir:        s.cfg.Audit.Dir,
@@ -259,6 +269,12 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		return err
 	}
 	s.Lifecycle = srv
+	s.lifecycleSrv.Store(srv)
+	if d := s.cfg.Policies.Default; d != "" {
+		if _, ok := s.Library.Get(d); !ok {
+			s.log.Warn("policies.default names no policy of the library: creates without a policy fail until it exists", "policy", d, "dir", s.cfg.Policies.Dir)
+		}
+	}
 	srv.Handle("GET /metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{}))
 	return srv.Start(ctx)
 }

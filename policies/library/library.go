@@ -292,7 +292,8 @@ func (l *Library) files() (map[string]string, error) {
 }
 
 // Run watches the directory and reloads after every burst of changes until ctx ends.
-// Without a directory it only waits for ctx.
+// Without a directory configured it only waits for ctx; a configured one that does not
+// exist yet is watched from when it appears.
 func (l *Library) Run(ctx context.Context) error {
 	if l.cfg.Dir == "" {
 		<-ctx.Done()
@@ -303,8 +304,17 @@ func (l *Library) Run(ctx context.Context) error {
 		return fmt.Errorf("policy library: %w", err)
 	}
 	defer w.Close()
-	if err := os.MkdirAll(l.cfg.Dir, 0o755); err != nil {
-		return fmt.Errorf("policy library: %w", err)
+	// A directory that does not exist yet is waited for (checked every second), not
+	// created: the library is empty until the operator makes it.
+	for {
+		if _, err := os.Stat(l.cfg.Dir); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 	if err := w.Add(l.cfg.Dir); err != nil {
 		return fmt.Errorf("policy library: watching %s: %w", l.cfg.Dir, err)
