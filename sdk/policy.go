@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
 )
 
 // PolicyInfo is a sandbox's stored egress policy as Airlock's policy API reports it
@@ -94,6 +98,44 @@ func (c *Client) NamedPolicies(ctx context.Context) ([]NamedPolicy, error) {
 func (c *Client) NamedPolicy(ctx context.Context, name string) (*NamedPolicy, error) {
 	var p NamedPolicy
 	if err := c.do(ctx, http.MethodGet, "/policies/"+url.PathEscape(name), nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// AuditQuery selects audit records of one sandbox (GET /v1/sandboxes/{id}/audit).
+type AuditQuery struct {
+	// Since and Until bound the record time (since ≤ time < until); zero: unbounded.
+	Since, Until time.Time
+	// After continues after a record seq; Limit caps one page (server default 1000).
+	After uint64
+	Limit int
+}
+
+// AuditPage is one page of audit records; More says a next page exists (ask again with
+// After = the last record's Seq).
+type AuditPage struct {
+	Records []audit.Record `json:"records"`
+	More    bool           `json:"more"`
+}
+
+// Audit returns one page of the sandbox's audit records.
+func (c *Client) Audit(ctx context.Context, id string, q AuditQuery) (*AuditPage, error) {
+	v := url.Values{}
+	if !q.Since.IsZero() {
+		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if !q.Until.IsZero() {
+		v.Set("until", q.Until.UTC().Format(time.RFC3339Nano))
+	}
+	if q.After > 0 {
+		v.Set("after", strconv.FormatUint(q.After, 10))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var p AuditPage
+	if err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id)+"/audit?"+v.Encode(), nil, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil

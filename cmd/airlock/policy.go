@@ -15,8 +15,9 @@ import (
 )
 
 func newPolicyCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "policy", Short: "Check egress policies and explain their decisions"}
+	cmd := &cobra.Command{Use: "policy", Short: "Check, compare, test and apply egress policies; the server's named policies"}
 	cmd.AddCommand(newPolicyValidateCmd(), newPolicyExplainCmd())
+	addPolicyServerCmds(cmd)
 	return cmd
 }
 

@@ -130,8 +130,11 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 				return err
 			}
 			var doc json.RawMessage
+			var ext map[string]string
 			if policyFile != "" {
-				if doc, err = loadPolicyFile(policyFile); err != nil {
+				if _, statErr := os.Stat(policyFile); statErr != nil && !strings.ContainsAny(policyFile, "/.") {
+					ext = map[string]string{"airlock.dev/policy": policyFile} // a named policy of the server
+				} else if doc, err = loadPolicyFile(policyFile); err != nil {
 					return err
 				}
 			}
@@ -139,7 +142,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 			sb, err := c.Create(ctx, sdk.CreateRequest{
 				Image: image, Entrypoint: args, Timeout: timeout, Env: envs, Metadata: md,
 				Resources:       map[string]string{"cpu": cpu, "memory": memory},
-				CredentialProxy: credProxy, NetworkPolicy: doc,
+				CredentialProxy: credProxy, NetworkPolicy: doc, Extensions: ext,
 			})
 			if err != nil {
 				return err
@@ -162,7 +165,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 	fl.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fl.StringArrayVarP(&metadata, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	fl.BoolVar(&noWait, "no-wait", false, "answer at once (state Pending)")
-	fl.StringVar(&policyFile, "policy", "", "egress policy file (YAML or JSON, Airlock or OpenSandbox networkPolicy form), checked here first")
+	fl.StringVar(&policyFile, "policy", "", "egress policy: a file (YAML or JSON, Airlock or OpenSandbox networkPolicy form, checked here first) or the name of a server's named policy (airlock policy list)")
 	fl.BoolVar(&credProxy, "credential-proxy", false, "enable the Credential Vault: egressd injects bound credentials into the sandbox's HTTP(S) (see sandbox vault)")
 	return cmd
 }
@@ -436,7 +439,11 @@ is enforced.`,
 			var doc any
 			_ = json.Unmarshal(p.Policy, &doc)
 			b, _ := json.MarshalIndent(doc, "", "  ")
-			fmt.Fprintf(cmd.OutOrStdout(), "%s policy version %d\n%s\n", p.SandboxID, p.Version, b)
+			named := ""
+			if p.Name != "" {
+				named = " (named policy " + p.Name + " with the sandbox's additions first)"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s policy version %d%s\n%s\n", p.SandboxID, p.Version, named, b)
 			return nil
 		},
 	}

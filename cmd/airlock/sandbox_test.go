@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/policies/library"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -135,5 +136,73 @@ func TestSandboxPolicyCLI(t *testing.T) {
 	}
 	if p := policy(); p.Version != 2 || !strings.Contains(string(p.Policy), "github.com") {
 		t.Errorf("an invalid file changed the policy: %+v %s", p, p.Policy)
+	}
+}
+
+// runPolicy executes `airlock policy args...` against h and returns stdout and the error.
+func runPolicy(t *testing.T, h *lctest.Harness, args ...string) (string, error) {
+	t.Helper()
+	cmd := newPolicyCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(append(args, "--server", h.HTTP.URL, "--api-key", cliKey))
+	err := cmd.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+// TestPolicyLibraryCLI: list and show the server's named policies, create a sandbox
+// under one by name, apply another by name and a file, diff a name with a file, and
+// replay the sandbox's (empty) log against a candidate.
+func TestPolicyLibraryCLI(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/web.yaml", []byte("defaultAction: deny\negress:\n  - action: allow\n    target: example.com\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir+"/pkgs.yaml", []byte("defaultAction: deny\negress:\n  - action: allow\n    target: pypi.org\n  - action: allow\n    target: Example.COM.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := library.Open(library.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lctest.New(t, lctest.Options{APIKey: cliKey, Library: lib, AuditDir: t.TempDir()})
+	out, err := runPolicy(t, h, "list")
+	if err != nil || !strings.Contains(out, "pkgs") || !strings.Contains(out, "web") {
+		t.Fatalf("policy list: %v\n%s", err, out)
+	}
+	if out, err := runPolicy(t, h, "show", "web"); err != nil || !strings.Contains(out, "target: example.com") {
+		t.Fatalf("policy show: %v\n%s", err, out)
+	}
+	var created []sdk.Sandbox
+	if err := json.Unmarshal([]byte(runSandbox(t, h, "create", "--json", "--no-wait", "--image", h.Image, "--policy", "web")), &created); err != nil {
+		t.Fatal(err)
+	}
+	id := created[0].ID
+	if out := runSandbox(t, h, "policy", id); !strings.Contains(out, "named policy web") {
+		t.Errorf("sandbox created with --policy web: %s", out)
+	}
+	if out, err := runPolicy(t, h, "apply", id, "pkgs"); err != nil || !strings.Contains(out, "named pkgs") {
+		t.Errorf("policy apply NAME: %v %s", err, out)
+	}
+	if out, err := runPolicy(t, h, "apply", id, "nope"); err == nil || !strings.Contains(err.Error(), "not in the library") {
+		t.Errorf("policy apply of an unknown name: %v %s", err, out)
+	}
+	own := dir + "/own.json"
+	if err := os.WriteFile(own, []byte(`{"defaultAction":"deny","egress":[{"action":"allow","target":"github.com"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runPolicy(t, h, "apply", id, own); err != nil || !strings.Contains(out, "policy its own") {
+		t.Errorf("policy apply FILE: %v %s", err, out)
+	}
+	out, err = runPolicy(t, h, "diff", "web", dir+"/pkgs.yaml")
+	if err != nil || !strings.Contains(out, "+ allow pypi.org") || !strings.Contains(out, "~ allow example.com (position 1 -> 2)") {
+		t.Errorf("policy diff: %v\n%s", err, out)
+	}
+	if out, _ := runPolicy(t, h, "diff", "web", "web"); strings.TrimSpace(out) != "identical" {
+		t.Errorf("diff of a policy with itself: %q", out)
+	}
+	if out, err := runPolicy(t, h, "test", "web", "--sandbox", id); err != nil || !strings.Contains(out, "would deny (allowed before): 0") {
+		t.Errorf("policy test: %v\n%s", err, out)
 	}
 }

@@ -126,6 +126,8 @@ type Options struct {
 	// served by other local images).
 	Pools        []lifecycle.PoolSpec
 	ImageAliases map[string]string
+	// Library is passed to lifecycle.Config (named policies).
+	Library lifecycle.PolicyLibrary
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -196,6 +198,7 @@ func New(t testing.TB, o Options) *Harness {
 		PolicyGate:      o.PolicyGate,
 		Pools:           o.Pools,
 		ImageAliases:    o.ImageAliases,
+		Library:         o.Library,
 	})
 	if err != nil {
 		t.Fatal(err)
