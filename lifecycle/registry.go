@@ -73,7 +73,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		State:    string(rec.Status.State),
 		Address:  rec.Address,
 		Address6: rec.Address6,
-		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid},
+		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid, HostInterface: rec.HostInterface},
 		// PolicyVersion only means something with a policy.
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,
@@ -239,6 +239,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
+	rec.HostInterface = inst.HostInterface
 
 	s.mu.Lock()
 	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")

@@ -73,6 +73,9 @@ type Instance struct {
 	Address6 netip.Addr
 	// Pid is the container's PID 1 on the host, 0 when not running.
 	Pid int
+	// HostInterface is the host side of the sandbox's veth when the runtime knows it
+	// (egressd otherwise finds it through Pid's network namespace).
+	HostInterface string
 	// Phase is the container's runtime state.
 	Phase Phase
 	// DeleteVolumes are named volumes the runtime created for this sandbox and removes

@@ -115,6 +115,7 @@ type record struct {
 	Address         netip.Addr `json:"address,omitzero"`
 	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
+	HostInterface   string     `json:"hostInterface,omitempty"`
 	// PolicyName names the library policy the sandbox runs under; then Policy holds only
 	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
 	// semantics) and PolicyVersion counts their changes.
