@@ -469,3 +469,26 @@ func TestStaleLayout(t *testing.T) {
 		t.Fatalf("markers after the reset %v, want %v", got, cur)
 	}
 }
+
+// TestUpdateMany: a batch update applies like Update (an established flow to a newly
+// denied destination is cut, the new rules decide) and reports an unknown sandbox per
+// element without failing the others.
+func TestUpdateMany(t *testing.T) {
+	e := newVerdictEnv(t, verdictPolicy)
+	flow := tcp("10.77.0.2", "198.18.1.5", 42000, 8080)
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActOK {
+		t.Fatalf("before update: %d", got)
+	}
+	p := verdictPolicy
+	p.Rules = p.Rules[:2]
+	errs := e.d.UpdateMany([]datapath.PolicyUpdate{{ID: "nosuch", Policy: p}, {ID: "verdict", Policy: p}})
+	if len(errs) != 2 || !errors.Is(errs[0], datapath.ErrUnknownSandbox) || errs[1] != nil {
+		t.Fatalf("errors %v", errs)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, flow); got != tcActShot {
+		t.Fatalf("established flow to a newly denied destination after the batch: %d", got)
+	}
+	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.1.5", 42010, 8080)); got != tcActShot {
+		t.Fatalf("new flow to a removed rule's destination: %d", got)
+	}
+}

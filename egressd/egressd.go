@@ -124,6 +124,8 @@ type Daemon struct {
 	mu      sync.RWMutex
 	byID    map[string]*sandbox
 	byAddr  map[netip.Addr]*sandbox
+	// batch queues policy changes applied together (batch.go).
+	batch *batcher
 
 	closeOnce sync.Once
 }
@@ -176,7 +178,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, watch: wc, resolver: resolver, fallback: fallback, metrics: m,
-		byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{},
+		byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, batch: newBatcher(),
 	}
 	d.dp = cfg.Datapath
 	if d.dp == nil {
@@ -272,6 +274,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.proxy.run(ctx) })
 	}
 	wg.Go(func() { d.retry(ctx) })
+	wg.Go(func() { d.runBatcher(ctx) })
 	wg.Go(func() { _ = d.watch.Run(ctx, handler{d}) })
 	var err error
 	select {

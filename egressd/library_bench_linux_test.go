@@ -83,8 +83,9 @@ func (f *fleetRuntime) List(context.Context) ([]lifecycle.Instance, error) {
 
 // TestBenchNamedPolicyPropagation measures, for 1000 sandboxes under one named policy,
 // the time from saving an edit of its file to every sandbox's datapath enforcing the new
-// version: fsnotify and the library's debounce (50 ms), lifecycle republishing, the
-// watch stream, egressd compiling and updating the real eBPF maps of each sandbox.
+// version: fsnotify and the library's debounce (20 ms), lifecycle republishing, the
+// watch stream, egressd batching (one compile per policy, one kernel grace period per
+// batch: batch.go) and updating the real eBPF maps of each sandbox.
 func TestBenchNamedPolicyPropagation(t *testing.T) {
 	testenv.NeedBench(t)
 	testenv.NeedBPF(t)

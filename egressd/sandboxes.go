@@ -56,7 +56,7 @@ const maxLearnedTracked = 4096
 // handler adapts the Daemon to watch.Handler.
 type handler struct{ d *Daemon }
 
-func (h handler) Upsert(s watch.Sandbox, _ uint64) { h.d.apply(s) }
+func (h handler) Upsert(s watch.Sandbox, _ uint64) { h.d.upsert(s) }
 func (h handler) Delete(id string, _ uint64)       { h.d.remove(id, "deleted") }
 
 // Replace applies a snapshot: every listed sandbox is applied; every sandbox egressd
@@ -67,6 +67,7 @@ func (h handler) Replace(all []watch.Sandbox, _ uint64) {
 	keep := map[string]bool{}
 	for _, s := range all {
 		keep[s.ID] = true
+		d.unqueue(s.ID)
 		d.apply(s)
 	}
 	d.mu.RLock()
@@ -207,7 +208,9 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 	if len(bytes.TrimSpace(doc)) == 0 || string(bytes.TrimSpace(doc)) == "null" {
 		doc = d.fallback
 	}
-	dec, err := policies.Load(s.ID, doc, opts)
+	// The source names the document in rule reasons; the record already names the
+	// sandbox, and sandboxes under one named policy share the compiled result.
+	dec, err := policies.Load("policy", doc, opts)
 	if err != nil {
 		d.log.Error("sandbox policy does not compile; denying all egress", "sandbox_id", s.ID, "error", err)
 		d.metrics.errors.WithLabelValues("policy").Inc()
@@ -277,6 +280,7 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 // remove detaches id (every hook, map entry, rule and set of it) and drops it from the
 // DNS directory. Unknown ids are ignored.
 func (d *Daemon) remove(id, why string) {
+	d.unqueue(id)
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
 	d.mu.Lock()

@@ -102,6 +102,19 @@ type Datapath interface {
 }
 
 // Backend names a datapath implementation.
+// PolicyUpdate is one sandbox's new policy, for BatchUpdater.
+type PolicyUpdate struct {
+	ID     string
+	Policy Policy
+}
+
+// BatchUpdater is a Datapath that can update many sandboxes at once faster than one by
+// one (the eBPF backend: one kernel grace period for all). UpdateMany is Update for each
+// element; errs[i] is the error of ups[i] (nil when applied).
+type BatchUpdater interface {
+	UpdateMany(ups []PolicyUpdate) (errs []error)
+}
+
 type Backend string
 
 const (

@@ -36,7 +36,7 @@ const DefaultDir = "/etc/airlock/policies"
 
 // DefaultDebounce is how long the library waits after the last change in the
 // directory before it reloads (editors write a file in several steps).
-const DefaultDebounce = 50 * time.Millisecond
+const DefaultDebounce = 20 * time.Millisecond
 
 // nameRe is what a policy name may be: a DNS label, so it fits in labels and URLs.
 var nameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
