@@ -171,8 +171,14 @@ func startStack(t *testing.T) (*up.Stack, string) {
 	resolver := dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{
 		"allowed.test.": netip.MustParseAddr("203.0.113.10"), "denied.test.": netip.MustParseAddr("203.0.113.20"),
 	}, 60))
+	// The policy library: one named policy, deny all but allowed.test.
+	lib := t.TempDir()
+	if err := os.WriteFile(filepath.Join(lib, "allowed-only.yaml"),
+		[]byte("defaultAction: deny\negress:\n  - action: allow\n    target: allowed.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	s, err := up.New(up.Config{
-		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
+		Listen: "127.0.0.1:0", StateDir: t.TempDir(), Policies: up.PoliciesConfig{Dir: lib},
 		Gateway: up.GatewayConfig{Listen: "127.0.0.1:0"},
 		Egress:  up.EgressConfig{Mode: "ebpf", PinRoot: pin, Upstreams: []string{resolver}},
 		Docker:  up.DockerConfig{Network: testNetwork, ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
@@ -193,7 +199,8 @@ func startStack(t *testing.T) (*up.Stack, string) {
 }
 
 // TestConsoleInBrowser drives the console of a real airlock up in headless Chromium:
-// wrong key, sign-in, create a sandbox with a deny-all-but-allowed.test policy, see it
+// wrong key, sign-in, create a sandbox under the named policy allowed-only (deny all
+// but allowed.test) from the library, see it
 // Running, its page with the live audit stream (a denied DNS query from inside it shows
 // within 2 s), explain, a signed URL opened in the browser, CSRF attempts refused with
 // nothing changed, the audit page (verification, charts, search, export), delete.
@@ -248,12 +255,11 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("invalid policy: the page says %q, want the API's INVALID_REQUEST message", m)
 	}
 
-	// Create with a literal policy: deny all but allowed.test.
-	const pol = `{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`
+	// Create under the named policy allowed-only (deny all but allowed.test).
 	do(t, ctx, "create a sandbox", 60*time.Second,
 		setVal("c-image", img),
-		setVal("c-policy", "__json__"),
-		setVal("c-netpol", pol),
+		waitJS(`[...document.getElementById('c-policy').options].some(o => o.value === 'name:allowed-only')`),
+		setVal("c-policy", "name:allowed-only"),
 		chromedp.Click(id("create-submit")),
 		waitJS(`(document.getElementById('create-msg').textContent || '').startsWith('Created ')`))
 	msg := get(t, ctx, "create message", chromedp.Text(id("create-msg")))
@@ -262,8 +268,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	row := fmt.Sprintf(`tr[data-id=%q]`, sbID)
 	do(t, ctx, "see it Running in the list", 90*time.Second,
 		waitJS(fmt.Sprintf(`document.querySelector('%s td.state')?.textContent === 'Running'`, row)))
-	if policy := get(t, ctx, "policy column", chromedp.Text(css(row+" td.policy"))); !strings.Contains(policy, "v1") {
-		t.Errorf("policy column %q, want a version", policy)
+	if policy := get(t, ctx, "policy column", chromedp.Text(css(row+" td.policy"))); !strings.Contains(policy, "allowed-only v") {
+		t.Errorf("policy column %q, want the named policy and its version", policy)
 	}
 	shot(t, ctx, "02-sandboxes")
 
