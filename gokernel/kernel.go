@@ -19,6 +19,8 @@ import (
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/airlockdev/airlock/execd/jupyter"
 )
 
 // Version is the kernel's implementation version (kernel_info_reply).
@@ -26,10 +28,10 @@ const Version = "0.1.0"
 
 // Kernel serves one connection file's sockets.
 type Kernel struct {
-	conn Connection
-	sign signer
-	log  *slog.Logger
-	in   *Interpreter
+	conn  jupyter.Connection
+	codec jupyter.Codec
+	log   *slog.Logger
+	in    *Interpreter
 
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -41,15 +43,15 @@ type Kernel struct {
 	pubMu   sync.Mutex
 
 	mu        sync.Mutex
-	parent    *message           // the request whose output is being written
+	parent    *jupyter.Message   // the request whose output is being written
 	interrupt context.CancelFunc // cancels the running cell
 	count     int
 }
 
 // New binds the sockets of conn. Close releases them.
-func New(conn Connection, log *slog.Logger) (*Kernel, error) {
+func New(conn jupyter.Connection, log *slog.Logger) (*Kernel, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &Kernel{conn: conn, sign: signer{key: []byte(conn.Key)}, log: log, ctx: ctx, cancel: cancel}
+	k := &Kernel{conn: conn, codec: jupyter.Codec{Key: []byte(conn.Key)}, log: log, ctx: ctx, cancel: cancel}
 	in, err := NewInterpreter(streamWriter{k, "stdout"}, streamWriter{k, "stderr"})
 	if err != nil {
 		cancel()
@@ -122,7 +124,7 @@ func (k *Kernel) serve(sock zmq4.Socket) {
 		if err != nil {
 			return
 		}
-		m, err := k.sign.decode(raw.Frames)
+		m, err := k.codec.Decode(raw.Frames)
 		if err != nil {
 			k.log.Warn("message dropped", "err", err)
 			continue
@@ -131,13 +133,13 @@ func (k *Kernel) serve(sock zmq4.Socket) {
 	}
 }
 
-func (k *Kernel) handle(sock zmq4.Socket, m message) {
+func (k *Kernel) handle(sock zmq4.Socket, m jupyter.Message) {
 	k.publish(&m, "status", map[string]string{"execution_state": "busy"})
 	defer k.publish(&m, "status", map[string]string{"execution_state": "idle"})
-	switch t := m.header.MsgType; t {
+	switch t := m.Header.MsgType; t {
 	case "kernel_info_request":
 		k.reply(sock, &m, "kernel_info_reply", map[string]any{
-			"status": "ok", "protocol_version": protocolVersion,
+			"status": "ok", "protocol_version": jupyter.ProtocolVersion,
 			"implementation": "airlock-gokernel", "implementation_version": Version,
 			"language_info": map[string]any{
 				"name": "go", "version": runtime.Version(), "mimetype": "text/x-go", "file_extension": ".go",
@@ -153,7 +155,7 @@ func (k *Kernel) handle(sock zmq4.Socket, m message) {
 		var c struct {
 			Restart bool `json:"restart"`
 		}
-		json.Unmarshal(m.content, &c)
+		json.Unmarshal(m.Content, &c)
 		k.reply(sock, &m, "shutdown_reply", map[string]any{"status": "ok", "restart": c.Restart})
 		k.cancel()
 	case "is_complete_request":
@@ -172,13 +174,13 @@ func (k *Kernel) handle(sock zmq4.Socket, m message) {
 	}
 }
 
-func (k *Kernel) execute(sock zmq4.Socket, m *message) {
+func (k *Kernel) execute(sock zmq4.Socket, m *jupyter.Message) {
 	var req struct {
 		Code         string `json:"code"`
 		Silent       bool   `json:"silent"`
 		StoreHistory *bool  `json:"store_history"`
 	}
-	if err := json.Unmarshal(m.content, &req); err != nil {
+	if err := json.Unmarshal(m.Content, &req); err != nil {
 		k.log.Warn("bad execute_request", "err", err)
 		return
 	}
@@ -212,8 +214,8 @@ func (k *Kernel) execute(sock zmq4.Socket, m *message) {
 		"user_expressions": map[string]any{}, "payload": []any{}})
 }
 
-func (k *Kernel) reply(sock zmq4.Socket, parent *message, msgType string, content any) {
-	frames, err := k.sign.encode(parent.ids, parent, msgType, content)
+func (k *Kernel) reply(sock zmq4.Socket, parent *jupyter.Message, msgType string, content any) {
+	frames, _, err := k.codec.Encode(parent.Identities, parent.Header.Session, "kernel", msgType, parent.RawHeader, content)
 	if err == nil {
 		err = sock.Send(zmq4.NewMsgFrom(frames...))
 	}
@@ -223,8 +225,13 @@ func (k *Kernel) reply(sock zmq4.Socket, parent *message, msgType string, conten
 }
 
 // publish sends an iopub message whose topic is its type.
-func (k *Kernel) publish(parent *message, msgType string, content any) {
-	frames, err := k.sign.encode([][]byte{[]byte(msgType)}, parent, msgType, content)
+func (k *Kernel) publish(parent *jupyter.Message, msgType string, content any) {
+	var session string
+	var raw []byte
+	if parent != nil {
+		session, raw = parent.Header.Session, parent.RawHeader
+	}
+	frames, _, err := k.codec.Encode([][]byte{[]byte(msgType)}, session, "kernel", msgType, raw, content)
 	if err != nil {
 		k.log.Warn("iopub message not built", "msg_type", msgType, "err", err)
 		return

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/airlockdev/airlock/execd/jupyter"
 	"github.com/airlockdev/airlock/gokernel"
 )
 
@@ -23,7 +24,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	conn, err := gokernel.ReadConnection(os.Args[1])
+	conn, err := jupyter.ReadConnection(os.Args[1])
 	if err != nil {
 		log.Error("connection file", "err", err)
 		os.Exit(1)

@@ -91,7 +91,7 @@ type Kernel struct {
 	spec     Spec
 	cmd      *exec.Cmd
 	connFile string
-	sign     signer
+	codec    Codec
 	session  string
 	log      *slog.Logger
 
@@ -108,8 +108,9 @@ type Kernel struct {
 	execMu  sync.Mutex              // one execute_request at a time
 }
 
-// connection is the connection file's content.
-type connection struct {
+// Connection is a connection file's content
+// (https://jupyter-client.readthedocs.io/en/stable/kernels.html#connection-files).
+type Connection struct {
 	ShellPort       int    `json:"shell_port"`
 	IOPubPort       int    `json:"iopub_port"`
 	StdinPort       int    `json:"stdin_port"`
@@ -161,7 +162,7 @@ func Start(ctx context.Context, cfg Config) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jupyter: ports: %w", err)
 	}
-	conn := connection{
+	conn := Connection{
 		ShellPort: ports[0], IOPubPort: ports[1], StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4],
 		IP: "127.0.0.1", Key: newID(), Transport: "tcp", SignatureScheme: "hmac-sha256", KernelName: cfg.Spec.Name,
 	}
@@ -194,7 +195,7 @@ func Start(ctx context.Context, cfg Config) (*Kernel, error) {
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	k := &Kernel{
-		spec: cfg.Spec, cmd: cmd, connFile: connFile, sign: signer{key: []byte(conn.Key)},
+		spec: cfg.Spec, cmd: cmd, connFile: connFile, codec: Codec{Key: []byte(conn.Key)},
 		session: newID(), log: cfg.Logger, ctx: kctx, cancel: cancel,
 		dead: make(chan struct{}), waiters: map[string]chan Message{},
 	}
@@ -210,7 +211,7 @@ func Start(ctx context.Context, cfg Config) (*Kernel, error) {
 	return k, nil
 }
 
-func (k *Kernel) connect(ctx context.Context, c connection, timeout time.Duration) error {
+func (k *Kernel) connect(ctx context.Context, c Connection, timeout time.Duration) error {
 	opts := []zmq4.Option{zmq4.WithDialerRetry(100 * time.Millisecond), zmq4.WithDialerMaxRetries(int(timeout / (100 * time.Millisecond)))}
 	ep := func(port int) string { return "tcp://" + net.JoinHostPort(c.IP, strconv.Itoa(port)) }
 	k.shell = zmq4.NewDealer(k.ctx, opts...)
@@ -273,7 +274,7 @@ func (k *Kernel) readLoop(sock zmq4.Socket) {
 		if err != nil {
 			return // socket closed with the kernel
 		}
-		m, err := k.sign.decode(raw.Frames)
+		m, err := k.codec.Decode(raw.Frames)
 		if err != nil {
 			k.log.Warn("jupyter message dropped", "kernel", k.spec.Name, "err", err)
 			continue
@@ -294,7 +295,7 @@ func (k *Kernel) readLoop(sock zmq4.Socket) {
 
 // request sends a message on sock and registers a channel for the messages it causes.
 func (k *Kernel) request(sock zmq4.Socket, msgType string, content any) (Header, chan Message, error) {
-	frames, h, err := k.sign.encode(k.session, msgType, content)
+	frames, h, err := k.codec.Encode(nil, k.session, "execd", msgType, nil, content)
 	if err != nil {
 		return h, nil, err
 	}
@@ -405,4 +406,24 @@ func (k *Kernel) Close() error {
 	}
 	os.Remove(k.connFile)
 	return nil
+}
+
+// ReadConnection reads and checks a connection file (the kernel side): tcp transport
+// and hmac-sha256 (or no key) are supported.
+func ReadConnection(path string) (Connection, error) {
+	var c Connection
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("jupyter: connection file %s: %w", path, err)
+	}
+	if c.Transport != "tcp" {
+		return c, fmt.Errorf("jupyter: transport %q not supported (tcp only)", c.Transport)
+	}
+	if c.Key != "" && c.SignatureScheme != "hmac-sha256" {
+		return c, fmt.Errorf("jupyter: signature scheme %q not supported (hmac-sha256 only)", c.SignatureScheme)
+	}
+	return c, nil
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // protocolVersion is the messaging protocol version execd speaks.
-const protocolVersion = "5.3"
+const ProtocolVersion = "5.3"
 
 // delimiter separates routing identities from the message frames.
 var delimiter = []byte("<IDS|MSG>")
@@ -36,20 +36,27 @@ type Header struct {
 
 // Message is one Jupyter message. Content stays raw; callers decode it by MsgType.
 type Message struct {
+	// Identities are the routing frames before the delimiter (a kernel's ROUTER socket
+	// answers to them); RawHeader is Header as received, the parent header of a reply.
+	Identities   [][]byte
 	Header       Header
+	RawHeader    []byte
 	ParentHeader Header
 	Metadata     map[string]any
 	Content      json.RawMessage
 }
 
-// signer signs and checks messages with the connection file's key (hmac-sha256).
-type signer struct{ key []byte }
+// Codec signs, encodes and decodes the wire frames of the Jupyter messaging protocol
+// with a connection file's key (hmac-sha256; no key: unsigned). Both ends use it:
+// execd's client of a kernel and Airlock's own Go kernel (package gokernel).
+type Codec struct{ Key []byte }
 
-func (s signer) sign(parts ...[]byte) []byte {
-	if len(s.key) == 0 {
-		return nil
+// Sign returns the hex HMAC of parts (empty without a key).
+func (c Codec) Sign(parts ...[]byte) []byte {
+	if len(c.Key) == 0 {
+		return []byte{}
 	}
-	mac := hmac.New(sha256.New, s.key)
+	mac := hmac.New(sha256.New, c.Key)
 	for _, p := range parts {
 		mac.Write(p)
 	}
@@ -59,12 +66,13 @@ func (s signer) sign(parts ...[]byte) []byte {
 	return out
 }
 
-// encode returns the wire frames of a message: <IDS|MSG>, signature, header, parent
-// header, metadata, content.
-func (s signer) encode(session, msgType string, content any) ([][]byte, Header, error) {
+// Encode returns the wire frames of a message from username in session: ids, <IDS|MSG>,
+// signature, header, parent header (parent: a received RawHeader; nil: none),
+// metadata, content.
+func (c Codec) Encode(ids [][]byte, session, username, msgType string, parent []byte, content any) ([][]byte, Header, error) {
 	h := Header{
-		MsgID: newID(), Session: session, Username: "execd", MsgType: msgType,
-		Date: time.Now().UTC().Format(time.RFC3339Nano), Version: protocolVersion,
+		MsgID: newID(), Session: session, Username: username, MsgType: msgType,
+		Date: time.Now().UTC().Format(time.RFC3339Nano), Version: ProtocolVersion,
 	}
 	hb, err := json.Marshal(h)
 	if err != nil {
@@ -74,13 +82,17 @@ func (s signer) encode(session, msgType string, content any) ([][]byte, Header, 
 	if err != nil {
 		return nil, h, err
 	}
-	parent, meta := []byte("{}"), []byte("{}")
-	return [][]byte{delimiter, s.sign(hb, parent, meta, cb), hb, parent, meta, cb}, h, nil
+	if parent == nil {
+		parent = []byte("{}")
+	}
+	meta := []byte("{}")
+	out := append([][]byte{}, ids...)
+	return append(out, delimiter, c.Sign(hb, parent, meta, cb), hb, parent, meta, cb), h, nil
 }
 
-// decode parses wire frames (identities first, as a SUB or DEALER socket hands them
-// over) and checks the signature.
-func (s signer) decode(frames [][]byte) (Message, error) {
+// Decode parses wire frames (identities first, as a ROUTER, SUB or DEALER socket hands
+// them over) and checks the signature (ErrSignature).
+func (c Codec) Decode(frames [][]byte) (Message, error) {
 	i := 0
 	for i < len(frames) && string(frames[i]) != string(delimiter) {
 		i++
@@ -89,10 +101,10 @@ func (s signer) decode(frames [][]byte) (Message, error) {
 		return Message{}, fmt.Errorf("jupyter: short message (%d frames)", len(frames))
 	}
 	f := frames[i+1:]
-	if len(s.key) > 0 && !hmac.Equal(f[0], s.sign(f[1], f[2], f[3], f[4])) {
+	if len(c.Key) > 0 && !hmac.Equal(f[0], c.Sign(f[1], f[2], f[3], f[4])) {
 		return Message{}, ErrSignature
 	}
-	var m Message
+	m := Message{Identities: frames[:i], RawHeader: f[1]}
 	if err := json.Unmarshal(f[1], &m.Header); err != nil {
 		return Message{}, fmt.Errorf("jupyter: header: %w", err)
 	}
