@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/dnstest"
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -61,32 +59,14 @@ func TestStackPolicyLibrary(t *testing.T) {
 	}
 	write("team.yaml", allow("a.test"))
 	write("fallback.yaml", allow("d.test"))
-	cfg := Config{
-		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
-		Gateway:  GatewayConfig{Disabled: true},
-		Egress:   EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{resolver}},
-		Docker:   DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
-		Policies: PoliciesConfig{Dir: dir, Default: "fallback"},
-	}
-	s, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		lctest.RemoveAll(t, s.Docker)
-		if err := s.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
+	s, c := startTestStack(t, func(cfg *Config) {
+		cfg.Gateway = GatewayConfig{Disabled: true}
+		cfg.Egress.Upstreams = []string{resolver}
+		cfg.Policies = PoliciesConfig{Dir: dir, Default: "fallback"}
+	})
+	auditDir := s.cfg.Audit.Dir
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: s.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	start := func(req sdk.CreateRequest) (*sdk.Sandbox, *sdk.Execd) {
 		t.Helper()
 		req.Image, req.Timeout = img, 10*time.Minute
@@ -127,7 +107,7 @@ func TestStackPolicyLibrary(t *testing.T) {
 	auditHas := func(name string, ok func(audit.Record) bool) audit.Record {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			recs, _, err := audit.Query(cfg.StateDir+"/audit", audit.Filter{})
+			recs, _, err := audit.Query(auditDir, audit.Filter{})
 			if err != nil {
 				t.Fatal(err)
 			}

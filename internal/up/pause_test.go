@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -20,31 +19,9 @@ import (
 // on access); after resume the same policy is in force and access renews again.
 func TestStackPause(t *testing.T) {
 	img := testenv.NeedSandboxImage(t)
-	cfg := Config{
-		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
-		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)}},
-		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		lctest.RemoveAll(t, s.Docker)
-		if err := s.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
+	s, c := startTestStack(t, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: s.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pol := json.RawMessage(`{"defaultAction":"deny","egress":[{"action":"allow","target":"allowed.test"}]}`)
 	sb, err := c.Create(ctx, sdk.CreateRequest{Image: img, NetworkPolicy: pol, Timeout: 10 * time.Minute,
 		Extensions: map[string]string{"access.renew.extend.seconds": "3600"}})

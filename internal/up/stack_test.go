@@ -308,3 +308,38 @@ func testPinRoot(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(p) })
 	return p
 }
+
+// startTestStack starts the whole stack for a test: gateway and eBPF egress on a pin
+// root of its own, the fake resolver upstream (unless mut changes it), the test
+// network; mut adjusts the configuration first. It returns the running stack and a
+// client of its API; everything is stopped and removed at the end of the test.
+func startTestStack(t *testing.T, mut func(*Config)) (*Stack, *sdk.Client) {
+	t.Helper()
+	cfg := Config{
+		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
+		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
+		Egress:  EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)}},
+		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	s, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lctest.RemoveAll(t, s.Docker)
+		if err := s.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	c, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: s.APIKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
