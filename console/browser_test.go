@@ -307,7 +307,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Logf("the denied query was in the live stream %s after the command returned", d.Round(time.Millisecond))
 	}
 	// Filters (server side): allow-only drops it, deny + host brings it back.
-	do(t, ctx, "filter the stream", 15*time.Second,
+	do(t, ctx, "filter the stream", 30*time.Second,
 		setVal("f-action", "allow"),
 		chromedp.Click(css(`#stream-filter button[type="submit"]`)),
 		waitJS(`document.getElementById('stream-status').dataset.live === '1'`),
@@ -315,6 +315,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		setVal("f-action", "deny"),
 		setVal("f-host", "denied"),
 		chromedp.Click(css(`#stream-filter button[type="submit"]`)),
+		waitJS(`document.getElementById('stream-status').dataset.live === '1'`),
 		waitJS(`document.querySelectorAll('#stream tbody tr[data-action="deny"]').length > 0`))
 
 	// Explain against the sandbox's policy.

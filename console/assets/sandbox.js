@@ -195,6 +195,7 @@ function connect() {
   const params = new URLSearchParams({ action: q('f-action').value, source: q('f-source').value, host: q('f-host').value.trim() });
   for (const [k, v] of [...params]) if (!v) params.delete(k);
   status.textContent = 'connecting…';
+  delete status.dataset.live;
   es = new EventSource(`/console/api/sandboxes/${encodeURIComponent(id)}/events?${params}`);
   es.addEventListener('ready', () => { status.textContent = 'live'; status.dataset.live = '1'; });
   es.addEventListener('record', (ev) => {
