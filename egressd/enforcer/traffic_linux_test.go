@@ -235,6 +235,31 @@ func TestTraffic(t *testing.T) {
 				}
 				mustNotReach(t, tp, dt.Internet6, 80)
 			})
+			t.Run("update_many_applies_and_cuts", func(t *testing.T) {
+				bu, ok := e.dp.(datapath.BatchUpdater)
+				if !ok {
+					t.Fatalf("the %s datapath does not update in batches", e.dp.Backend())
+				}
+				c, err := tp.Sandbox.Dial("tcp", netip.AddrPortFrom(dt.Static4, 8080).String(), long)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				p := basePolicy()
+				p.Rules = p.Rules[1:]
+				errs := bu.UpdateMany([]datapath.PolicyUpdate{{ID: "nosuch", Policy: p}, {ID: id, Policy: p}})
+				if len(errs) != 2 || !errors.Is(errs[0], datapath.ErrUnknownSandbox) || errs[1] != nil {
+					t.Fatalf("UpdateMany errors %v", errs)
+				}
+				if err := dt.RoundTrip(c, short); err == nil {
+					t.Fatal("established flow to a newly denied destination still passes after the batch")
+				}
+				mustNotReach(t, tp, dt.Static4, 80)
+				if errs := bu.UpdateMany([]datapath.PolicyUpdate{{ID: id, Policy: basePolicy()}}); errs[0] != nil {
+					t.Fatal(errs[0])
+				}
+				mustReach(t, tp, dt.Static4, 8080)
+			})
 			t.Run("detach_leaves_nothing", func(t *testing.T) {
 				if err := e.dp.Detach(id); err != nil {
 					t.Fatal(err)

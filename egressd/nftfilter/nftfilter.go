@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
@@ -94,7 +96,9 @@ type sandbox struct {
 func New(cfg Config) (*Filter, error) {
 	cfg.defaults()
 	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
-	opts := []nftables.ConnOption{nftables.AsLasting()}
+	// A large socket send buffer lets UpdateMany send one transaction for many chains
+	// (the default, about 200 KiB, holds the rules of a few sandboxes only).
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(bigSendBuffer)}
 	if cfg.NetNS != "" {
 		fd, err := os.Open(cfg.NetNS)
 		if err != nil {
@@ -335,14 +339,75 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
-	chain := &nftables.Chain{Name: chainName(id), Table: f.table}
-	f.conn.FlushChain(chain)
-	f.addRules(chain, id, s.ifname, p)
+	f.refill(s, p)
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("update %s: %w", id, err)
 	}
 	s.policy, s.known = p, true
 	return f.cutFlows(s, netip.Addr{})
+}
+
+// refill queues the flush and refill of s's chain for p (sent by the next Flush).
+func (f *Filter) refill(s *sandbox, p datapath.Policy) {
+	chain := &nftables.Chain{Name: chainName(s.id), Table: f.table}
+	f.conn.FlushChain(chain)
+	f.addRules(chain, s.id, s.ifname, p)
+}
+
+// UpdateMany implements datapath.BatchUpdater: every chain is flushed and refilled in
+// one netlink transaction, which the kernel validates once (one by one, each update
+// validates the whole table). When the transaction fails nothing of it applied, and
+// the updates are retried one by one so that each gets its own error.
+func (f *Filter) UpdateMany(ups []datapath.PolicyUpdate) []error {
+	errs := make([]error, len(ups))
+	type item struct {
+		i int
+		s *sandbox
+		p datapath.Policy
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var items []item
+	seen := map[string]bool{}
+	for i := len(ups) - 1; i >= 0; i-- { // the last update of a sandbox wins
+		u := ups[i]
+		if seen[u.ID] {
+			continue
+		}
+		seen[u.ID] = true
+		p, err := datapath.ValidatePolicy(u.Policy)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		s, ok := f.sbx[u.ID]
+		if !ok {
+			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)
+			continue
+		}
+		f.refill(s, p)
+		items = append(items, item{i, s, p})
+	}
+	if len(items) == 0 {
+		return errs
+	}
+	if err := f.conn.Flush(); err != nil {
+		for _, it := range items {
+			f.refill(it.s, it.p)
+			if err := f.conn.Flush(); err != nil {
+				errs[it.i] = fmt.Errorf("update %s: %w", it.s.id, err)
+				continue
+			}
+			it.s.policy, it.s.known = it.p, true
+			errs[it.i] = f.cutFlows(it.s, netip.Addr{})
+		}
+		return errs
+	}
+	for _, it := range items {
+		it.s.policy, it.s.known = it.p, true
+		errs[it.i] = f.cutFlows(it.s, netip.Addr{})
+	}
+	return errs
 }
 
 // Learn implements datapath.Datapath: set-element adds in one netlink transaction, to
@@ -723,3 +788,20 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 }
 
 var _ datapath.Datapath = (*Filter)(nil)
+
+// sendBufferBytes is the netlink socket's send buffer (SO_SNDBUFFORCE: egressd has
+// CAP_NET_ADMIN); a failure leaves the default and UpdateMany falls back to one
+// transaction per sandbox.
+const sendBufferBytes = 64 << 20
+
+func bigSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBufferBytes)
+		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sendBufferBytes/4)
+	})
+	return nil
+}
