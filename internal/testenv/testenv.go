@@ -85,12 +85,17 @@ func SandboxImage() string {
 // exists locally (`make image` builds it). It returns the image reference.
 func NeedSandboxImage(t testing.TB) string {
 	t.Helper()
+	return needImage(t, "sandbox", SandboxImage())
+}
+
+// needImage skips (or fails) unless Docker runs and img exists locally.
+func needImage(t testing.TB, what, img string) string {
+	t.Helper()
 	NeedDocker(t)
-	img := SandboxImage()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := exec.CommandContext(ctx, "docker", "image", "inspect", img).Run(); err != nil {
-		SkipOrFail(t, fmt.Sprintf("sandbox image %s is missing (run `make image`)", img))
+		SkipOrFail(t, fmt.Sprintf("%s image %s is missing (run `make image`)", what, img))
 	}
 	return img
 }
@@ -108,14 +113,7 @@ func CodeInterpreterImage() string {
 // image exists locally (`make image` builds it). It returns the image reference.
 func NeedCodeInterpreterImage(t testing.TB) string {
 	t.Helper()
-	NeedDocker(t)
-	img := CodeInterpreterImage()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := exec.CommandContext(ctx, "docker", "image", "inspect", img).Run(); err != nil {
-		SkipOrFail(t, fmt.Sprintf("code-interpreter image %s is missing (run `make image`)", img))
-	}
-	return img
+	return needImage(t, "code-interpreter", CodeInterpreterImage())
 }
 
 // NeedBPF skips (or fails) unless the test runs as root with the BPF filesystem mounted.
