@@ -312,18 +312,9 @@ func (d *Datapath) UpdateMany(ups []datapath.PolicyUpdate) []error {
 	defer d.mu.Unlock()
 	var bs []built
 	same := map[string]built{}
-	seen := map[string]bool{}
-	for i := len(ups) - 1; i >= 0; i-- { // the last update of a sandbox wins
-		u := ups[i]
-		if seen[u.ID] {
-			continue
-		}
-		seen[u.ID] = true
-		p, err := datapath.ValidatePolicy(u.Policy)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
+	for _, u := range datapath.LatestUpdates(ups, errs) {
+		i, p := u.Index, u.Policy
+		var err error
 		s, ok := d.byID[u.ID]
 		if !ok {
 			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)

@@ -108,6 +108,35 @@ type PolicyUpdate struct {
 	Policy Policy
 }
 
+// LatestUpdates is the part of a batch a backend applies: the last update of each
+// sandbox (earlier ones are superseded), its policy validated. errs[i] receives the
+// validation error of ups[i]; superseded and invalid updates are not returned.
+func LatestUpdates(ups []PolicyUpdate, errs []error) []IndexedUpdate {
+	var out []IndexedUpdate
+	seen := map[string]bool{}
+	for i := len(ups) - 1; i >= 0; i-- {
+		u := ups[i]
+		if seen[u.ID] {
+			continue
+		}
+		seen[u.ID] = true
+		p, err := ValidatePolicy(u.Policy)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		out = append(out, IndexedUpdate{Index: i, ID: u.ID, Policy: p})
+	}
+	return out
+}
+
+// IndexedUpdate is one validated update of a batch and its index in the batch.
+type IndexedUpdate struct {
+	Index  int
+	ID     string
+	Policy Policy
+}
+
 // BatchUpdater is a Datapath that can update many sandboxes at once faster than one by
 // one (the eBPF backend: one kernel grace period for all). UpdateMany is Update for each
 // element; errs[i] is the error of ups[i] (nil when applied).

@@ -368,18 +368,8 @@ func (f *Filter) UpdateMany(ups []datapath.PolicyUpdate) []error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var items []item
-	seen := map[string]bool{}
-	for i := len(ups) - 1; i >= 0; i-- { // the last update of a sandbox wins
-		u := ups[i]
-		if seen[u.ID] {
-			continue
-		}
-		seen[u.ID] = true
-		p, err := datapath.ValidatePolicy(u.Policy)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
+	for _, u := range datapath.LatestUpdates(ups, errs) {
+		i, p := u.Index, u.Policy
 		s, ok := f.sbx[u.ID]
 		if !ok {
 			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)
