@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/sdk"
@@ -25,24 +24,10 @@ import (
 func accessStack(t *testing.T, defaultAccess string, noAuth bool) *Stack {
 	t.Helper()
 	testenv.NeedSandboxImage(t)
-	cfg := Config{
-		Listen: "127.0.0.1:0", StateDir: t.TempDir(), NoAuth: noAuth,
-		Gateway: GatewayConfig{Listen: "127.0.0.1:0", DefaultAccess: defaultAccess},
-		Egress:  EgressConfig{Disabled: true},
-		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		lctest.RemoveAll(t, s.Docker)
-		if err := s.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
+	s, _ := startTestStack(t, func(cfg *Config) {
+		cfg.NoAuth = noAuth
+		cfg.Gateway.DefaultAccess = defaultAccess
+		cfg.Egress = EgressConfig{Disabled: true}
 	})
 	return s
 }

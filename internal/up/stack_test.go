@@ -310,19 +310,27 @@ func testPinRoot(t *testing.T) string {
 }
 
 // startTestStack starts the whole stack for a test: gateway and eBPF egress on a pin
-// root of its own, the fake resolver upstream (unless mut changes it), the test
-// network; mut adjusts the configuration first. It returns the running stack and a
+// root of its own, the fake resolver upstream (unless mut changes them or turns egress
+// off), the test network; mut adjusts the configuration first. It returns the running stack and a
 // client of its API; everything is stopped and removed at the end of the test.
 func startTestStack(t *testing.T, mut func(*Config)) (*Stack, *sdk.Client) {
 	t.Helper()
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)}},
+		Egress:  EgressConfig{Mode: "ebpf"},
 		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	if mut != nil {
 		mut(&cfg)
+	}
+	if !cfg.Egress.Disabled {
+		if cfg.Egress.PinRoot == "" {
+			cfg.Egress.PinRoot = testPinRoot(t)
+		}
+		if cfg.Egress.Upstreams == nil {
+			cfg.Egress.Upstreams = []string{fakeResolver(t)}
+		}
 	}
 	s, err := New(cfg, nil)
 	if err != nil {
