@@ -11,7 +11,7 @@ import (
 // context with a deadline. The lifecycle server is the only caller and never calls two
 // mutating methods on the same sandbox at once.
 type Runtime interface {
-	// Kind names the runtime for the watch API ("docker").
+	// Kind names the runtime for the watch API ("docker" or "kubernetes").
 	Kind() string
 	// Create makes the sandbox's container with execd as PID 1 wrapping Spec.Entrypoint,
 	// starts it and returns where it runs. On error nothing is left behind. Errors wrap
@@ -21,6 +21,7 @@ type Runtime interface {
 	// created for the sandbox that ask to be deleted. A missing container is not an error.
 	Remove(ctx context.Context, inst Instance) error
 	// Pause freezes every process of the sandbox (cgroup freezer); Resume thaws them.
+	// A runtime without a pause mechanism returns an error wrapping ErrNotImplemented.
 	Pause(ctx context.Context, containerID string) error
 	Resume(ctx context.Context, containerID string) error
 	// Inspect returns the container's current view; ErrInstanceGone when it is missing.
@@ -60,6 +61,25 @@ type Spec struct {
 	// sandbox's egress is enforced (Config.ReadyGate), so no process of the user runs
 	// unfiltered. The Server sets it on every create.
 	Hold bool
+	// Egress is what the sandbox's compiled policy allows, for runtimes that add a
+	// second network layer (Kubernetes: a NetworkPolicy per sandbox). egressd stays the
+	// enforcement of record.
+	Egress Egress
+}
+
+// Egress summarises a compiled policy for a coarse second layer: the CIDR prefixes it
+// allows, and whether it allows anything by name (FQDN rules, which only egressd can
+// enforce: the second layer then admits every public address) or allows by default.
+type Egress struct {
+	CIDRs    []netip.Prefix
+	ByName   bool
+	AllowAll bool
+}
+
+// EgressUpdater is implemented by runtimes whose second layer follows policy changes
+// (Kubernetes); lifecycle calls it after every change of a sandbox's effective policy.
+type EgressUpdater interface {
+	UpdateEgress(ctx context.Context, inst Instance, eg Egress) error
 }
 
 // Instance is a sandbox's container as the runtime sees it.
@@ -78,6 +98,9 @@ type Instance struct {
 	HostInterface string
 	// Phase is the container's runtime state.
 	Phase Phase
+	// Node is the node that runs the sandbox (Kubernetes: the pod's spec.nodeName);
+	// empty on a single host.
+	Node string
 	// DeleteVolumes are named volumes the runtime created for this sandbox and removes
 	// with it.
 	DeleteVolumes []string
