@@ -15,6 +15,7 @@ type metrics struct {
 	poolClaims    *prometheus.CounterVec
 	poolMisses    *prometheus.CounterVec
 	poolReplenish *prometheus.HistogramVec
+	leader        prometheus.Gauge
 }
 
 // poolsCollector reports airlock_lifecycle_pool_members{pool,state} at scrape time.
@@ -89,12 +90,16 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Help:    "Time to create one warm pool member until it is enforced and answers, by pool.",
 			Buckets: []float64{.25, .5, 1, 2, 5, 10, 30, 120},
 		}, []string{"pool"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this replica leads (runs expiry, resync and reconcile); always 1 on a single host.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.poolClaims, m.poolMisses, m.poolReplenish,
 			poolsCollector{s: s, desc: prometheus.NewDesc(ns+"_"+sub+"_pool_members",
 				"Warm pool members, by pool and state (ready: claimable; warming: being created or checked).", []string{"pool", "state"}, nil)})
-		reg.MustRegister(m.creates, m.createSeconds, m.transitions, m.reaped, m.orphans,
+		reg.MustRegister(m.creates, m.createSeconds, m.transitions, m.reaped, m.orphans, m.leader,
 			sandboxesCollector{s: s, desc: prometheus.NewDesc(ns+"_"+sub+"_sandboxes",
 				"Sandboxes known to the lifecycle server, by state.", []string{"state"}, nil)})
 	}

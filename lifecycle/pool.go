@@ -208,7 +208,7 @@ func (s *Server) releaseWith(addr interface{ String() string }, rel execd.Releas
 // background.
 func (s *Server) dropMember(rec *record) {
 	s.mu.Lock()
-	err := s.store.remove(rec.ID)
+	err := s.store.DeleteSandbox(rec.ID)
 	s.mu.Unlock()
 	if err != nil {
 		s.log.Error("forgetting a warm pool member failed", "sandbox_id", rec.ID, "err", err)

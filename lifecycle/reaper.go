@@ -16,6 +16,10 @@ import (
 // pingInterval is how often a new sandbox's execd is asked /ping until it answers.
 const pingInterval = 5 * time.Millisecond
 
+// addressInterval is how often the runtime is asked for the address of a sandbox that
+// has none yet (a pod being scheduled).
+const addressInterval = 100 * time.Millisecond
+
 // awaitReadyAsync moves a new sandbox from Pending to Running: once the ready gate
 // (egress enforced) reports true, it polls execd /ping at addr (the container's
 // address on the Airlock network, never a published port), then releases execd's
@@ -24,15 +28,22 @@ const pingInterval = 5 * time.Millisecond
 // after enforcement, so its replies are a recorded inbound flow, never a denial.
 func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 	s.wg.Go(func() {
-		base := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
 		deadline := time.Now().Add(s.cfg.ReadyTimeout)
 		gated := s.cfg.ReadyGate == nil
 		var releaseErr error
+		base := ""
 		for {
-			if !gated {
+			if !addr.IsValid() {
+				// A pod has its address only once it runs (Kubernetes): ask the runtime.
+				addr = s.discoverAddress(id)
+			}
+			if addr.IsValid() && base == "" {
+				base = "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
+			}
+			if base != "" && !gated {
 				gated = s.cfg.ReadyGate(id)
 			}
-			if gated && s.pingOnce(base+"/ping") {
+			if base != "" && gated && s.pingOnce(base+"/ping") {
 				if releaseErr = s.release(base + execd.ReleasePath); releaseErr == nil {
 					s.markReady(id, Running, "ready", "execd answers")
 					return
@@ -41,6 +52,8 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 			if time.Now().After(deadline) {
 				msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
 				switch {
+				case base == "":
+					msg = "the sandbox got no address within " + s.cfg.ReadyTimeout.String()
 				case !gated:
 					msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
 				case releaseErr != nil:
@@ -49,10 +62,14 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				s.markReady(id, Failed, "ready_timeout", msg)
 				return
 			}
+			wait := pingInterval
+			if base == "" {
+				wait = addressInterval
+			}
 			select {
 			case <-s.ctx.Done():
 				return
-			case <-time.After(pingInterval):
+			case <-time.After(wait):
 			}
 			s.mu.Lock()
 			e, ok := s.sbx[id]
@@ -63,6 +80,41 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 			}
 		}
 	})
+}
+
+// discoverAddress asks the runtime where sandbox id runs; once it has an address it is
+// recorded and published (the data plane needs it before the ready gate can open).
+// Invalid while the runtime has none yet.
+func (s *Server) discoverAddress(id string) netip.Addr {
+	s.mu.Lock()
+	e, ok := s.sbx[id]
+	cid := ""
+	if ok {
+		cid = e.rec.ContainerID
+	}
+	s.mu.Unlock()
+	if !ok {
+		return netip.Addr{}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
+	in, err := s.rt.Inspect(ctx, cid)
+	if err != nil || !in.Address.IsValid() || in.Phase != PhaseRunning {
+		return netip.Addr{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok = s.sbx[id]; ok {
+		r := e.rec
+		r.Address, r.Address6, r.Pid, r.Node = in.Address, in.Address6, in.Pid, in.Node
+		if in.HostInterface != "" {
+			r.HostInterface = in.HostInterface
+		}
+		if err := s.commitLocked(r); err != nil {
+			s.log.Error("persisting sandbox address failed", "sandbox_id", id, "err", err)
+		}
+	}
+	return in.Address
 }
 
 // release ends execd's hold. An execd that does not know the path (404: an image's
@@ -118,7 +170,7 @@ func (s *Server) markReady(id string, state State, reason, msg string) {
 // the store does not know (a create interrupted by a crash), and finishes deletions
 // interrupted by a crash. Expiry needs no re-arming: the reaper reads it from records.
 func (s *Server) reconcile(ctx context.Context) error {
-	recs, err := s.store.all()
+	recs, err := allRecords(s.store)
 	if err != nil {
 		return err
 	}
@@ -150,8 +202,13 @@ func (s *Server) reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		e := &entry{rec: rec}
-		s.sbx[rec.ID] = e
+		if e, ok := s.sbx[rec.ID]; ok {
+			// A replica that starts leading already follows every sandbox: its memory is
+			// newer than the document it just read.
+			rec = e.rec
+		} else {
+			s.sbx[rec.ID] = &entry{rec: rec}
+		}
 		// Every record leaves this loop persisted when it changed (commitLocked or
 		// setStatusLocked below, or the put of a Terminated one).
 		migrated := migrateAccess(rec)
@@ -176,7 +233,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 		case st == Stopping:
 			stopping = append(stopping, rec.ID)
 		}
-		rec.Address, rec.Address6, rec.Pid = in.Address, in.Address6, in.Pid
+		rec.Address, rec.Address6, rec.Pid, rec.Node = in.Address, in.Address6, in.Pid, in.Node
 		switch in.Phase {
 		case PhaseRunning:
 			switch st {
@@ -203,8 +260,12 @@ func (s *Server) reconcile(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.adoptMembers(members, memberInsts)
-	for _, in := range byCID {
-		s.removeOrphan(ctx, in)
+	if _, shared := s.store.(SharedStore); !shared {
+		// With replicas, a container the store does not know yet may be another
+		// replica's create in flight: only a single server removes orphans.
+		for _, in := range byCID {
+			s.removeOrphan(ctx, in)
+		}
 	}
 	for _, id := range stopping {
 		s.wg.Go(func() {
@@ -229,7 +290,7 @@ func (s *Server) removeOrphan(ctx context.Context, in Instance) {
 // reapLoop deletes expired sandboxes every ReapInterval, compares the registry with
 // the runtime every ResyncInterval, and forgets vanished sandboxes after
 // TerminatedRetention.
-func (s *Server) reapLoop() {
+func (s *Server) reapLoop(ctx context.Context) {
 	reap := time.NewTicker(s.cfg.ReapInterval)
 	defer reap.Stop()
 	resync := time.NewTicker(s.cfg.ResyncInterval)
@@ -241,7 +302,7 @@ func (s *Server) reapLoop() {
 	)
 	for {
 		select {
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-resync.C:
 			s.resync()

@@ -70,6 +70,7 @@ func (rec *record) view(full bool) Sandbox {
 func (s *Server) watchView(rec *record) watch.Sandbox {
 	w := watch.Sandbox{
 		ID:       rec.ID,
+		Node:     rec.Node,
 		State:    string(rec.Status.State),
 		Address:  rec.Address,
 		Address6: rec.Address6,
@@ -91,7 +92,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 
 // commitLocked persists rec and publishes it to the watch; s.mu is held.
 func (s *Server) commitLocked(rec *record) error {
-	if err := s.store.put(rec); err != nil {
+	if err := putRecord(s.store, rec); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	s.hub.Put(s.watchView(rec))
@@ -239,7 +240,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
-	rec.HostInterface = inst.HostInterface
+	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
 
 	s.mu.Lock()
 	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")
@@ -352,7 +353,7 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 	}
 	s.mu.Lock()
 	delete(s.sbx, id)
-	err = s.store.remove(id)
+	err = s.store.DeleteSandbox(id)
 	s.mu.Unlock()
 	s.hub.Delete(id)
 	s.forgetVault(id)

@@ -36,7 +36,7 @@ const DefaultExecdPort = 44772
 // Config configures a Server. Runtime and Store are required.
 type Config struct {
 	Runtime Runtime
-	Store   *Store
+	Store   StateStore
 	// APIKey is the OPEN-SANDBOX-API-KEY every request must carry (except GET /health
 	// and server proxy requests carrying the sandbox's access token); empty means no
 	// authentication (New logs a warning), except that execd and the egress API behind
@@ -147,7 +147,7 @@ type Server struct {
 	cfg      Config
 	log      *slog.Logger
 	rt       Runtime
-	store    *Store
+	store    StateStore
 	hub      *watch.Hub
 	instance string
 	mux      *http.ServeMux
@@ -180,6 +180,9 @@ type entry struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Runtime == nil || cfg.Store == nil {
 		return nil, errors.New("lifecycle: Runtime and Store are required")
+	}
+	if _, shared := cfg.Store.(SharedStore); shared && len(cfg.Pools) > 0 {
+		return nil, errors.New("lifecycle: warm pools need a single server (a bbolt store); this store is shared by replicas")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -257,15 +260,42 @@ func (s *Server) Hub() *watch.Hub { return s.hub }
 // Start reconciles the registry with the runtime (adopting this server's containers,
 // marking vanished ones Terminated, removing orphans) and starts the reaper. It returns
 // once the registry is usable.
+//
+// With a SharedStore (several replicas), Start loads every replica's sandboxes and
+// follows their changes; reconcile and the reaper run only while this replica leads.
 func (s *Server) Start(ctx context.Context) error {
+	if shared, ok := s.store.(SharedStore); ok {
+		if err := shared.Follow(s.ctx, s.applyRemote); err != nil {
+			return fmt.Errorf("lifecycle: following the shared store: %w", err)
+		}
+		if err := s.load(); err != nil {
+			return fmt.Errorf("lifecycle: %w", err)
+		}
+		s.wg.Go(func() { shared.Lead(s.ctx, s.lead) })
+		return nil
+	}
 	if err := s.reconcile(ctx); err != nil {
 		return fmt.Errorf("lifecycle: reconcile: %w", err)
 	}
-	s.wg.Go(s.reapLoop)
+	s.metrics.leader.Set(1)
+	s.wg.Go(func() { s.reapLoop(s.ctx) })
 	for _, p := range s.pools {
 		s.wg.Go(func() { s.poolLoop(p) })
 	}
 	return nil
+}
+
+// lead runs while this replica leads: it reconciles the registry with the runtime,
+// then reaps and resyncs until ctx ends (leadership lost).
+func (s *Server) lead(ctx context.Context) {
+	s.metrics.leader.Set(1)
+	defer s.metrics.leader.Set(0)
+	s.log.Info("leading: this replica runs expiry, resync and reconcile")
+	if err := s.reconcile(ctx); err != nil {
+		s.log.Error("reconcile failed", "err", err)
+	}
+	s.reapLoop(ctx)
+	s.log.Info("no longer leading")
 }
 
 // Close stops the background loops and waits for them; it does not touch sandboxes.

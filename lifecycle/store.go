@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -22,6 +23,36 @@ var (
 	bucketLibrary   = []byte("policy-library")
 	keyInstance     = []byte("instance")
 )
+
+// StateStore persists the registry: one JSON document per sandbox (its record), the
+// instance id that marks this server's containers or pods, and the policy library's
+// versions. Store (bbolt) serves a single host; lifecycle/kubestore a cluster, where it
+// is also a SharedStore. Every write is durable when it returns.
+type StateStore interface {
+	InstanceID() (string, error)
+	// PutSandbox writes the document of sandbox id, replacing any previous one.
+	PutSandbox(id string, doc []byte) error
+	// DeleteSandbox removes it; a missing one is not an error.
+	DeleteSandbox(id string) error
+	// Sandboxes returns every document by sandbox id.
+	Sandboxes() (map[string][]byte, error)
+	library.Store
+}
+
+// SharedStore is a StateStore that several lifecycle replicas use at once
+// (Kubernetes). Each replica keeps its registry in memory and follows the others'
+// writes; the loops that drive the runtime on their own (expiry, resync, orphans) run
+// in the one replica that leads.
+type SharedStore interface {
+	StateStore
+	// Follow calls apply, one call at a time, for every sandbox document another
+	// replica writes (doc nil: deleted) until ctx ends. It returns once the store's
+	// cache is in sync, so Sandboxes afterwards sees every replica's writes so far.
+	Follow(ctx context.Context, apply func(id string, doc []byte)) error
+	// Lead calls lead each time this replica gains the leadership (a Lease) and
+	// cancels lead's context when it loses it; it returns when ctx ends.
+	Lead(ctx context.Context, lead func(ctx context.Context))
+}
 
 // Store is the lifecycle server's embedded database (bbolt): one JSON record per
 // sandbox for what container labels cannot hold (mutable metadata, expiry, policy,
@@ -116,6 +147,8 @@ type record struct {
 	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
 	HostInterface   string     `json:"hostInterface,omitempty"`
+	// Node is the node that runs the sandbox (Kubernetes); empty on a single host.
+	Node string `json:"node,omitempty"`
 	// PolicyName names the library policy the sandbox runs under; then Policy holds only
 	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
 	// semantics) and PolicyVersion counts their changes.
@@ -159,38 +192,69 @@ func cloneMap(m map[string]string) map[string]string {
 	return c
 }
 
-// put writes rec.
-func (s *Store) put(rec *record) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
+// PutSandbox writes the document of sandbox id.
+func (s *Store) PutSandbox(id string, doc []byte) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).Put([]byte(rec.ID), b)
+		return tx.Bucket(bucketSandboxes).Put([]byte(id), doc)
 	})
 }
 
-// remove deletes the record of id; a missing record is not an error.
-func (s *Store) remove(id string) error {
+// DeleteSandbox deletes the document of id; a missing one is not an error.
+func (s *Store) DeleteSandbox(id string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
 	})
 }
 
-// all returns every record. A record that does not decode is reported, not skipped.
-func (s *Store) all() ([]*record, error) {
-	var out []*record
+// Sandboxes returns every sandbox document by id.
+func (s *Store) Sandboxes() (map[string][]byte, error) {
+	out := map[string][]byte{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
-			var r record
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("store: record %q: %w", k, err)
-			}
-			out = append(out, &r)
+			out[string(k)] = append([]byte(nil), v...)
 			return nil
 		})
 	})
 	return out, err
+}
+
+// putRecord writes rec to st.
+func putRecord(st StateStore, rec *record) error {
+	b, err := encodeRecord(rec)
+	if err != nil {
+		return err
+	}
+	return st.PutSandbox(rec.ID, b)
+}
+
+// encodeRecord is the document of rec that a StateStore keeps.
+func encodeRecord(rec *record) ([]byte, error) { return json.Marshal(rec) }
+
+// decodeRecord decodes one sandbox document.
+func decodeRecord(id string, doc []byte) (*record, error) {
+	var r record
+	if err := json.Unmarshal(doc, &r); err != nil {
+		return nil, fmt.Errorf("store: record %q: %w", id, err)
+	}
+	return &r, nil
+}
+
+// allRecords returns every record of st, in no order. A record that does not decode is
+// reported, not skipped.
+func allRecords(st StateStore) ([]*record, error) {
+	docs, err := st.Sandboxes()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*record, 0, len(docs))
+	for id, doc := range docs {
+		r, err := decodeRecord(id, doc)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // Count returns how many sandbox records the store holds.
