@@ -89,6 +89,11 @@ type Store struct {
 	own map[string]uint64
 	// tokens caches each sandbox's access token (the Secrets are immutable).
 	tokens map[string]string
+	// inflight counts this replica's writes under way per sandbox; an informer event
+	// waits for them (signalled on written), so that an echo of a write is known as
+	// one.
+	inflight map[string]int
+	written  *sync.Cond
 
 	sbxInformer    cache.SharedIndexInformer
 	secretInformer cache.SharedIndexInformer
@@ -124,15 +129,18 @@ func New(cfg Config) (*Store, error) {
 		host, _ := os.Hostname()
 		cfg.Identity = host + "-" + randomHex(4)
 	}
-	return &Store{
-		cfg:    cfg,
-		log:    cfg.Log,
-		sbx:    cfg.Dynamic.Resource(SandboxGVR).Namespace(cfg.Namespace),
-		pols:   cfg.Dynamic.Resource(PolicyGVR).Namespace(cfg.Namespace),
-		rv:     map[string]string{},
-		own:    map[string]uint64{},
-		tokens: map[string]string{},
-	}, nil
+	s := &Store{
+		cfg:      cfg,
+		log:      cfg.Log,
+		sbx:      cfg.Dynamic.Resource(SandboxGVR).Namespace(cfg.Namespace),
+		pols:     cfg.Dynamic.Resource(PolicyGVR).Namespace(cfg.Namespace),
+		rv:       map[string]string{},
+		own:      map[string]uint64{},
+		tokens:   map[string]string{},
+		inflight: map[string]int{},
+	}
+	s.written = sync.NewCond(&s.mu)
+	return s, nil
 }
 
 func randomHex(n int) string {
@@ -193,7 +201,16 @@ func (s *Store) PutSandbox(id string, doc []byte) error {
 	}
 	s.mu.Lock()
 	rv := s.rv[id]
+	s.inflight[id]++
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.inflight[id]--; s.inflight[id] <= 0 {
+			delete(s.inflight, id)
+		}
+		s.written.Broadcast()
+		s.mu.Unlock()
+	}()
 	var out *unstructured.Unstructured
 	for attempt := 0; ; attempt++ {
 		if rv == "" {
@@ -416,6 +433,9 @@ func (s *Store) deliver(o *unstructured.Unstructured, apply func(string, []byte)
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	s.mu.Lock()
+	for s.inflight[id] > 0 {
+		s.written.Wait()
+	}
 	if rv != 0 && rv <= s.own[id] {
 		s.mu.Unlock()
 		return
