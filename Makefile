@@ -7,7 +7,7 @@ VERSION ?= 0.1.0
 LDFLAGS := -s -w -X github.com/airlockdev/airlock/internal/buildinfo.Version=$(VERSION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build prepare doctor image up test unit integration sdk-test bench generate check-generate check-tidy fmt vet clean help
+.PHONY: all build prepare doctor image up test unit integration sdk-test bench generate check-generate check-tidy fmt vet clean help kube-testenv
 
 all: build
 
@@ -37,7 +37,10 @@ vet:
 	@echo "==> go vet"
 	$(GO) vet ./...
 
-test: prepare build image vet check-tidy check-generate ## everything: vet, go.mod tidy, unit, integration, SDK tests
+kube-testenv: ## build the pinned kube-apiserver and etcd the Kubernetes tests run (cached by version; cold ~12 min)
+	@deploy/kubernetes/testenv/build.sh >/dev/null
+
+test: prepare build image kube-testenv vet check-tidy check-generate ## everything: vet, go.mod tidy, unit, integration, SDK tests
 	@echo "==> go test (unit and integration against real sandboxes)"
 	$(GO) test -count=1 -timeout 40m ./...
 	@echo "==> go test -race (concurrent route table, route parsing, watch stream)"
@@ -60,14 +63,20 @@ check-tidy: ## fail when go.mod or go.sum is not tidy
 	@echo "==> checking go.mod is tidy"
 	@$(GO) mod tidy -diff || { echo "go.mod is not tidy: run go mod tidy and commit" >&2; exit 1; }
 
-generate: ## regenerate eBPF objects and bindings (needs clang)
+CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
+
+generate: ## regenerate eBPF objects and bindings (needs clang) and the CRDs
 	$(GO) generate ./ebpf/...
+	$(CONTROLLER_GEN) crd paths=./lifecycle/kubestore/v1alpha1/... output:crd:dir=./deploy/kubernetes/base/crds
 
 check-generate: ## fail when committed generated files are stale
 	@if [ -d ebpf ]; then \
 	  echo "==> checking generated eBPF files are current"; \
 	  $(GO) generate ./ebpf/... && git diff --exit-code -- ebpf/ || { echo "generated eBPF files are stale: run make generate and commit" >&2; exit 1; }; \
 	fi
+	@echo "==> checking generated CRDs are current"
+	@$(CONTROLLER_GEN) crd paths=./lifecycle/kubestore/v1alpha1/... output:crd:dir=./deploy/kubernetes/base/crds && \
+	  git diff --exit-code -- deploy/kubernetes/base/crds/ || { echo "generated CRDs are stale: run make generate and commit" >&2; exit 1; }
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
