@@ -117,10 +117,12 @@ func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur 
 	return nil
 }
 
-// awaitPolicy waits until Config.PolicyGate confirms that version v of a Running
+// awaitPolicy hands the runtime's second layer the new egress (EgressUpdater), then
+// waits until Config.PolicyGate confirms that version v of a Running
 // sandbox's policy is enforced, at most PolicyApplyTimeout; a change that is not
 // confirmed in time is logged (it stays stored and the data plane applies it late).
 func (s *Server) awaitPolicy(ctx context.Context, id string, v uint64) {
+	s.updateEgress(ctx, id)
 	if s.cfg.PolicyGate == nil {
 		return
 	}

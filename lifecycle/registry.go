@@ -219,6 +219,10 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	secure := req.SecureAccess
 	rec.AccessToken, rec.SecureAccess = newAccessToken(), &secure
 
+	s.mu.Lock()
+	v.spec.Egress = s.egressOfLocked(rec)
+	s.mu.Unlock()
+
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer cancel()
 	if p := s.poolFor(v); p != nil {

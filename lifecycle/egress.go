@@ -1,0 +1,79 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/airlockdev/airlock/policies"
+)
+
+// egressSummary reduces an effective policy document to what a coarse second layer
+// can enforce (Egress): a policy in report mode or with an allow default allows all;
+// an allow of "*" allows all; an allow of a name or wildcard allows by name; an allow
+// of an address or CIDR adds that prefix. A document that does not parse allows
+// nothing (fail closed).
+func egressSummary(id string, doc json.RawMessage) Egress {
+	if len(doc) == 0 || string(doc) == "null" {
+		return Egress{AllowAll: true} // no policy: egress is not restricted
+	}
+	p, err := policies.Parse(id, doc)
+	if err != nil {
+		return Egress{}
+	}
+	if p.EffectiveMode() == policies.Report || p.DefaultAction == policies.Allow {
+		return Egress{AllowAll: true}
+	}
+	var eg Egress
+	for _, r := range p.Egress {
+		if r.Action != policies.Allow {
+			continue
+		}
+		t, err := policies.ParseTarget(r.Target)
+		if err != nil {
+			continue
+		}
+		switch t.Kind {
+		case policies.KindAll:
+			return Egress{AllowAll: true}
+		case policies.KindPrefix:
+			eg.CIDRs = append(eg.CIDRs, t.Prefix)
+		default:
+			eg.ByName = true
+		}
+	}
+	return eg
+}
+
+// egressOfLocked is rec's egress summary; s.mu is held.
+func (s *Server) egressOfLocked(rec *record) Egress {
+	doc, _ := s.effectiveLocked(rec)
+	return egressSummary(rec.ID, doc)
+}
+
+// updateEgress hands the runtime's second layer (EgressUpdater) the sandbox's new
+// egress summary after a policy change; a failure is logged (egressd stays the
+// enforcement of record).
+func (s *Server) updateEgress(ctx context.Context, id string) {
+	up, ok := s.rt.(EgressUpdater)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	e, found := s.sbx[id]
+	var inst Instance
+	var eg Egress
+	if found {
+		inst = Instance{SandboxID: id, ContainerID: e.rec.ContainerID, Address: e.rec.Address, Node: e.rec.Node}
+		eg = s.egressOfLocked(e.rec)
+	}
+	s.mu.Unlock()
+	if !found {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := up.UpdateEgress(ctx, inst, eg); err != nil {
+		s.log.Error("updating the sandbox's second network layer failed", "sandbox_id", id, "err", err)
+	}
+}
