@@ -45,6 +45,7 @@ func main() {
 		"start held: the API answers only GET /ping (others get 503 STARTING) and --exec's command does not start "+
 			"until POST "+execd.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
+	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -60,6 +61,13 @@ func main() {
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
 	if *version {
 		fmt.Println("execd", buildinfo.Version)
+		return
+	}
+	if *install != "" {
+		if err := installSelf(*install); err != nil {
+			fmt.Fprintln(os.Stderr, "execd:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	var level slog.Level
@@ -161,4 +169,28 @@ func envInt(key string, def int) int {
 		return n
 	}
 	return def
+}
+
+// installSelf copies the running executable to dst (mode 0755), through a temporary
+// file renamed into place.
+func installSelf(dst string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	bin, err := os.ReadFile(self)
+	if err != nil {
+		return fmt.Errorf("install: reading %s: %w", self, err)
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, bin, 0o755); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	return nil
 }
