@@ -26,7 +26,7 @@ func main() {
 	}
 	root.AddCommand(
 		newImageCmd(),
-		newGatewayCmd(), newEgressdCmd(),
+		newGatewayCmd(), newEgressdCmd(), newLifecycleCmd(),
 		newUpCmd(), newSandboxCmd(),
 		newPolicyCmd(),
 		newAuditCmd(),
