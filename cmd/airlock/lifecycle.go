@@ -129,7 +129,7 @@ client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 	f.StringVar(&c.DefaultPolicy, "default-policy", "", "named policy of sandboxes created without one")
 	f.StringVar(&c.Identity, "identity", "", "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", 15*time.Second, "how long a stopped leader's Lease blocks a takeover")
-	f.DurationVar(&c.MaxTimeout, "max-timeout", 0, "longest sandbox timeout a create may ask for (default lifecycle's)")
+	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", 0, "longest sandbox timeout a create may ask for (default lifecycle's)")
 	f.DurationVar(&c.ReadyTimeout, "ready-timeout", 0, "how long a pod may take to run and answer execd /ping (default 120s)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&noAuth, "no-auth", false, "serve without an API key (a test cluster only)")

@@ -65,9 +65,10 @@ type Config struct {
 	Identity      string
 	LeaseDuration time.Duration
 	// Limits, timeouts and loop intervals (lifecycle.Config's meanings; zero: defaults).
-	MaxTimeout, ReadyTimeout, ReapInterval, ResyncInterval time.Duration
-	Registry                                               *prometheus.Registry
-	Log                                                    *slog.Logger
+	Limits                                     lifecycle.Limits
+	ReadyTimeout, ReapInterval, ResyncInterval time.Duration
+	Registry                                   *prometheus.Registry
+	Log                                        *slog.Logger
 }
 
 // ControlPlane is one running replica.
@@ -170,7 +171,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey,
 		DefaultAccess: cfg.DefaultAccess, Endpoint: endpoints,
-		Limits:  lifecycle.Limits{MaxTimeout: cfg.MaxTimeout},
+		Limits:  cfg.Limits,
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,
 		ReadyTimeout: cfg.ReadyTimeout, ReapInterval: cfg.ReapInterval, ResyncInterval: cfg.ResyncInterval,
 		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
