@@ -53,11 +53,21 @@ type Config struct {
 	// closes it.
 	Datapath datapath.Datapath
 	// DNSListen is the DNS filter's UDP and TCP address, normally the Airlock bridge's
-	// gateway address, port 53 ("172.30.0.1:53").
+	// gateway address, port 53 ("172.30.0.1:53"). Default with LocalDNS: LocalDNS
+	// port 53.
 	DNSListen string
 	// Resolver is the address sandboxes send DNS to (the only port-53 destination the
-	// datapath lets through); default DNSListen's host.
+	// datapath lets through); default LocalDNS, else DNSListen's host.
 	Resolver netip.Addr
+	// LocalDNS, when valid, is the node-local DNS address of a Kubernetes node (usually
+	// DefaultLocalDNS, 169.254.20.10), the nameserver of the pods' dnsConfig. New makes
+	// it a local address on the dummy interface DNSInterface (EnsureDNSAddress: created
+	// when missing, never removed) before the DNS filter binds to it; pods reach it
+	// through their host-side veth. Invalid (zero): no interface is touched.
+	LocalDNS netip.Addr
+	// DNSInterface names the dummy interface carrying LocalDNS, at most 15 bytes;
+	// default DefaultDNSInterface ("airlock-dns").
+	DNSInterface string
 	// Upstreams are the resolvers allowed names are forwarded to ("host:port").
 	Upstreams []string
 	// Overlay is the operator overlay every sandbox policy is compiled under; nil means
@@ -142,8 +152,20 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.LocalDNS.IsValid() {
+		cfg.LocalDNS = cfg.LocalDNS.Unmap()
+		if cfg.DNSListen == "" {
+			cfg.DNSListen = netip.AddrPortFrom(cfg.LocalDNS, 53).String()
+		}
+		if !cfg.Resolver.IsValid() {
+			cfg.Resolver = cfg.LocalDNS
+		}
+		if cfg.DNSInterface == "" {
+			cfg.DNSInterface = DefaultDNSInterface
+		}
+	}
 	if cfg.DNSListen == "" {
-		return nil, fmt.Errorf("%w: DNSListen is required", ErrConfig)
+		return nil, fmt.Errorf("%w: DNSListen or LocalDNS is required", ErrConfig)
 	}
 	if len(cfg.Upstreams) == 0 {
 		return nil, fmt.Errorf("%w: at least one upstream resolver is required", ErrConfig)
@@ -158,6 +180,9 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("%w: DNSListen %q is not a concrete address; set Resolver", ErrConfig, cfg.DNSListen)
 		}
 	}
+	if cfg.LocalDNS.IsValid() && resolver != cfg.LocalDNS {
+		return nil, fmt.Errorf("%w: Resolver %s is not LocalDNS %s", ErrConfig, resolver, cfg.LocalDNS)
+	}
 	if cfg.Overlay == nil {
 		cfg.Overlay = policies.BaseOverlay()
 	}
@@ -167,6 +192,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if _, err := policies.Load("default policy", fallback, policies.CompileOptions{Overlay: cfg.Overlay}); err != nil {
 		return nil, fmt.Errorf("%w: default policy: %v", ErrConfig, err)
+	}
+	if cfg.LocalDNS.IsValid() {
+		// Before anything binds on the resolver address (DNS, L7, explicit proxy).
+		if err := EnsureDNSAddress(cfg.DNSInterface, cfg.LocalDNS); err != nil {
+			return nil, fmt.Errorf("egressd: node-local DNS address: %w", err)
+		}
 	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {

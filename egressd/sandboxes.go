@@ -24,6 +24,9 @@ type sandbox struct {
 	addrs    []netip.Addr
 	c        compiled
 	attached bool
+	// veth is the host-side interface the datapath was attached to ("" until then; kept
+	// across policy updates).
+	veth string
 	// learned maps each learned address to the names it was learned through and
 	// when it expires, so a policy change can forget what the new policy denies.
 	learned map[netip.Addr]learnedAddr
@@ -89,7 +92,8 @@ func (h handler) Replace(all []watch.Sandbox, _ uint64) {
 }
 
 // enforceable reports whether s is a sandbox of this node whose traffic needs a filter:
-// it has an address and a process.
+// it has an address and a process or host interface to find its veth by (a pod: its
+// address, whose route names the veth).
 func (d *Daemon) enforceable(s watch.Sandbox) bool {
 	if s.Node != "" && d.cfg.Node != "" && s.Node != d.cfg.Node {
 		return false
@@ -98,7 +102,7 @@ func (d *Daemon) enforceable(s watch.Sandbox) bool {
 	case "Terminated", "Failed":
 		return false
 	}
-	return s.Address.IsValid() && (s.Runtime.Pid > 0 || s.Runtime.HostInterface != "")
+	return s.Address.IsValid() && (s.Runtime.Pid > 0 || s.Runtime.HostInterface != "" || s.Runtime.Kind == RuntimeKubernetes)
 }
 
 // apply brings the datapath and the DNS directory in line with s: attach a new
@@ -132,7 +136,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 	}
 	sb := &sandbox{view: s, addrs: addrs, c: c, learned: map[netip.Addr]learnedAddr{}}
 	if old != nil {
-		sb.learned = old.learned
+		sb.learned, sb.veth = old.learned, old.veth
 	}
 	switch {
 	case old != nil && old.attached && slices.Equal(old.addrs, addrs):
@@ -146,7 +150,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 		d.metrics.updates.Inc()
 		d.log.Info("policy updated", "sandbox_id", s.ID, "policy_version", s.PolicyVersion)
 	default:
-		ifindex, ifname, err := hostVeth(s.Runtime.Pid, s.Runtime.HostInterface)
+		ifindex, ifname, err := sandboxVeth(s.Runtime, s.Address)
 		if err == nil {
 			err = d.dp.Attach(datapath.Spec{
 				ID: s.ID, HostIfindex: ifindex, HostIfname: ifname, Addrs: addrs,
@@ -159,7 +163,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 			}
 			d.metrics.errors.WithLabelValues("attach").Inc()
 		} else {
-			sb.attached = true
+			sb.attached, sb.veth = true, ifname
 			d.forgetDenied(sb)
 			d.log.Info("sandbox attached", "sandbox_id", s.ID, "veth", ifname, "backend", d.dp.Backend(),
 				"policy_version", s.PolicyVersion)

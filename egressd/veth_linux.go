@@ -2,10 +2,23 @@ package egressd
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/airlockdev/airlock/lifecycle/watch"
 )
+
+// sandboxVeth finds the host side of a sandbox's veth: the runtime's HostInterface when
+// it knows it, else from the sandbox's process (hostVeth), else, for a pod, from the
+// route to its address (podVeth).
+func sandboxVeth(rt watch.Runtime, addr netip.Addr) (int, string, error) {
+	if rt.HostInterface == "" && rt.Pid <= 0 && rt.Kind == RuntimeKubernetes {
+		return podVeth(addr)
+	}
+	return hostVeth(rt.Pid, rt.HostInterface)
+}
 
 // hostVeth finds the host side of a sandbox's veth: the sandbox's eth0 (in the network
 // namespace of pid) names its peer's interface index in IFLA_LINK, which is an index in
