@@ -19,10 +19,12 @@ const DefaultDNSInterface = "airlock-dns"
 var DefaultLocalDNS = netip.MustParseAddr("169.254.20.10")
 
 // EnsureDNSAddress makes addr (one IPv4 or IPv6 address, as a /32 or /128) a local
-// address of this node on the dummy interface ifname, creating the interface when it is
-// missing and setting it up. It is idempotent and removes nothing: the interface and
-// address stay when egressd stops. Errors: an invalid or unspecified addr, or an existing
-// ifname that is not a dummy interface (left as it is).
+// address of this node on the interface ifname, creating the interface when it is
+// missing and setting it up: a dummy interface, or, on kernels built without the dummy
+// driver (CONFIG_DUMMY off, as in some minimal VM kernels), a bridge without ports,
+// which is as inert. It is idempotent and removes nothing: the interface and address
+// stay when egressd stops. Errors: an invalid or unspecified addr, or an existing ifname
+// that is neither a dummy nor a bridge without ports (left as it is).
 func EnsureDNSAddress(ifname string, addr netip.Addr) error {
 	if !addr.IsValid() || addr.IsUnspecified() || addr.IsMulticast() || addr.Zone() != "" {
 		return fmt.Errorf("%w: node-local DNS address %q: want one unicast address", ErrConfig, addr)
@@ -35,17 +37,27 @@ func EnsureDNSAddress(ifname string, addr netip.Addr) error {
 	var notFound netlink.LinkNotFoundError
 	switch {
 	case errors.As(err, &notFound):
-		d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: ifname}}
-		if err := netlink.LinkAdd(d); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("create dummy interface %s: %w", ifname, err)
+		attrs := netlink.LinkAttrs{Name: ifname}
+		err := netlink.LinkAdd(&netlink.Dummy{LinkAttrs: attrs})
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			err = netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs})
+		}
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("create interface %s: %w", ifname, err)
 		}
 		if link, err = netlink.LinkByName(ifname); err != nil {
-			return fmt.Errorf("dummy interface %s: %w", ifname, err)
+			return fmt.Errorf("interface %s: %w", ifname, err)
 		}
 	case err != nil:
 		return fmt.Errorf("interface %s: %w", ifname, err)
 	}
-	if link.Type() != "dummy" {
+	switch link.Type() {
+	case "dummy":
+	case "bridge":
+		if err := noPorts(link); err != nil {
+			return err
+		}
+	default:
 		return fmt.Errorf("%w: interface %s exists and is a %s, not a dummy interface", ErrConfig, ifname, link.Type())
 	}
 	ipn := &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(addr.BitLen(), addr.BitLen())}
@@ -59,6 +71,21 @@ func EnsureDNSAddress(ifname string, addr netip.Addr) error {
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", ifname, err)
+	}
+	return nil
+}
+
+// noPorts refuses a bridge that has ports: it is a real bridge, not a DNS address holder.
+func noPorts(br netlink.Link) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			return fmt.Errorf("%w: interface %s exists and is a bridge with ports (%s), not a dummy interface",
+				ErrConfig, br.Attrs().Name, l.Attrs().Name)
+		}
 	}
 	return nil
 }
