@@ -27,7 +27,7 @@ import (
 func newEgressdCmd() *cobra.Command {
 	var (
 		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, node string
-		auditDir, metricsListen, logLevel                          string
+		auditDir, metricsListen, logLevel, dnsLocal, dnsIfname     string
 		upstreams, denyAddrs                                       []string
 		l7Port, proxyPort                                          uint16
 	)
@@ -47,14 +47,29 @@ Enforcement outlives the process: stopping or killing egressd leaves every sandb
 enforced with its last policy (fail closed); the next start adopts the pinned state.
 'airlock up' runs the same daemon inside the all-in-one process.
 
+On Kubernetes it runs as a DaemonSet (hostNetwork, capabilities BPF, NET_ADMIN,
+PERFMON): --node (default $NODE_NAME, from the downward API's spec.nodeName) keeps it
+to the pods of its node; each pod's host-side veth is found from the route to the pod
+IP (a routed CNI such as Calico or ptp; bridged pods are refused and stay not
+enforced); --dns-local-address puts the node-local DNS address that pods' dnsConfig
+names on a dummy interface (--dns-interface) and serves DNS there; --audit-dir is a
+hostPath directory of the node. See egressd/README.md, "On Kubernetes".
+
 The API key may come from OPEN_SANDBOX_API_KEY.`,
 		Example: `  airlock egressd --watch-url http://127.0.0.1:8080/internal/v1/watch \
-      --dns-listen 172.30.0.1:53 --audit-dir /var/lib/airlock/audit --metrics-listen 127.0.0.1:9102`,
+      --dns-listen 172.30.0.1:53 --audit-dir /var/lib/airlock/audit --metrics-listen 127.0.0.1:9102
+
+  # In a DaemonSet pod (NODE_NAME from the downward API):
+  airlock egressd --watch-url http://airlock-lifecycle.airlock:8080/internal/v1/watch \
+      --dns-local-address 169.254.20.10 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(logLevel)}))
-			if watchURL == "" || dnsListen == "" {
-				return fmt.Errorf("--watch-url and --dns-listen are required")
+			if watchURL == "" || (dnsListen == "" && dnsLocal == "") {
+				return fmt.Errorf("--watch-url and --dns-listen (or --dns-local-address) are required")
+			}
+			if node == "" {
+				node = os.Getenv("NODE_NAME")
 			}
 			if apiKey == "" {
 				apiKey = os.Getenv("OPEN_SANDBOX_API_KEY")
@@ -79,16 +94,24 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg := egressd.Config{
-				Watch:     watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
-				Enforcer:  enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}},
-				DNSListen: dnsListen,
-				Upstreams: upstreams,
-				Overlay:   ov,
-				Node:      node,
-				L7Port:    l7Port,
-				ProxyPort: proxyPort,
-				Registry:  reg,
-				Logger:    log,
+				Watch:        watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
+				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}},
+				DNSListen:    dnsListen,
+				Upstreams:    upstreams,
+				Overlay:      ov,
+				Node:         node,
+				DNSInterface: dnsIfname,
+				L7Port:       l7Port,
+				ProxyPort:    proxyPort,
+				Registry:     reg,
+				Logger:       log,
+			}
+			if dnsLocal != "" {
+				a, err := netip.ParseAddr(dnsLocal)
+				if err != nil {
+					return fmt.Errorf("--dns-local-address: %w", err)
+				}
+				cfg.LocalDNS = a
 			}
 			if resolver != "" {
 				a, err := netip.ParseAddr(resolver)
@@ -136,14 +159,16 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f := cmd.Flags()
 	f.StringVar(&watchURL, "watch-url", "", "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch (required)")
 	f.StringVar(&apiKey, "api-key", "", "lifecycle API key for the watch (default $OPEN_SANDBOX_API_KEY)")
-	f.StringVar(&dnsListen, "dns-listen", "", "DNS filter address, the Airlock bridge's gateway:53 (required)")
+	f.StringVar(&dnsListen, "dns-listen", "", "DNS filter address, the Airlock bridge's gateway:53 (required unless --dns-local-address)")
+	f.StringVar(&dnsLocal, "dns-local-address", "", "node-local DNS address to create and serve on, e.g. 169.254.20.10 on Kubernetes (the pods' dnsConfig nameserver); --dns-listen defaults to it, port 53")
+	f.StringVar(&dnsIfname, "dns-interface", egressd.DefaultDNSInterface, "dummy interface that carries --dns-local-address (created if missing, never removed)")
 	f.StringVar(&resolver, "resolver", "", "address sandboxes send DNS to (default the --dns-listen host)")
 	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
 	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
 	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
 	f.Uint16Var(&proxyPort, "proxy-port", 0, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off)")
-	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (empty: one host)")
+	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
 	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
 	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve /metrics and /healthz on this address (empty: off)")
