@@ -19,10 +19,10 @@ const RuntimeKubernetes = "kubernetes"
 var ErrPodRoute = errors.New("no host route to the pod through its own veth")
 
 // podVeth finds the host side of a pod's veth from the kernel's route to the pod's
-// address: routed CNIs (Calico, the CNI ptp plugin, Cilium in routing mode) install a
-// host route (/32, /128) to each pod through the pod's own host-side veth. The matched
-// FIB entry (RTM_F_FIB_MATCH, kernel ≥ 4.13) must be a unicast host route without a
-// gateway whose output link is a veth. Anything else is refused with ErrPodRoute:
+// address: routed CNIs (Calico, the CNI ptp plugin) install a host route (/32, /128)
+// to each pod through the pod's own host-side veth. The matched FIB entry
+// (RTM_F_FIB_MATCH, kernel ≥ 4.13) must be a unicast host route without a gateway whose
+// output link is a veth. Anything else is refused with ErrPodRoute:
 //   - the default route or a wider prefix (the route is not there yet, or the pod is not
 //     on this node): attaching to the uplink would filter the node's own traffic;
 //   - a route via a gateway (a pod of another node, e.g. flannel host-gw);
