@@ -47,8 +47,8 @@ Enforcement outlives the process: stopping or killing egressd leaves every sandb
 enforced with its last policy (fail closed); the next start adopts the pinned state.
 'airlock up' runs the same daemon inside the all-in-one process.
 
-On Kubernetes it runs as a DaemonSet (hostNetwork, capabilities BPF, NET_ADMIN,
-PERFMON): --node (default $NODE_NAME, from the downward API's spec.nodeName) keeps it
+On Kubernetes it runs as a DaemonSet (hostNetwork, capabilities BPF, NET_ADMIN, PERFMON
+and NET_BIND_SERVICE): --node (default $NODE_NAME, from the downward API's spec.nodeName) keeps it
 to the pods of its node; each pod's host-side veth is found from the route to the pod
 IP (a routed CNI such as Calico or ptp; bridged pods are refused and stay not
 enforced); --dns-local-address puts the node-local DNS address that pods' dnsConfig
