@@ -1,0 +1,377 @@
+package manifests_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/airlockdev/airlock/internal/kubetest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	kubetest.StopShared()
+	os.Exit(code)
+}
+
+// layout is what one kustomization must produce.
+type layout struct {
+	dir            string
+	system         string // namespace of the components and the state
+	sandboxes      string // namespace of the sandbox pods
+	runtimeClass   string // lifecycle --runtime-class
+	extraObjects   []string
+	namespaceCount int
+}
+
+var layouts = []layout{
+	{dir: "base", system: "airlock-system", sandboxes: "airlock-sandboxes", namespaceCount: 2},
+	{dir: "overlays/single-namespace", system: "airlock", sandboxes: "airlock", namespaceCount: 1},
+	{dir: "overlays/gvisor", system: "airlock-system", sandboxes: "airlock-sandboxes", runtimeClass: "gvisor",
+		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 2},
+}
+
+// manifest is one rendered kustomization.
+type manifest struct {
+	objs []*unstructured.Unstructured
+}
+
+// render builds the kustomization in dir with kustomize's Go API (what kubectl
+// apply -k runs).
+func render(t *testing.T, dir string) *manifest {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	m := &manifest{}
+	for _, r := range rm.Resources() {
+		obj, err := r.Map()
+		if err != nil {
+			t.Fatalf("%s: %s: %v", dir, r.CurId(), err)
+		}
+		m.objs = append(m.objs, &unstructured.Unstructured{Object: obj})
+	}
+	return m
+}
+
+// key is "Kind/namespace/name" ("Kind//name" for cluster-scoped objects).
+func key(o *unstructured.Unstructured) string {
+	return o.GetKind() + "/" + o.GetNamespace() + "/" + o.GetName()
+}
+
+func (m *manifest) find(kind, ns, name string) *unstructured.Unstructured {
+	for _, o := range m.objs {
+		if o.GetKind() == kind && o.GetNamespace() == ns && o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+func (m *manifest) ofKind(kind string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range m.objs {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// typed converts a rendered object into its Go type (Deployment, Role, …).
+func typed[T any](t *testing.T, o *unstructured.Unstructured) *T {
+	t.Helper()
+	if o == nil {
+		t.Fatalf("missing object of type %T", *new(T))
+	}
+	v := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, v, true); err != nil {
+		t.Fatalf("%s: %v", key(o), err)
+	}
+	return v
+}
+
+// configMapValue resolves a configMapKeyRef against the rendered ConfigMaps (whose
+// names carry kustomize's hash suffix, which the reference names too).
+func (m *manifest) configMapValue(t *testing.T, ns string, ref *corev1.ConfigMapKeySelector) string {
+	t.Helper()
+	cm := m.find("ConfigMap", ns, ref.Name)
+	if cm == nil {
+		t.Fatalf("configMapKeyRef to %s/%s: no such ConfigMap rendered", ns, ref.Name)
+	}
+	v, ok, _ := unstructured.NestedString(cm.Object, "data", ref.Key)
+	if !ok && (ref.Optional == nil || !*ref.Optional) {
+		t.Fatalf("configMapKeyRef %s/%s: no key %s", ns, ref.Name, ref.Key)
+	}
+	return v
+}
+
+// args is container c's arguments with $(VAR) expanded as the kubelet does, from its
+// env: fieldRefs as a pod on node "node-a" (10.0.0.1) in namespace ns would see them,
+// ConfigMap keys from the rendered ConfigMaps, Secret keys as "<secret>".
+func (m *manifest) args(t *testing.T, ns string, c corev1.Container) []string {
+	t.Helper()
+	var pairs []string
+	for _, e := range c.Env {
+		v := e.Value
+		if f := e.ValueFrom; f != nil {
+			switch {
+			case f.FieldRef != nil:
+				v = map[string]string{"metadata.namespace": ns, "metadata.name": "pod-1",
+					"spec.nodeName": "node-a", "status.hostIP": "10.0.0.1"}[f.FieldRef.FieldPath]
+			case f.ConfigMapKeyRef != nil:
+				v = m.configMapValue(t, ns, f.ConfigMapKeyRef)
+			case f.SecretKeyRef != nil:
+				v = "<secret>"
+			}
+		}
+		pairs = append(pairs, "$("+e.Name+")", v)
+	}
+	r := strings.NewReplacer(pairs...)
+	out := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		out[i] = r.Replace(a)
+		if strings.Contains(out[i], "$(") {
+			t.Errorf("container %s: argument %q refers to an undefined variable", c.Name, a)
+		}
+	}
+	return out
+}
+
+func wantArgs(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("%s: missing argument %q in %q", what, w, got)
+		}
+	}
+}
+
+// TestRender checks each kustomization's objects and the settings each component
+// effectively runs with.
+func TestRender(t *testing.T) {
+	for _, l := range layouts {
+		t.Run(filepath.Base(l.dir), func(t *testing.T) {
+			m := render(t, l.dir)
+			sys, sbx := l.system, l.sandboxes
+			want := []string{
+				"CustomResourceDefinition//sandboxes.airlock.dev",
+				"CustomResourceDefinition//policies.airlock.dev",
+				"Namespace//" + sys, "Namespace//" + sbx,
+				"ServiceAccount/" + sys + "/airlock-lifecycle",
+				"ServiceAccount/" + sys + "/airlock-gateway",
+				"ServiceAccount/" + sys + "/airlock-egressd",
+				"Role/" + sys + "/airlock-lifecycle",
+				"RoleBinding/" + sys + "/airlock-lifecycle",
+				"Role/" + sbx + "/airlock-lifecycle-sandboxes",
+				"RoleBinding/" + sbx + "/airlock-lifecycle-sandboxes",
+				"Deployment/" + sys + "/airlock-lifecycle",
+				"Deployment/" + sys + "/airlock-gateway",
+				"DaemonSet/" + sys + "/airlock-egressd",
+				"Service/" + sys + "/airlock-lifecycle",
+				"Service/" + sys + "/airlock-gateway",
+				"PodDisruptionBudget/" + sys + "/airlock-lifecycle",
+				"PodDisruptionBudget/" + sys + "/airlock-gateway",
+			}
+			want = append(want, l.extraObjects...)
+			var have []string
+			for _, o := range m.objs {
+				have = append(have, key(o))
+			}
+			for _, w := range want {
+				if !slices.Contains(have, w) {
+					t.Errorf("missing %s; rendered %v", w, have)
+				}
+			}
+			if n := len(m.ofKind("Namespace")); n != l.namespaceCount {
+				t.Errorf("%d Namespaces, want %d", n, l.namespaceCount)
+			}
+			if len(m.ofKind("Secret")) != 0 {
+				t.Error("a Secret is rendered: secrets are created by the operator (README), never committed")
+			}
+			for _, o := range m.objs {
+				if ns := o.GetNamespace(); ns != "" && ns != sys && ns != sbx {
+					t.Errorf("%s: namespace %q outside the layout's", key(o), ns)
+				}
+			}
+			checkRBAC(t, m)
+			checkLifecycle(t, m, l)
+			checkGateway(t, m, l)
+			checkEgressd(t, m, l)
+			if l.runtimeClass != "" {
+				rc := m.find("RuntimeClass", "", l.runtimeClass)
+				if h, _, _ := unstructured.NestedString(rc.Object, "handler"); h != "runsc" {
+					t.Errorf("RuntimeClass %s handler %q, want runsc", l.runtimeClass, h)
+				}
+			}
+		})
+	}
+}
+
+// checkRBAC: only namespaced Roles, nothing cluster-wide, no wildcards, and every
+// binding names an existing Role and ServiceAccount.
+func checkRBAC(t *testing.T, m *manifest) {
+	t.Helper()
+	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding"} {
+		for _, o := range m.ofKind(kind) {
+			t.Errorf("%s: no component needs cluster-wide access", key(o))
+		}
+	}
+	for _, o := range m.ofKind("Role") {
+		r := typed[rbacv1.Role](t, o)
+		for _, rule := range r.Rules {
+			for _, s := range slices.Concat(rule.Verbs, rule.Resources, rule.APIGroups) {
+				if strings.Contains(s, "*") {
+					t.Errorf("Role %s/%s: wildcard %q in %+v", r.Namespace, r.Name, s, rule)
+				}
+			}
+		}
+	}
+	for _, o := range m.ofKind("RoleBinding") {
+		b := typed[rbacv1.RoleBinding](t, o)
+		if b.RoleRef.Kind != "Role" || m.find("Role", b.Namespace, b.RoleRef.Name) == nil {
+			t.Errorf("RoleBinding %s/%s: roleRef %s %s is not a Role of the manifest", b.Namespace, b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		for _, s := range b.Subjects {
+			if s.Kind != "ServiceAccount" || m.find("ServiceAccount", s.Namespace, s.Name) == nil {
+				t.Errorf("RoleBinding %s/%s: subject %s %s/%s is not a ServiceAccount of the manifest", b.Namespace, b.Name, s.Kind, s.Namespace, s.Name)
+			}
+		}
+	}
+}
+
+// checkPod: the image, resources, scrape annotations of a pod template.
+func checkPod(t *testing.T, what string, tpl corev1.PodTemplateSpec, port string) {
+	t.Helper()
+	a := tpl.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != port || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("%s: scrape annotations %v, want port %s path /metrics", what, a, port)
+	}
+	for _, c := range tpl.Spec.Containers {
+		if c.Image != "airlock/airlock:0.1.0" {
+			t.Errorf("%s: image %q, want airlock/airlock:0.1.0 (kustomize images)", what, c.Image)
+		}
+		r := c.Resources
+		if r.Requests.Cpu().IsZero() || r.Requests.Memory().IsZero() || r.Limits.Cpu().IsZero() || r.Limits.Memory().IsZero() {
+			t.Errorf("%s: container %s needs cpu and memory requests and limits: %+v", what, c.Name, r)
+		}
+		sc := c.SecurityContext
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("%s: container %s must drop ALL capabilities, not be privileged nor escalate: %+v", what, c.Name, sc)
+		}
+	}
+}
+
+func runsAsNonRoot(p corev1.PodSpec) bool {
+	return p.SecurityContext != nil && p.SecurityContext.RunAsNonRoot != nil && *p.SecurityContext.RunAsNonRoot &&
+		p.SecurityContext.RunAsUser != nil && *p.SecurityContext.RunAsUser != 0
+}
+
+func checkLifecycle(t *testing.T, m *manifest, l layout) {
+	t.Helper()
+	d := typed[appsv1.Deployment](t, m.find("Deployment", l.system, "airlock-lifecycle"))
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+		t.Errorf("lifecycle replicas %v, want 2", d.Spec.Replicas)
+	}
+	p := d.Spec.Template.Spec
+	checkPod(t, "lifecycle", d.Spec.Template, "8080")
+	if p.ServiceAccountName != "airlock-lifecycle" || !runsAsNonRoot(p) {
+		t.Errorf("lifecycle: service account %q, non-root %v", p.ServiceAccountName, runsAsNonRoot(p))
+	}
+	// Sandbox NetworkPolicies admit the server proxy by this label (lifecycle/kube).
+	if d.Spec.Template.Labels["app.kubernetes.io/name"] != "airlock-lifecycle" {
+		t.Errorf("lifecycle pods labelled %v", d.Spec.Template.Labels)
+	}
+	args := m.args(t, l.system, p.Containers[0])
+	if args[0] != "lifecycle" {
+		t.Errorf("lifecycle runs %q", args)
+	}
+	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
+		"--namespace="+l.sandboxes, "--system-namespace="+l.system,
+		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--execd-image=airlock/execd:0.1.0")
+	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle"))
+	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
+		t.Errorf("lifecycle Service: %s %+v, want ClusterIP on 8080", svc.Spec.Type, svc.Spec.Ports)
+	}
+}
+
+func checkGateway(t *testing.T, m *manifest, l layout) {
+	t.Helper()
+	d := typed[appsv1.Deployment](t, m.find("Deployment", l.system, "airlock-gateway"))
+	p := d.Spec.Template.Spec
+	checkPod(t, "gateway", d.Spec.Template, "9090")
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || !runsAsNonRoot(p) {
+		t.Errorf("gateway: replicas %v, non-root %v", d.Spec.Replicas, runsAsNonRoot(p))
+	}
+	noToken(t, m, l, "airlock-gateway", p)
+	if d.Spec.Template.Labels["app.kubernetes.io/name"] != "airlock-gateway" {
+		t.Errorf("gateway pods labelled %v", d.Spec.Template.Labels)
+	}
+	args := m.args(t, l.system, p.Containers[0])
+	lc := "airlock-lifecycle." + l.system + ".svc:8080"
+	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
+		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
+	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Errorf("gateway Service: %s %+v, want LoadBalancer 80 to http", svc.Spec.Type, svc.Spec.Ports)
+	}
+}
+
+func checkEgressd(t *testing.T, m *manifest, l layout) {
+	t.Helper()
+	d := typed[appsv1.DaemonSet](t, m.find("DaemonSet", l.system, "airlock-egressd"))
+	p := d.Spec.Template.Spec
+	checkPod(t, "egressd", d.Spec.Template, "9102")
+	noToken(t, m, l, "airlock-egressd", p)
+	if !p.HostNetwork || p.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("egressd: hostNetwork %v dnsPolicy %q, want true and ClusterFirstWithHostNet", p.HostNetwork, p.DNSPolicy)
+	}
+	c := p.Containers[0]
+	caps := slices.Clone(c.SecurityContext.Capabilities.Add)
+	slices.Sort(caps)
+	if want := []corev1.Capability{"BPF", "NET_ADMIN", "NET_BIND_SERVICE", "PERFMON"}; !slices.Equal(caps, want) {
+		t.Errorf("egressd capabilities %v, want exactly %v", caps, want)
+	}
+	args := m.args(t, l.system, c)
+	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
+		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
+		"--dns-listen=169.254.20.10:53", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=10.0.0.1:9102")
+	host := map[string]string{}
+	for _, v := range p.Volumes {
+		if v.HostPath != nil {
+			host[v.HostPath.Path] = v.Name
+		}
+	}
+	for _, path := range []string{"/sys/fs/bpf", "/var/lib/airlock/audit"} {
+		if host[path] == "" {
+			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
+		}
+	}
+	if len(host) != 2 {
+		t.Errorf("egressd: host paths %v, want only bpffs and the audit directory", host)
+	}
+}
+
+// noToken: a component without Kubernetes API access gets no token at all.
+func noToken(t *testing.T, m *manifest, l layout, sa string, p corev1.PodSpec) {
+	t.Helper()
+	a := typed[corev1.ServiceAccount](t, m.find("ServiceAccount", l.system, sa))
+	if p.ServiceAccountName != sa || a.AutomountServiceAccountToken == nil || *a.AutomountServiceAccountToken ||
+		p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken {
+		t.Errorf("%s: pods must run as that ServiceAccount with automountServiceAccountToken false (account and pod)", sa)
+	}
+}
