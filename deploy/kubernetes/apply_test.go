@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -94,6 +96,48 @@ func TestApplyAndAccess(t *testing.T) {
 			}
 			checkAccess(ctx, t, env, l)
 		})
+	}
+	t.Run("pod-security", func(t *testing.T) { checkPodSecurity(t, env) })
+}
+
+// checkPodSecurity creates (dry run) a pod from each workload's template where Pod
+// Security admission enforces on pods: lifecycle and gateway pass "restricted";
+// egressd passes its namespace's level and needs it ("baseline" refuses it).
+func checkPodSecurity(t *testing.T, env *kubetest.Env) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m := render(t, "base")
+	level := func(l string) string {
+		ns, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			GenerateName: "psa-" + l + "-",
+			Labels:       map[string]string{"pod-security.kubernetes.io/enforce": l},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
+		return ns.Name
+	}
+	restricted, baseline := level("restricted"), level("baseline")
+	sysNS := typed[corev1.Namespace](t, m.find("Namespace", "", "airlock-system")).Labels["pod-security.kubernetes.io/enforce"]
+	system := level(sysNS)
+	create := func(ns string, tpl corev1.PodTemplateSpec) error {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-", Labels: tpl.Labels}, Spec: tpl.Spec}
+		_, err := env.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	for _, name := range []string{"airlock-lifecycle", "airlock-gateway"} {
+		d := typed[appsv1.Deployment](t, m.find("Deployment", "airlock-system", name))
+		if err := create(restricted, d.Spec.Template); err != nil {
+			t.Errorf("%s: pods must pass Pod Security \"restricted\": %v", name, err)
+		}
+	}
+	e := typed[appsv1.DaemonSet](t, m.find("DaemonSet", "airlock-system", "airlock-egressd"))
+	if err := create(system, e.Spec.Template); err != nil {
+		t.Errorf("egressd: pods refused in airlock-system (%q): %v", sysNS, err)
+	}
+	if err := create(baseline, e.Spec.Template); err == nil {
+		t.Error("egressd passes \"baseline\": then airlock-system should enforce it")
 	}
 }
 
