@@ -115,7 +115,9 @@ func checkPodSecurity(t *testing.T, env *kubetest.Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = env.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = env.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+		})
 		return ns.Name
 	}
 	restricted, baseline := level("restricted"), level("baseline")
