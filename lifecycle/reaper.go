@@ -382,7 +382,9 @@ func (s *Server) resync() {
 		case !ok:
 			_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
 			s.log.Warn("sandbox container vanished", "sandbox_id", id)
-		case in.Phase == PhaseExited || in.Phase == PhaseCreated:
+		case in.Phase == PhaseExited || (in.Phase == PhaseCreated && st != Pending):
+			// A Pending sandbox's pod may wait to be scheduled (Kubernetes): only
+			// readiness times it out.
 			_ = s.setStatusLocked(rec, Failed, "container_exited", "the container stopped")
 			s.log.Warn("sandbox container exited", "sandbox_id", id)
 		case in.Phase == PhasePaused && st == Running:
