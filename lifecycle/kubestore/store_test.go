@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
@@ -253,5 +254,43 @@ func TestPolicyVersions(t *testing.T) {
 	}
 	if got["base"].Version != 2 || string(got["base"].Source) != "egress: [x]\n" || got["Has_Underscore"].Version != 1 || len(got) != 2 {
 		t.Fatalf("versions seen by another replica: %+v", got)
+	}
+}
+
+// A leader that dies (its Lease held, never renewed, never released) is replaced
+// within the Lease duration, and not before it runs out.
+func TestTakeoverFromACrashedLeader(t *testing.T) {
+	env := kubetest.Shared(t, crdDir())
+	ns := env.Namespace(t, "crash")
+	now := metav1.NewMicroTime(time.Now())
+	holder, secs := "crashed-replica", int32(2)
+	_, err := env.Client.CoordinationV1().Leases(ns).Create(context.Background(), &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "airlock-lifecycle"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs,
+			AcquireTime: &now, RenewTime: &now},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(t, env, ns, "survivor")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	led := make(chan time.Duration, 1)
+	go st.Lead(ctx, func(lctx context.Context) {
+		led <- time.Since(start)
+		<-lctx.Done()
+	})
+	select {
+	case d := <-led:
+		t.Logf("took over after %s", d)
+		if d < 1500*time.Millisecond {
+			t.Fatalf("took over after %s, while the crashed leader's Lease (2 s) still ran", d)
+		}
+		if d > 2*time.Second+time.Second {
+			t.Fatalf("took over after %s, more than the Lease duration plus one retry", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover from a crashed leader")
 	}
 }
