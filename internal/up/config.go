@@ -68,6 +68,10 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	    size: 4
 //	    resourceLimits: {cpu: "1", memory: 2Gi}
 type Config struct {
+	// Runtime runs the sandboxes: docker (the default, this host). kubernetes is the
+	// cluster's control plane, which 'airlock lifecycle' runs (deploy/kubernetes): airlock
+	// up refuses it with that pointer.
+	Runtime string `yaml:"runtime"`
 	// Listen is the lifecycle API's address; default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
 	// PublicAddr is the host[:port] clients use to reach the API, used in endpoints;
@@ -216,6 +220,14 @@ func LoadConfig(path string, optional bool) (Config, error) {
 
 // setDefaults fills what the file and flags left empty and checks the result.
 func (c *Config) setDefaults() error {
+	switch c.Runtime {
+	case "", "docker":
+		c.Runtime = "docker"
+	case "kubernetes":
+		return fmt.Errorf("config: runtime kubernetes: airlock up runs one host with Docker; on a cluster run the control plane with 'airlock lifecycle' (manifests in deploy/kubernetes)")
+	default:
+		return fmt.Errorf("config: runtime %q: want docker or kubernetes", c.Runtime)
+	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}

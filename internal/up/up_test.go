@@ -47,6 +47,15 @@ func TestLoadConfigStrict(t *testing.T) {
 	if err := bad.setDefaults(); err == nil {
 		t.Errorf("bad subnet accepted")
 	}
+	for rt, want := range map[string]string{"kubernetes": "airlock lifecycle", "podman": "want docker or kubernetes"} {
+		c := Config{Runtime: rt}
+		if err := c.setDefaults(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("runtime %s: %v, want an error saying %q", rt, err, want)
+		}
+	}
+	if c := (Config{}); c.setDefaults() != nil || c.Runtime != "docker" {
+		t.Errorf("default runtime %q", c.Runtime)
+	}
 }
 
 func TestAPIKeyGeneratedStoredReused(t *testing.T) {
