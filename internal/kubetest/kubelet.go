@@ -101,9 +101,6 @@ type Kubelet struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 	stop    chan struct{}
 	workers sync.WaitGroup
-	// ctx bounds the workers' engine and API calls; Close cancels it.
-	ctx    context.Context
-	cancel context.CancelFunc
 
 	mu   sync.Mutex
 	pods map[string]podContainer // by pod name
@@ -187,7 +184,6 @@ func NewKubelet(e *Env, cfg KubeletConfig) (*Kubelet, error) {
 		stop:  make(chan struct{}),
 		pods:  map[string]podContainer{},
 	}
-	k.ctx, k.cancel = context.WithCancel(context.Background())
 	k.factory = informers.NewSharedInformerFactoryWithOptions(e.Client, 0, informers.WithNamespace(cfg.Namespace))
 	pods := k.factory.Core().V1().Pods()
 	enqueue := func(obj any) {
@@ -241,7 +237,8 @@ func (k *Kubelet) Network() (name string, subnet netip.Prefix, gateway netip.Add
 // process uses it. Safe to call twice.
 func (k *Kubelet) Close() error {
 	k.closeOnce.Do(func() {
-		k.cancel()
+		// Workers finish what they do (an aborted removal would leave the engine
+		// removing a container while Close removes the network).
 		close(k.stop)
 		k.queue.ShutDown()
 		k.workers.Wait()
@@ -273,7 +270,7 @@ func (k *Kubelet) next() bool {
 		return false
 	}
 	defer k.queue.Done(name)
-	ctx, cancel := context.WithTimeout(k.ctx, kubeletOpTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), kubeletOpTimeout)
 	defer cancel()
 	if err := k.sync(ctx, name); err != nil {
 		if k.queue.NumRequeues(name) < 5 {
@@ -328,7 +325,14 @@ func (k *Kubelet) sync(ctx context.Context, name string) error {
 			return k.setFailed(ctx, pod, "ErrImagePull",
 				fmt.Errorf("image %s is not on this host (the test kubelet never pulls; map it with KubeletConfig.Images): %w", spec.Image, err))
 		}
-		if inst, err = k.rt.Create(ctx, spec); err != nil {
+		inst, err = k.rt.Create(ctx, spec)
+		if err != nil && k.networkGone(ctx) {
+			// Another test process removed the network (it is shared by name): once more.
+			if err = acquireNetwork(ctx, k.rt, ""); err == nil {
+				inst, err = k.rt.Create(ctx, spec)
+			}
+		}
+		if err != nil {
 			reason := "CreateContainerError"
 			if errors.Is(err, lifecycle.ErrImageUnavailable) {
 				reason = "ErrImagePull"
@@ -451,15 +455,24 @@ var (
 	networks   = map[string]int{}
 )
 
+// acquireNetwork sets rt's network up (and learns its subnet and gateway) and counts
+// one more user of network name; an empty name only sets it up again.
 func acquireNetwork(ctx context.Context, rt *docker.Runtime, name string) error {
 	networksMu.Lock()
 	defer networksMu.Unlock()
-	// Setup also learns the network's subnet and gateway: every Runtime calls it.
 	if err := rt.Setup(ctx); err != nil {
 		return err
 	}
-	networks[name]++
+	if name != "" {
+		networks[name]++
+	}
 	return nil
+}
+
+// networkGone reports whether the kubelet's network no longer exists.
+func (k *Kubelet) networkGone(ctx context.Context) bool {
+	_, err := k.cli.NetworkInspect(ctx, k.cfg.Network, client.NetworkInspectOptions{})
+	return cerrdefs.IsNotFound(err)
 }
 
 // releaseNetwork removes the network when no other kubelet of this process uses it;

@@ -26,12 +26,17 @@ import (
 	"github.com/airlockdev/airlock/lifecycle"
 )
 
-const testNetwork = "altest-klt0"
+// The tests' Docker networks (one each: TestKubeletRecreatesNetwork removes its own).
+const (
+	testNetwork  = "altest-klt0"
+	testNetwork2 = "altest-klt1"
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	StopShared()
 	lctest.RemoveNetwork(testNetwork)
+	lctest.RemoveNetwork(testNetwork2)
 	os.Exit(code)
 }
 
@@ -292,5 +297,32 @@ func TestKubeletRunsPods(t *testing.T) {
 	}
 	if !gone(t, cli, held.ContainerID) {
 		t.Errorf("the held pod's container %s stays after Close", held.ContainerID)
+	}
+}
+
+// TestKubeletRecreatesNetwork removes the kubelet's network behind its back (as
+// another test process sharing the name does when it ends) and checks that the next
+// pod still runs, with execd reachable at its pod IP.
+func TestKubeletRecreatesNetwork(t *testing.T) {
+	testenv.NeedSandboxImage(t)
+	e := Shared(t)
+	cli := lctest.Docker(t)
+	ns := e.Namespace(t, "kubelet")
+	e.RunKubelet(t, KubeletConfig{Namespace: ns, ExecdPath: lctest.Execd(t), Network: testNetwork2})
+	if _, err := cli.NetworkRemove(t.Context(), testNetwork2, client.NetworkRemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Client.CoreV1().Pods(ns).Create(t.Context(),
+		sandboxPod("klnet1", testenv.SandboxImage(), []string{"sleep", "infinity"}, false), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := waitPod(t, e, ns, "sbx-klnet1", "Running or Failed", func(p *corev1.Pod) bool {
+		return running(p) || p.Status.Phase == corev1.PodFailed
+	})
+	if p.Status.Phase != corev1.PodRunning || p.Spec.NodeName != "kubetest-node" {
+		t.Fatalf("pod %s on %q: %s", p.Status.Phase, p.Spec.NodeName, p.Status.Message)
+	}
+	if code, body := execd(t, p.Status.PodIP, http.MethodGet, "/ping", "", ""); code != http.StatusOK {
+		t.Fatalf("execd /ping: %d %s", code, body)
 	}
 }
