@@ -46,6 +46,7 @@ func main() {
 			"until POST "+execd.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
 	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
+	installTrustDir := fs.String("install-trust", "", "write `DIR`/"+trustBundleName+" (the image's "+systemBundle+" plus the PEM CA certificates in $AIRLOCK_TRUSTED_CA) and DIR/"+trustExtraName+" (the CAs alone), then exit: the Kubernetes runtime's trust init container")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -61,6 +62,13 @@ func main() {
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
 	if *version {
 		fmt.Println("execd", buildinfo.Version)
+		return
+	}
+	if *installTrustDir != "" {
+		if err := installTrust(*installTrustDir, systemBundle, []byte(os.Getenv("AIRLOCK_TRUSTED_CA"))); err != nil {
+			fmt.Fprintln(os.Stderr, "execd:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if *install != "" {
@@ -169,28 +177,4 @@ func envInt(key string, def int) int {
 		return n
 	}
 	return def
-}
-
-// installSelf copies the running executable to dst (mode 0755), through a temporary
-// file renamed into place.
-func installSelf(dst string) error {
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("install: %w", err)
-	}
-	bin, err := os.ReadFile(self)
-	if err != nil {
-		return fmt.Errorf("install: reading %s: %w", self, err)
-	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, bin, 0o755); err != nil {
-		return fmt.Errorf("install: %w", err)
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return fmt.Errorf("install: %w", err)
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("install: %w", err)
-	}
-	return nil
 }
