@@ -143,6 +143,35 @@ func checkPodSecurity(t *testing.T, env *kubetest.Env) {
 	}
 }
 
+// applyForReal applies m's namespaces, CRDs, ServiceAccounts and RBAC (not dry run),
+// for tests that run a component against them.
+func applyForReal(ctx context.Context, t *testing.T, env *kubetest.Env, m *manifest) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	for _, o := range m.objs {
+		if k := o.GetKind(); k == "Namespace" || k == "CustomResourceDefinition" {
+			apply(ctx, t, dyn, mapper, o, false)
+		}
+	}
+	waitServed(ctx, t, mapper, m)
+	for _, o := range m.objs {
+		if k := o.GetKind(); applied[k] && k != "Namespace" && k != "CustomResourceDefinition" {
+			apply(ctx, t, dyn, mapper, o, false)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
 // apply server-side applies o (dryRun: validation and admission only, nothing stored).
 func apply(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, o *unstructured.Unstructured, dryRun bool) {
 	t.Helper()
