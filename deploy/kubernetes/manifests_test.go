@@ -349,7 +349,7 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	args := m.args(t, l.system, c)
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
 		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
-		"--dns-listen=169.254.20.10:53", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102")
+		"--dns-local-address=169.254.20.10", "--l7-port=0", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102")
 	host := map[string]string{}
 	for _, v := range p.Volumes {
 		if v.HostPath != nil {
