@@ -1,0 +1,126 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/airlockdev/airlock/lifecycle"
+)
+
+// NonPublic are the prefixes a by-name allow does not open in the NetworkPolicy: the
+// private, shared (CGNAT), link-local (cloud metadata) and loopback ranges, where the
+// cluster's and the nodes' own networks live. egressd decides which names are allowed.
+var NonPublic = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("fc00::/7"), netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("::1/128"),
+}
+
+// kubeDNS is where pods without Config.DNS resolve (the cluster's DNS), admitted on
+// port 53 only.
+var kubeDNS = networkingv1.NetworkPolicyPeer{
+	NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: "kube-system"}},
+	PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+}
+
+// networkPolicy selects sandbox id's pod and admits:
+//   - ingress only from the gateway and lifecycle pods of SystemNamespace (any port:
+//     the gateway reaches user ports, lifecycle's proxy execd and user ports);
+//   - egress on UDP and TCP 53 to the DNS addresses (Config.DNS, else kube-dns);
+//   - egress by eg: AllowAll → everything; ByName → every address but NonPublic
+//     (egressd enforces the names); plus exactly eg.CIDRs.
+//
+// An empty eg admits no egress but DNS.
+func (r *Runtime) networkPolicy(id string, eg lifecycle.Egress) *networkingv1.NetworkPolicy {
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	dns := intstr.FromInt32(53)
+	system := &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: r.cfg.SystemNamespace}}
+	from := func(sel map[string]string) networkingv1.NetworkPolicyPeer {
+		return networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: system.DeepCopy(),
+			PodSelector:       &metav1.LabelSelector{MatchLabels: maps.Clone(sel)},
+		}
+	}
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: PodName(id), Namespace: r.cfg.Namespace, Labels: r.labels(id)},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelSandboxID: id}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{from(r.cfg.GatewaySelector), from(r.cfg.LifecycleSelector)},
+			}},
+		},
+	}
+	dnsPeers := []networkingv1.NetworkPolicyPeer{kubeDNS}
+	if len(r.cfg.DNS) > 0 {
+		dnsPeers = nil
+		for _, a := range r.cfg.DNS {
+			dnsPeers = append(dnsPeers, ipBlock(netip.PrefixFrom(a, a.BitLen())))
+		}
+	}
+	np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{
+		To:    dnsPeers,
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}},
+	})
+	if eg.AllowAll {
+		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{})
+		return np
+	}
+	var peers []networkingv1.NetworkPolicyPeer
+	if eg.ByName {
+		for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+			b := &networkingv1.IPBlock{CIDR: all.String()}
+			for _, p := range NonPublic {
+				if p.Addr().Is4() == all.Addr().Is4() {
+					b.Except = append(b.Except, p.String())
+				}
+			}
+			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: b})
+		}
+	}
+	for _, p := range eg.CIDRs {
+		peers = append(peers, ipBlock(p))
+	}
+	if len(peers) > 0 {
+		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers})
+	}
+	return np
+}
+
+func ipBlock(p netip.Prefix) networkingv1.NetworkPolicyPeer {
+	return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: p.Masked().String()}}
+}
+
+// UpdateEgress rewrites the sandbox's NetworkPolicy for eg (creating it when it went
+// missing, without owner: Remove deletes it by name).
+func (r *Runtime) UpdateEgress(ctx context.Context, inst lifecycle.Instance, eg lifecycle.Egress) error {
+	nps := r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace)
+	want := r.networkPolicy(inst.SandboxID, eg)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := nps.Get(ctx, want.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = nps.Create(ctx, want, metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		cur.Spec = want.Spec
+		_, err = nps.Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("kube: writing the NetworkPolicy of %s: %w", inst.SandboxID, err)
+	}
+	return nil
+}
