@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlockdev/airlock/internal/buildinfo"
+	"github.com/airlockdev/airlock/internal/up"
 	"github.com/airlockdev/airlock/sandboximage"
 )
 
@@ -21,6 +22,7 @@ func newImageCmd() *cobra.Command {
 		mirror   string
 		workDir  string
 		goKernel string
+		execd    string
 	)
 	recipes := sandboximage.Recipes()
 	names := make([]string, 0, len(recipes))
@@ -29,9 +31,9 @@ func newImageCmd() *cobra.Command {
 	}
 	slices.Sort(names)
 	build := &cobra.Command{
-		Use:       "build [sandbox|code-interpreter|all]",
-		Short:     "Build a sandbox image offline from Debian packages (default: the sandbox image)",
-		ValidArgs: append(names, "all"),
+		Use:       "build [sandbox|code-interpreter|execd|all]",
+		Short:     "Build a sandbox image offline from Debian packages (default: the sandbox image), or the execd image",
+		ValidArgs: append(slices.Clone(names), "execd", "all"),
 		Long: `Builds an image with debootstrap and apt from a Debian mirror, then docker import. No
 container registry is used. Each image records its recipe's hash; when an image with the
 same recipe exists the build is skipped (--force rebuilds). Needs root and a running
@@ -45,12 +47,15 @@ Docker engine.
                          Go (airlock-gokernel, found beside this binary or at --gokernel);
                          bash is served by execd itself. No Java kernel. About three
                          minutes.
-  all                    both.`,
+  execd                  ` + sandboximage.ExecdRepository + `:<version> and :latest: the static execd (beside
+                         this binary, or --execd) at /execd, run by each Kubernetes sandbox
+                         pod's init container (execd --install). Seconds; needs no root.
+  all                    the three.`,
 		Args: cobra.MatchAll(cobra.MaximumNArgs(1), cobra.OnlyValidArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			which := []string{"sandbox"}
 			if len(args) == 1 && args[0] == "all" {
-				which = names
+				which = append(slices.Clone(names), "execd")
 			} else if len(args) == 1 {
 				which = args
 			}
@@ -66,6 +71,20 @@ Docker engine.
 			defer docker.Close()
 			b := &sandboximage.Builder{Docker: docker, Progress: os.Stdout, WorkDir: workDir, GoKernel: goKernel}
 			for _, name := range which {
+				if name == "execd" {
+					if execd == "" {
+						execd = up.DefaultExecdPath()
+					}
+					fmt.Printf("==> image execd (%s)\n", sandboximage.ExecdRepository)
+					res, err := b.BuildExecd(cmd.Context(), "", execd, buildinfo.Version, force)
+					if err != nil {
+						return fmt.Errorf("image execd: %w", err)
+					}
+					if res.Cached {
+						fmt.Printf("==> image %s is current, nothing to build\n", res.Refs[0])
+					}
+					continue
+				}
 				r := recipes[name]
 				if mirror != "" {
 					r.Mirror = mirror
@@ -85,6 +104,7 @@ Docker engine.
 	build.Flags().BoolVar(&force, "force", false, "rebuild even when the recipe is unchanged")
 	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror URL (default http://deb.debian.org/debian)")
 	build.Flags().StringVar(&workDir, "work-dir", "", "directory for the temporary root (default $TMPDIR)")
+	build.Flags().StringVar(&execd, "execd", "", "the static execd binary for the execd image (default: beside this binary, else /usr/local/lib/airlock/execd)")
 	build.Flags().StringVar(&goKernel, "gokernel", "", "the airlock-gokernel binary for the code-interpreter image (default: beside this binary)")
 	cmd.AddCommand(build)
 	return cmd
