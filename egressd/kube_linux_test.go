@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os/exec"
@@ -419,6 +421,21 @@ func kubernetesPods(t *testing.T, mode enforcer.Mode) {
 	}
 	if got := d.Datapath().Attached(); !slices.Equal(got, []string{a.ID}) {
 		t.Fatalf("datapath attached %v, want only %s", got, a.ID)
+	}
+	// The status route lifecycle replicas ask before releasing a pod's entrypoint.
+	status := httptest.NewServer(d.StatusHandler())
+	defer status.Close()
+	for id, want := range map[string]int{a.ID: http.StatusOK, other.ID: http.StatusNotFound, br.ID: http.StatusNotFound} {
+		resp, err := http.Get(status.URL + watch.EnforcedPath + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got watch.Enforced
+		_ = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == http.StatusOK && (got.SandboxID != id || got.PolicyVersion != 1)) {
+			t.Fatalf("status of %s: %d %+v, want %d", id, resp.StatusCode, got, want)
+		}
 	}
 
 	t.Run("policy", func(t *testing.T) {

@@ -143,8 +143,9 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 					}
 					fmt.Fprintln(w, "ok")
 				})
+				mux.Handle("GET "+watch.EnforcedPath+"{id}", d.StatusHandler())
 				defer serveHTTP(metricsListen, mux, log).Close()
-				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics, health on /healthz\n", metricsListen)
+				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics, health on /healthz, enforcement status on %s<id>\n", metricsListen, watch.EnforcedPath)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -171,7 +172,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
 	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
 	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")
-	f.StringVar(&metricsListen, "metrics-listen", "", "serve /metrics and /healthz on this address (empty: off)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "serve /metrics, /healthz and "+watch.EnforcedPath+"<id> (which lifecycle replicas on Kubernetes ask before releasing a sandbox) on this address (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

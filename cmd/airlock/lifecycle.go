@@ -127,6 +127,7 @@ client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 	f.StringVar(&defaultAccess, "default-access", "public", "admission of user ports: public or token (execd and the egress API always need the token)")
 	f.StringVar(&c.PolicyDir, "policy-dir", "", "the policy library directory (a mounted ConfigMap); empty: no named policies")
 	f.StringVar(&c.DefaultPolicy, "default-policy", "", "named policy of sandboxes created without one")
+	f.IntVar(&c.EgressdPort, "egressd-port", 9102, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
 	f.StringVar(&c.Identity, "identity", "", "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", 15*time.Second, "how long a stopped leader's Lease blocks a takeover")
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", 0, "longest sandbox timeout a create may ask for (default lifecycle's)")

@@ -4,6 +4,7 @@
 # them:
 #   airlock/airlock:<version>  /airlock: lifecycle, gateway and egressd
 #   airlock/execd:<version>    /execd: each sandbox pod's init container copies it in
+#                              (built by `airlock image build execd`)
 # Usage: deploy/kubernetes/images.sh [REGISTRY]
 #   with REGISTRY (e.g. registry.example.com), the images are also tagged
 #   REGISTRY/airlock/airlock:<version> and REGISTRY/airlock/execd:<version> and pushed.
@@ -38,4 +39,10 @@ image() {
 	fi
 }
 image airlock airlock ./cmd/airlock
-image execd execd ./cmd/execd
+# The execd image is the one `airlock image build execd` makes (one recipe).
+CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$work/execd-bin/execd" ./cmd/execd
+"$work/airlock/airlock" image build execd --execd "$work/execd-bin/execd"
+if [ -n "$registry" ]; then
+	docker tag "airlock/execd:$VERSION" "$registry/airlock/execd:$VERSION"
+	docker push "$registry/airlock/execd:$VERSION"
+fi

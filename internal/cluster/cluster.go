@@ -61,6 +61,11 @@ type Config struct {
 	// PolicyDir is the policy library (a mounted ConfigMap); DefaultPolicy names the
 	// policy of sandboxes created without one. Empty PolicyDir: no library.
 	PolicyDir, DefaultPolicy string
+	// EgressdPort is where the egressd of every node serves its enforcement status
+	// (watch.EnforcedPath, on its --metrics-listen at the node's address): a new
+	// sandbox's entrypoint is released, and a policy change answered, only once the
+	// node's egressd enforces it. 0 disables the gate (a cluster without egressd; tests).
+	EgressdPort int
 	// Identity names this replica in the Lease; LeaseDuration tunes takeover.
 	Identity      string
 	LeaseDuration time.Duration
@@ -168,12 +173,19 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			}
 		}
 	}
+	var readyGate func(string) bool
+	var policyGate func(string, uint64) bool
+	if cfg.EgressdPort > 0 {
+		g := newEnforcementGate(cs, cfg.Namespace, cfg.EgressdPort)
+		readyGate, policyGate = g.ready, g.policy
+	}
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey,
 		DefaultAccess: cfg.DefaultAccess, Endpoint: endpoints,
 		Limits:  cfg.Limits,
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,
 		ReadyTimeout: cfg.ReadyTimeout, ReapInterval: cfg.ReapInterval, ResyncInterval: cfg.ResyncInterval,
+		ReadyGate: readyGate, PolicyGate: policyGate,
 		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {

@@ -136,3 +136,17 @@ func (a Access) ModeFor(port int) AccessMode {
 	}
 	return a.Mode
 }
+
+// EnforcedPath is egressd's status route on its metrics listener: GET
+// EnforcedPath+"<sandbox id>" answers 200 with Enforced when this node's datapath
+// enforces the sandbox, 404 otherwise. Lifecycle replicas on Kubernetes ask the node of
+// a new sandbox's pod before they release its entrypoint (and after a policy change
+// before they answer), as airlock up asks its in-process egressd.
+const EnforcedPath = "/v1/enforced/"
+
+// Enforced is the body of a 200 from EnforcedPath.
+type Enforced struct {
+	SandboxID string `json:"sandboxId"`
+	// PolicyVersion is the policy version the datapath enforces.
+	PolicyVersion uint64 `json:"policyVersion"`
+}
