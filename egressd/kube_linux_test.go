@@ -1,7 +1,6 @@
 package egressd
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -17,7 +16,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -306,24 +304,6 @@ func TestEnsureDNSAddress(t *testing.T) {
 	})
 }
 
-// syncBuffer is a log sink tests read while the daemon writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestEgressdKubernetesPods runs egressd as the DaemonSet does, once per backend: it
 // follows a watch stream of pods (Runtime.Kind kubernetes, no pid, no interface, the
 // pod IP as address) with Node = this node, finds each pod's host veth from the route
@@ -357,7 +337,7 @@ func kubernetesPods(t *testing.T, mode enforcer.Mode) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { aw.Close() })
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	dnsDev := k8sName("d")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", dnsDev).Run() })
 	d, err := New(Config{

@@ -1,7 +1,6 @@
 package manifests_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,25 +21,8 @@ import (
 
 	"github.com/airlockdev/airlock/internal/cluster"
 	"github.com/airlockdev/airlock/internal/kubetest"
+	"github.com/airlockdev/airlock/internal/testenv"
 )
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestLifecycleWithItsRole runs a real lifecycle replica (internal/cluster, what
 // `airlock lifecycle` runs) as the manifests' airlock-lifecycle ServiceAccount
@@ -71,7 +52,7 @@ func TestLifecycleWithItsRole(t *testing.T) {
 		UserName: "system:serviceaccount:" + sys + ":airlock-lifecycle",
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + sys, "system:authenticated"},
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	identity := fmt.Sprintf("manifests-test-%d", time.Now().UnixNano())
 	cp, err := cluster.Start(ctx, cluster.Config{
 		Kube: kc, Listen: "127.0.0.1:0", Namespace: sbx, SystemNamespace: sys,

@@ -63,6 +63,20 @@ func (e Endpoints) Signed(id string, port int, expires time.Time) (string, error
 	return strings.TrimSuffix(e.Gateway, "/") + r.Path(), nil
 }
 
+// For returns the endpoint lifecycle answers GET /sandboxes/{id}/endpoints/{port}
+// with: Signed when expires is set (OSEP-0011), the path form when serverProxy
+// (use_server_proxy=true), Endpoint otherwise. Only Signed fails.
+func (e Endpoints) For(id string, port int, serverProxy bool, expires *time.Time) (string, error) {
+	switch {
+	case expires != nil:
+		return e.Signed(id, port, *expires)
+	case serverProxy:
+		return e.ServerProxy(id, port), nil
+	default:
+		return e.Endpoint(id, port), nil
+	}
+}
+
 func (e Endpoints) hostForm(label string) string {
 	host := label + "." + strings.TrimPrefix(e.BaseDomain, ".")
 	if _, port, err := net.SplitHostPort(e.Gateway); err == nil && port != "80" && port != "443" && port != "" {

@@ -239,4 +239,21 @@ func TestEndpoints(t *testing.T) {
 	if _, err := (Endpoints{Gateway: "x:1"}).Signed("a", 1, exp); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("no keys: %v", err)
 	}
+	// For picks the form lifecycle's endpoint request asks for.
+	for _, c := range []struct {
+		proxy bool
+		exp   *time.Time
+		want  string
+	}{
+		{false, nil, host.Endpoint("sbx-1", 8080)},
+		{true, nil, host.ServerProxy("sbx-1", 8080)},
+		{true, &exp, "8080-sbx-1-" + r.ExpiresB36 + "-" + r.Tag + ".airlock.localhost:8081"},
+	} {
+		if got, err := host.For("sbx-1", 8080, c.proxy, c.exp); err != nil || got != c.want {
+			t.Errorf("For(proxy %v, expires %v) = %q %v, want %q", c.proxy, c.exp, got, err, c.want)
+		}
+	}
+	if _, err := (Endpoints{Gateway: "x:1"}).For("a", 1, false, &exp); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("For signed without keys: %v", err)
+	}
 }

@@ -159,18 +159,11 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			e.Keys = kr
 		}
 		endpoints = func(er lifecycle.EndpointRequest) (string, error) {
-			switch {
-			case er.Expires != nil:
-				ep, err := e.Signed(er.ID, er.Port, *er.Expires)
-				if err != nil {
-					return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
-				}
-				return ep, nil
-			case er.ServerProxy:
-				return e.ServerProxy(er.ID, er.Port), nil
-			default:
-				return e.Endpoint(er.ID, er.Port), nil
+			ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires)
+			if err != nil {
+				return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
 			}
+			return ep, nil
 		}
 	}
 	var readyGate func(string) bool

@@ -205,3 +205,10 @@ func (e *Env) SetPodRunning(ctx context.Context, ns, name, node, ip string) erro
 	_, err = e.Client.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 	return err
 }
+
+// AirlockCRDs is the folder of Airlock's generated CRDs (airlock.dev Sandbox and
+// Policy), for Start and Shared.
+func AirlockCRDs() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(f), "..", "..", "deploy", "kubernetes", "base", "crds")
+}

@@ -8,6 +8,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -143,4 +145,24 @@ func unixDialer(sock string) func(ctx context.Context, network, addr string) (ne
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	}
+}
+
+// SyncBuffer is a log sink that tests read while the code under test writes to it from
+// other goroutines.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns everything written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -131,18 +131,11 @@ func (s *Stack) endpoint(er lifecycle.EndpointRequest) (string, error) {
 		}
 		return lifecycle.ServerProxyEndpoint(host, er.ID, er.Port), nil
 	}
-	switch {
-	case er.Expires != nil:
-		ep, err := e.Signed(er.ID, er.Port, *er.Expires)
-		if err != nil {
-			return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
-		}
-		return ep, nil
-	case er.ServerProxy:
-		return e.ServerProxy(er.ID, er.Port), nil
-	default:
-		return e.Endpoint(er.ID, er.Port), nil
+	ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
 	}
+	return ep, nil
 }
 
 // loopbackAddr turns a wildcard listen address into a loopback one this process can dial.

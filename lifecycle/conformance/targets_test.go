@@ -4,8 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -110,11 +108,6 @@ func startDocker(t *testing.T) *plane {
 	return p
 }
 
-func crdDir() string {
-	_, f, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(f), "..", "..", "deploy", "kubernetes", "base", "crds")
-}
-
 // kubeReplica starts one control-plane replica on env with the suite's settings.
 func kubeReplica(t *testing.T, env *kubetest.Env, sandboxNS, systemNS, identity string) *cluster.ControlPlane {
 	t.Helper()
@@ -135,7 +128,7 @@ func kubeReplica(t *testing.T, env *kubetest.Env, sandboxNS, systemNS, identity 
 // test kubelet that runs the sandbox pods as real Docker containers.
 func kubeWorld(t *testing.T) (env *kubetest.Env, sandboxNS, systemNS string) {
 	testenv.NeedSandboxImage(t)
-	env = kubetest.Shared(t, crdDir())
+	env = kubetest.Shared(t, kubetest.AirlockCRDs())
 	sandboxNS, systemNS = env.Namespace(t, "sbx"), env.Namespace(t, "sys")
 	env.RunKubelet(t, kubetest.KubeletConfig{Namespace: sandboxNS, Node: "node-a", ExecdPath: lctest.Execd(t), Network: "altest-confk0"})
 	return env, sandboxNS, systemNS

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,11 +22,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	kubetest.StopShared()
 	os.Exit(code)
-}
-
-func crdDir() string {
-	_, f, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(f), "..", "..", "deploy", "kubernetes", "base", "crds")
 }
 
 func newStore(t *testing.T, env *kubetest.Env, ns, identity string) *kubestore.Store {
@@ -88,7 +81,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // Two replicas share one namespace: what one writes, the other follows (token
 // included, from the Secret); its own writes are not echoed back; deletes arrive.
 func TestReplicasFollowEachOther(t *testing.T) {
-	env := kubetest.Shared(t, crdDir())
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
 	ns := env.Namespace(t, "kubestore")
 	a, b := newStore(t, env, ns, "a"), newStore(t, env, ns, "b")
 	ia, err := a.InstanceID()
@@ -192,7 +185,7 @@ func bytesIndex(b []byte, s string) int {
 // Exactly one replica leads; when it stops, another takes over within the Lease
 // duration.
 func TestOneLeaderAndTakeover(t *testing.T) {
-	env := kubetest.Shared(t, crdDir())
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
 	ns := env.Namespace(t, "lease")
 	var leaders atomic.Int32
 	var maxLeaders atomic.Int32
@@ -237,7 +230,7 @@ func TestOneLeaderAndTakeover(t *testing.T) {
 }
 
 func TestPolicyVersions(t *testing.T) {
-	env := kubetest.Shared(t, crdDir())
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
 	ns := env.Namespace(t, "policies")
 	a, b := newStore(t, env, ns, "a"), newStore(t, env, ns, "b")
 	for _, name := range []string{"base", "Has_Underscore"} {
@@ -260,7 +253,7 @@ func TestPolicyVersions(t *testing.T) {
 // A leader that dies (its Lease held, never renewed, never released) is replaced
 // within the Lease duration, and not before it runs out.
 func TestTakeoverFromACrashedLeader(t *testing.T) {
-	env := kubetest.Shared(t, crdDir())
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
 	ns := env.Namespace(t, "crash")
 	now := metav1.NewMicroTime(time.Now())
 	holder, secs := "crashed-replica", int32(2)
