@@ -37,7 +37,7 @@ vet:
 	@echo "==> go vet"
 	$(GO) vet ./...
 
-kube-testenv: ## build the pinned kube-apiserver and etcd the Kubernetes tests run (cached by version; cold ~12 min)
+kube-testenv: ## build the pinned kube-apiserver and etcd the Kubernetes tests run (cached by version; cold about 5 min)
 	@deploy/kubernetes/testenv/build.sh >/dev/null
 
 test: prepare build image kube-testenv vet check-tidy check-generate ## everything: vet, go.mod tidy, unit, integration, SDK tests

@@ -4,8 +4,9 @@
 # $AIRLOCK_KUBE_ASSETS (default ~/.cache/airlock/kube/<version>). A second run with both
 # binaries present costs nothing. Prints the assets folder on its last line.
 #
-# Cold cost on a 2-core machine: ~1 min of downloads, ~10 min to compile kube-apiserver,
-# ~1.5 min for etcd. The versions are pinned because the module proxy here is filtered.
+# Cost measured on this 2-core machine with empty Go module and build caches: 5 min in
+# all (0.85 GB of modules, 2.9 GB of build cache); with both binaries cached: 0.01 s.
+# The versions are pinned because the module proxy here is filtered.
 set -euo pipefail
 
 KUBE_VERSION=v1.37.1      # k8s.io/kubernetes; its staging modules are v0.37.1
@@ -22,7 +23,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 if [[ ! -x $ASSETS/kube-apiserver ]]; then
-	log "building kube-apiserver $KUBE_VERSION into $ASSETS (cold: ~10 min)"
+	log "building kube-apiserver $KUBE_VERSION into $ASSETS (cold: about 5 min)"
 	mkdir -p "$work/apiserver" && cd "$work/apiserver"
 	go mod init airlock.local/kube-apiserver >/dev/null 2>&1
 	go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
@@ -43,7 +44,7 @@ if [[ ! -x $ASSETS/kube-apiserver ]]; then
 fi
 
 if [[ ! -x $ASSETS/etcd ]]; then
-	log "building etcd $ETCD_VERSION into $ASSETS (cold: ~2 min)"
+	log "building etcd $ETCD_VERSION into $ASSETS (cold: about 1 min)"
 	mkdir -p "$work/etcd" && cd "$work/etcd"
 	go mod init airlock.local/etcd >/dev/null 2>&1
 	go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1
