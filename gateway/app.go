@@ -99,7 +99,9 @@ type App struct {
 	// app then uses Caddy's metrics registry and logger and has no audit sink.
 	Instance string `json:"instance,omitempty"`
 
-	table    *routetable.Table
+	table *routetable.Table
+	// upstream tracks the proxy's connections to sandboxes: a deletion closes them.
+	upstream *upstreamConns
 	keys     *signedurl.Keyring
 	apiKey   *accesstoken.Digest
 	domains  []string
@@ -240,9 +242,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	a.upstream = newUpstreamConns()
 	a.table = routetable.New(routetable.Config{
 		TombstoneTTL: time.Duration(a.TombstoneTTL),
 		OnChange:     func(n int) { a.metrics.routes.Set(float64(n)) },
+		OnDelete: func(s *watch.Sandbox) {
+			a.upstream.closeAddr(s.Address)
+			a.upstream.closeAddr(s.Address6)
+		},
 	})
 
 	if a.Watch != nil {

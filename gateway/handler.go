@@ -60,7 +60,10 @@ type Handler struct {
 
 	app *App
 	dec decider
-	log *slog.Logger
+	// cutByConn: the proxy's transport dials through app.upstream, so deleting a
+	// sandbox closes its connections and no per-request context is needed.
+	cutByConn bool
+	log       *slog.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -100,6 +103,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if err := h.Proxy.Provision(ctx); err != nil {
 		return fmt.Errorf("airlock handler: provisioning reverse_proxy: %w", err)
+	}
+	// A deleted sandbox's requests end when the app closes its connections; a
+	// transport that is not the standard one keeps a cancellable context per request.
+	if t, ok := h.Proxy.Transport.(*reverseproxy.HTTPTransport); ok && t.Transport != nil && t.Transport.DialContext != nil {
+		t.Transport.DialContext = h.app.upstream.wrap(t.Transport.DialContext)
+		h.cutByConn = true
 	}
 	return nil
 }
@@ -154,12 +163,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		dec.dial = eg.Dial
 	}
 
-	// The request ends when the client goes or the sandbox is deleted.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(dec.entry.Context(), cancel)
-	defer stop()
-	r = r.WithContext(ctx)
+	// The request ends when the client goes or the sandbox is deleted: the app closes a
+	// deleted sandbox's connections (cutByConn); other transports get a context per
+	// request that the deletion cancels.
+	ctx := r.Context()
+	if !h.cutByConn {
+		c, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(dec.entry.Context(), cancel)
+		defer stop()
+		r = r.WithContext(c)
+		ctx = c
+	}
 	caddyhttp.SetVar(ctx, VarDial, dec.dial)
 	caddyhttp.SetVar(ctx, VarSandboxID, dec.sb.ID)
 
@@ -198,6 +213,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			rec.status = http.StatusGone
 		} else {
 			rec.release()
+		}
+	case err != nil && dec.entry.Context().Err() != nil:
+		// The sandbox was deleted while the request was in flight: its connection was cut.
+		res = resGone
+		if !rec.wroteHeader() {
+			writeError(rec, statusOf(ErrGone), fmt.Sprintf("sandbox %s was deleted while the request was in flight", dec.sb.ID), reqID, 0)
 		}
 	case err != nil && !rec.wroteHeader():
 		res = resUpstreamError

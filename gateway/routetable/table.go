@@ -30,6 +30,10 @@ type Config struct {
 	// OnChange, when set, is called after every change with the new size (from the
 	// watch goroutine; keep it fast).
 	OnChange func(size int)
+	// OnDelete, when set, is called with a deleted sandbox's last facts right after its
+	// entry's context is cancelled (from the watch goroutine; keep it fast). Do not
+	// modify the value.
+	OnDelete func(s *watch.Sandbox)
 }
 
 // Entry is one sandbox in the table. Its facts change when lifecycle sends a new version;
@@ -242,6 +246,9 @@ func (t *Table) deleteLocked(id string, now time.Time) {
 	}
 	t.size.Add(-1)
 	v.(*Entry).cancel()
+	if t.cfg.OnDelete != nil {
+		t.cfg.OnDelete(v.(*Entry).Sandbox())
+	}
 	t.tombs[id] = now
 	t.order = append(t.order, tomb{id, now})
 	// Expire old tombstones and keep the bound; entries superseded by a re-add or a later
