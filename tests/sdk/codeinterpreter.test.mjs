@@ -10,11 +10,12 @@ import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxManager } from "@alibaba-group/opensandbox";
 import { CodeInterpreter, SupportedLanguage } from "./codeinterpreter.mjs";
-import { fakeResolver, freePort, startServer, stopServer } from "./harness.mjs";
+import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_CI_IMAGE ?? "opensandbox/code-interpreter:latest";
 const RUN = `ci${process.pid}`;
+const PREFIX = `altest-sdk-ci${process.pid}-`;
 
 let server;
 let stateDir;
@@ -42,7 +43,7 @@ before(async () => {
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
     `  pinRoot: /sys/fs/bpf/airlock-citest-${process.pid}`,
   ];
-  if (process.env.AIRLOCK_EXECD) lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  lines.push(...dockerSection(PREFIX));
   const cfg = path.join(stateDir, "airlock.yaml");
   writeFileSync(cfg, lines.join("\n") + "\n");
   ({ proc: server, apiKey } = await startServer(BIN, cfg));
@@ -59,6 +60,7 @@ after(async () => {
     }
     await stopServer(server);
   }
+  removeContainers(PREFIX); // held warm-pool members and anything left
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   rmSync(`/sys/fs/bpf/airlock-citest-${process.pid}`, { recursive: true, force: true });
   if (resolver) resolver.close();

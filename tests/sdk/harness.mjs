@@ -1,7 +1,7 @@
 // What the SDK suites share: a loopback fake resolver, free ports, and a real
 // `airlock up` started from a configuration file. Nothing here sends traffic off this
 // machine.
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import dgram from "node:dgram";
 import net from "node:net";
 
@@ -88,4 +88,24 @@ export async function stopServer(proc) {
   const exited = new Promise((r) => proc.once("exit", r));
   proc.kill("SIGTERM");
   await exited;
+}
+
+// dockerSection is the airlock.yaml docker section of a test server: its containers are
+// named with prefix (so the test can remove what the server leaves running, such as
+// held warm-pool members, which a real installation adopts on its next start), and
+// execd comes from $AIRLOCK_EXECD when set.
+export function dockerSection(prefix) {
+  const lines = ["docker:", `  namePrefix: ${prefix}`];
+  if (process.env.AIRLOCK_EXECD) lines.push(`  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  return lines;
+}
+
+// removeContainers force-removes every container whose name starts with prefix; it
+// reports how many it removed.
+export function removeContainers(prefix) {
+  const ids = execFileSync("docker", ["ps", "-aq", "--filter", `name=^${prefix}`], { encoding: "utf8" })
+    .split("\n")
+    .filter(Boolean);
+  if (ids.length > 0) execFileSync("docker", ["rm", "-f", ...ids], { stdio: "ignore" });
+  return ids.length;
 }

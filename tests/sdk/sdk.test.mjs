@@ -13,11 +13,12 @@ import {
   SandboxException,
   SandboxManager,
 } from "@alibaba-group/opensandbox";
-import { fakeResolver, freePort, startServer, stopServer } from "./harness.mjs";
+import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `sdk${process.pid}`;
+const PREFIX = `altest-sdk-sdk${process.pid}-`;
 
 let server;
 let stateDir;
@@ -54,9 +55,7 @@ before(async () => {
     "    size: 2",
     '    resourceLimits: {cpu: "1", memory: 2Gi}',
   ];
-  if (process.env.AIRLOCK_EXECD) {
-    lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
-  }
+  lines.push(...dockerSection(PREFIX));
   writeFileSync(cfg, lines.join("\n") + "\n");
   ({ proc: server, apiKey } = await startServer(BIN, cfg));
 });
@@ -74,6 +73,7 @@ after(async () => {
     }
     await stopServer(server);
   }
+  removeContainers(PREFIX); // held warm-pool members and anything left
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   rmSync(`/sys/fs/bpf/airlock-sdktest-${process.pid}`, { recursive: true, force: true });
   if (resolver) resolver.close();

@@ -12,11 +12,12 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "n
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxException } from "@alibaba-group/opensandbox";
-import { fakeResolver, freePort, startServer, stopServer } from "./harness.mjs";
+import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `vault${process.pid}`;
+const PREFIX = `altest-sdk-vault${process.pid}-`;
 // The datapath under test: the suite runs once per backend (package.json).
 const MODE = process.env.AIRLOCK_EGRESS_MODE ?? "ebpf";
 const SECRET = `sk-airlock-vault-${randomBytes(12).toString("hex")}`;
@@ -117,7 +118,7 @@ before(async () => {
     `  pinRoot: /sys/fs/bpf/airlock-vaulttest-${process.pid}`,
     `  upstreamCAFile: ${dir}/ca.crt`,
   ];
-  if (process.env.AIRLOCK_EXECD) lines.push("docker:", `  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  lines.push(...dockerSection(PREFIX));
   writeFileSync(cfgPath, lines.join("\n") + "\n");
   ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
   sbx = await Sandbox.create({
@@ -137,6 +138,7 @@ before(async () => {
 after(async () => {
   if (sbx) await sbx.kill().catch(() => {});
   await stopServer(server);
+  removeContainers(PREFIX); // held warm-pool members and anything left
   if (echo) echo.kill();
   if (resolver) resolver.close();
   unworld();
