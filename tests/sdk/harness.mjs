@@ -2,6 +2,7 @@
 // `airlock up` started from a configuration file. Nothing here sends traffic off this
 // machine.
 import { execFileSync, spawn } from "node:child_process";
+import { SandboxManager } from "@alibaba-group/opensandbox";
 import dgram from "node:dgram";
 import net from "node:net";
 
@@ -108,4 +109,16 @@ export function removeContainers(prefix) {
     .filter(Boolean);
   if (ids.length > 0) execFileSync("docker", ["rm", "-f", ...ids], { stdio: "ignore" });
   return ids.length;
+}
+
+// killSuite kills every sandbox whose metadata.suite is run, ignoring failures (the
+// server may be gone: then there is nothing to clean through it).
+export async function killSuite(connectionConfig, run) {
+  try {
+    const mgr = SandboxManager.create({ connectionConfig });
+    const left = await mgr.listSandboxInfos({ metadata: { suite: run }, pageSize: 100 });
+    for (const sb of left.items) await mgr.killSandbox(sb.id).catch(() => {});
+  } catch {
+    // the server is gone
+  }
 }

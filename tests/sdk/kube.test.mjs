@@ -9,6 +9,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { ConnectionConfig, Sandbox, SandboxException, SandboxManager } from "@alibaba-group/opensandbox";
+import { killSuite } from "./harness.mjs";
 
 const domain = process.env.AIRLOCK_KUBE_DOMAIN;
 const gateway = process.env.AIRLOCK_KUBE_GATEWAY;
@@ -27,9 +28,7 @@ before(() => {
 });
 
 after(async () => {
-  const mgr = SandboxManager.create({ connectionConfig: config() });
-  const left = await mgr.listSandboxInfos({ metadata: { suite: RUN }, pageSize: 100 }).catch(() => ({ items: [] }));
-  for (const s of left.items) await mgr.killSandbox(s.id).catch(() => {});
+  await killSuite(config(), RUN);
 });
 
 test("create a pod-backed sandbox, then getInfo", async () => {

@@ -13,7 +13,7 @@ import {
   SandboxException,
   SandboxManager,
 } from "@alibaba-group/opensandbox";
-import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
+import { dockerSection, fakeResolver, freePort, killSuite, removeContainers, startServer, stopServer } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
@@ -62,15 +62,7 @@ before(async () => {
 
 after(async () => {
   if (server && server.exitCode === null) {
-    try {
-      const mgr = SandboxManager.create({ connectionConfig: config() });
-      const left = await mgr.listSandboxInfos({ metadata: { suite: RUN }, pageSize: 100 });
-      for (const sb of left.items) {
-        await mgr.killSandbox(sb.id).catch(() => {});
-      }
-    } catch {
-      // the server is gone; nothing to clean through it
-    }
+    await killSuite(config(), RUN);
     await stopServer(server);
   }
   removeContainers(PREFIX); // held warm-pool members and anything left
