@@ -96,8 +96,23 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if dec.WouldDeny {
 		wouldDeny = append(wouldDeny, dec.Reason)
 	}
-	// 4. upstream (cache, singleflight, failover, TCP on truncation)
-	resp, cached, err := s.resolve(ctx, name, q.Qtype)
+	// 4. an answer prepared from the cache for this policy and this form of query
+	key := cacheKey{name, q.Qtype}
+	ak, reusable := answerKeyOf(w, req, d)
+	if reusable && len(wouldDeny) == 0 {
+		if p := s.cache.prepared(key, &ak, start); p != nil {
+			s.metrics.cachePrepared.Inc()
+			if !s.learn(ctx, w, req, sb.ID, name, p.f, dec, rec, start) {
+				return
+			}
+			rec.Action, rec.Rule, rec.Reason, rec.Extra = "allow", dec.Rule, dec.Reason, p.extra
+			s.audit(d, rec, dec)
+			s.finishPrepared(w.(*udpWriter), req, p.wire, start)
+			return
+		}
+	}
+	// 5. upstream (cache, singleflight, failover, TCP on truncation)
+	res, err := s.resolve(ctx, key)
 	if err != nil {
 		rec.Action, rec.Rule, rec.Reason = "allow", dec.Rule, "upstream failed: "+err.Error()
 		rec.Extra = map[string]any{"rcode": "SERVFAIL"}
@@ -105,7 +120,8 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		s.finish(w, req, reply(req, dns.RcodeServerFailure), "servfail", start)
 		return
 	}
-	// 5. the answer: CNAME hops, addresses (rebinding), TTLs
+	resp, cached := res.msg, res.entry != nil
+	// 6. the answer: CNAME hops, addresses (rebinding), TTLs
 	f := s.filter(d, name, resp)
 	for _, dr := range f.drops {
 		s.metrics.rebinding.Inc()
@@ -121,23 +137,11 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	m := reply(req, resp.Rcode)
 	m.Answer, m.Ns = f.answer, f.ns
 	m.Extra = edns(req, 0, "")
-	// 6. learn before answering
-	if len(f.addrs) > 0 && s.cfg.Learn != nil {
-		l := Learned{SandboxID: sb.ID, Name: name, Chain: f.chain, Addrs: f.addrs, TTL: f.ttl, Ports: dec.Ports}
-		t0 := time.Now()
-		err := s.cfg.Learn(ctx, l)
-		s.metrics.learn.Observe(time.Since(t0).Seconds())
-		if err != nil {
-			s.metrics.learnErrors.Inc()
-			s.log.Error("dns learning hook failed", "sandbox_id", sb.ID, "name", name, "error", err)
-			rec.Action, rec.Rule, rec.Reason = "deny", dec.Rule, "learning hook failed: "+err.Error()
-			rec.Extra = map[string]any{"rcode": "SERVFAIL"}
-			s.audit(nil, rec, policies.Decision{})
-			s.finish(w, req, reply(req, dns.RcodeServerFailure), "servfail", start)
-			return
-		}
+	// 7. learn before answering
+	if !s.learn(ctx, w, req, sb.ID, name, f, dec, rec, start) {
+		return
 	}
-	// 7. audit and answer
+	// 8. audit and answer
 	rec.Action, rec.Rule, rec.Reason = "allow", dec.Rule, dec.Reason
 	if len(wouldDeny) > 0 {
 		rec.WouldDeny, rec.Reason = true, strings.Join(wouldDeny, "; ")
@@ -156,6 +160,9 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		rec.Extra["ttl_s"] = int(f.ttl / time.Second)
 	}
 	s.audit(d, rec, dec)
+	if cached && reusable && !rec.WouldDeny && len(f.drops) == 0 {
+		s.prepare(res, ak, m, f, rec.Extra)
+	}
 	result := "allow"
 	if rec.WouldDeny {
 		result = "would_deny"
@@ -163,10 +170,33 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	s.finish(w, req, m, result, start)
 }
 
+// learn hands f's addresses to the learning hook. When the hook fails it answers
+// SERVFAIL, audits the failure and returns false.
+func (s *Server) learn(ctx context.Context, w dns.ResponseWriter, req *dns.Msg, sandboxID, name string, f filtered,
+	dec policies.Decision, rec audit.Record, start time.Time) bool {
+	if len(f.addrs) == 0 || s.cfg.Learn == nil {
+		return true
+	}
+	l := Learned{SandboxID: sandboxID, Name: name, Chain: f.chain, Addrs: f.addrs, TTL: f.ttl, Ports: dec.Ports}
+	t0 := time.Now()
+	err := s.cfg.Learn(ctx, l)
+	s.metrics.learn.Observe(time.Since(t0).Seconds())
+	if err == nil {
+		return true
+	}
+	s.metrics.learnErrors.Inc()
+	s.log.Error("dns learning hook failed", "sandbox_id", sandboxID, "name", name, "error", err)
+	rec.Action, rec.Rule, rec.Reason = "deny", dec.Rule, "learning hook failed: "+err.Error()
+	rec.Extra = map[string]any{"rcode": "SERVFAIL"}
+	s.audit(nil, rec, policies.Decision{})
+	s.finish(w, req, reply(req, dns.RcodeServerFailure), "servfail", start)
+	return false
+}
+
 // finish counts the query and writes m, truncating UDP answers to the client's buffer
 // (the client retries over TCP, RFC 7766).
 func (s *Server) finish(w dns.ResponseWriter, req, m *dns.Msg, result string, start time.Time) {
-	if _, ok := w.RemoteAddr().(*net.UDPAddr); ok {
+	if _, proto := remote(w); proto == "udp" {
 		size := dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
 			size = max(dns.MinMsgSize, min(int(opt.UDPSize()), advertisedUDPSize))
@@ -174,11 +204,8 @@ func (s *Server) finish(w dns.ResponseWriter, req, m *dns.Msg, result string, st
 		m.Truncate(size)
 	}
 	// Counted before the write so that a client that has its answer also sees it counted.
-	s.metrics.queries.WithLabelValues(result).Inc()
-	s.metrics.duration.WithLabelValues(result).Observe(time.Since(start).Seconds())
-	if err := w.WriteMsg(m); err != nil {
-		s.log.Debug("dns write failed", "error", err)
-	}
+	s.metrics.count(result, start)
+	s.reply(w, m)
 }
 
 // reply starts an answer to req with rcode.
@@ -210,6 +237,9 @@ func edns(req *dns.Msg, ede uint16, text string) []dns.RR {
 }
 
 func remote(w dns.ResponseWriter) (netip.AddrPort, string) {
+	if u, ok := w.(*udpWriter); ok {
+		return u.remote, "udp"
+	}
 	switch a := w.RemoteAddr().(type) {
 	case *net.UDPAddr:
 		return a.AddrPort(), "udp"

@@ -74,7 +74,8 @@ type Learned struct {
 // Learner programs enforcement for learned addresses. It is called before the answer
 // is written and the answer waits for it to return; an error means the addresses could
 // not be programmed and the client gets SERVFAIL instead of an answer it could not use.
-// ctx carries the per-query deadline.
+// ctx carries the per-query deadline. l's slices may be shared with other queries
+// (prepared answers): the hook must not modify them.
 type Learner func(ctx context.Context, l Learned) error
 
 // AuditSink receives one record per decision; Append must not block (audit.Writer).
@@ -132,7 +133,9 @@ type Server struct {
 	pools   map[string]*udpPool
 	udp     net.PacketConn
 	tcp     net.Listener
-	servers []*dns.Server
+	tcpSrv  *dns.Server
+	// inflight counts the UDP readers and the queries they handed to goroutines.
+	inflight sync.WaitGroup
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -199,10 +202,7 @@ func New(cfg Config) (*Server, error) {
 	if err := s.listen(cfg.Addr); err != nil {
 		return nil, err
 	}
-	s.servers = []*dns.Server{
-		{PacketConn: s.udp, Handler: s, UDPSize: dns.DefaultMsgSize},
-		{Listener: s.tcp, Handler: s},
-	}
+	s.tcpSrv = &dns.Server{Listener: s.tcp, Handler: s}
 	return s, nil
 }
 
@@ -237,10 +237,9 @@ func (s *Server) Addr() netip.AddrPort {
 // Run serves until ctx ends or Close is called; it then shuts the listeners down and
 // returns nil (or the first serving error).
 func (s *Server) Run(ctx context.Context) error {
-	errc := make(chan error, len(s.servers))
-	for _, srv := range s.servers {
-		go func() { errc <- srv.ActivateAndServe() }()
-	}
+	errc := make(chan error, 2)
+	go func() { errc <- s.serveUDP() }()
+	go func() { errc <- s.tcpSrv.ActivateAndServe() }()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -255,17 +254,26 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
-		for _, srv := range s.servers {
-			_ = srv.Shutdown()
-		}
+		_ = s.tcpSrv.Shutdown()
 		// closing the sockets also stops a server that had not started yet
 		s.udp.Close()
 		s.tcp.Close()
+		s.inflight.Wait() // the UDP readers and the queries in flight
 		for _, p := range s.pools {
 			p.close()
 		}
 	})
 	return nil
+}
+
+// closing reports whether Close has been called.
+func (s *Server) closing() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *Server) audit(d *policies.Decider, r audit.Record, dec policies.Decision) {

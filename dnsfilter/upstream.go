@@ -20,35 +20,43 @@ type cacheKey struct {
 	qtype uint16
 }
 
-// resolve answers name/qtype from the cache or the upstreams. Concurrent misses for the
-// same key share one upstream exchange. The returned message is the caller's own copy
-// with TTLs aged by the time spent in the cache.
-func (s *Server) resolve(ctx context.Context, name string, qtype uint16) (*dns.Msg, bool, error) {
-	key := cacheKey{name, qtype}
-	if m, ok := s.cache.get(key, time.Now()); ok {
-		s.metrics.cache.WithLabelValues("hit").Inc()
-		return m, true, nil
+// resolved is an answer from resolve.
+type resolved struct {
+	// msg is the caller's own copy, TTLs aged by the time spent in the cache.
+	msg *dns.Msg
+	// entry is the cache entry msg was copied from (nil for a fresh exchange), and age
+	// how long it had been cached, in whole seconds.
+	entry *cacheEntry
+	age   uint32
+}
+
+// resolve answers k from the cache or the upstreams. Concurrent misses for the same key
+// share one upstream exchange.
+func (s *Server) resolve(ctx context.Context, k cacheKey) (resolved, error) {
+	if r, ok := s.cache.get(k, time.Now()); ok {
+		s.metrics.cacheHit.Inc()
+		return r, nil
 	}
-	s.metrics.cache.WithLabelValues("miss").Inc()
+	s.metrics.cacheMiss.Inc()
 	// The exchange is bounded by UpstreamTimeout per attempt, so waiting for it in
 	// place (no extra goroutine per miss) cannot outlive the query by much.
-	v, err, shared := s.flight.Do(name+"/"+strconv.Itoa(int(qtype)), func() (any, error) {
-		m, err := s.exchange(name, qtype)
+	v, err, shared := s.flight.Do(k.name+"/"+strconv.Itoa(int(k.qtype)), func() (any, error) {
+		m, err := s.exchange(k.name, k.qtype)
 		if err == nil {
-			s.cache.put(key, m, time.Now())
+			s.cache.put(k, m, time.Now())
 		}
 		return m, err
 	})
 	if err != nil {
-		return nil, false, err
+		return resolved{}, err
 	}
 	if shared {
 		s.metrics.shared.Inc()
 	}
 	if ctx.Err() != nil {
-		return nil, false, ctx.Err()
+		return resolved{}, ctx.Err()
 	}
-	return v.(*dns.Msg).Copy(), false, nil
+	return resolved{msg: v.(*dns.Msg).Copy()}, nil
 }
 
 // exchange asks the upstreams in order until one answers with something other than
@@ -191,6 +199,8 @@ type cacheEntry struct {
 	msg     *dns.Msg
 	stored  time.Time
 	expires time.Time
+	// answers are the answers prepared from msg (prepared.go), guarded by cache.mu.
+	answers map[answerKey]*prepared
 }
 
 func newCache(size int) *cache {
@@ -204,9 +214,9 @@ func (c *cache) len() float64 {
 }
 
 // get returns a copy of the cached answer with TTLs reduced by its age.
-func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, bool) {
+func (c *cache) get(k cacheKey, now time.Time) (resolved, bool) {
 	if c.max < 0 {
-		return nil, false
+		return resolved{}, false
 	}
 	c.mu.Lock()
 	e, ok := c.m[k]
@@ -216,7 +226,7 @@ func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, bool) {
 	}
 	c.mu.Unlock()
 	if !ok {
-		return nil, false
+		return resolved{}, false
 	}
 	m := e.msg.Copy()
 	age := uint32(now.Sub(e.stored) / time.Second)
@@ -226,7 +236,18 @@ func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, bool) {
 			h.Ttl -= min(h.Ttl, age)
 		}
 	}
-	return m, true
+	return resolved{msg: m, entry: e, age: age}, true
+}
+
+// has reports whether an unexpired answer for k is cached.
+func (c *cache) has(k cacheKey, now time.Time) bool {
+	if c.max < 0 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	return ok && now.Before(e.expires)
 }
 
 // put caches m for its TTL: the lowest answer TTL, or for a negative answer the SOA's
