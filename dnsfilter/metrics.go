@@ -22,7 +22,7 @@ type metrics struct {
 
 	// resolved children of the vectors above, for the hot path
 	cacheHit, cacheMiss, cachePrepared prometheus.Counter
-	results             map[string]resultMetrics
+	results                            map[string]resultMetrics
 }
 
 type resultMetrics struct {

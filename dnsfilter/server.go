@@ -33,6 +33,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -136,6 +137,9 @@ type Server struct {
 	tcpSrv  *dns.Server
 	// inflight counts the UDP readers and the queries they handed to goroutines.
 	inflight sync.WaitGroup
+	// work hands queries from the UDP readers to idle workers (udp.go).
+	work        chan udpQuery
+	idleWorkers atomic.Int32
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -189,7 +193,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, guard: newRateGuard(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, guard: newRateGuard(), done: make(chan struct{}),
+		work: make(chan udpQuery)}
 	s.cache = newCache(cfg.CacheSize)
 	s.pools = map[string]*udpPool{}
 	for _, u := range cfg.Upstreams {

@@ -113,14 +113,47 @@ func (s *Server) readUDP(conn *net.UDPConn, wildcard bool) error {
 			s.ServeDNS(w.reset(from, session), req)
 			continue
 		}
-		spawned := &udpWriter{conn: conn}
-		spawned.reset(from, session)
-		s.inflight.Add(1)
-		go func() {
-			defer s.inflight.Done()
-			s.ServeDNS(spawned, req)
-		}()
+		s.handOff(udpQuery{w: (&udpWriter{conn: conn}).reset(from, session), req: req})
 	}
+}
+
+// udpQuery is a query handed off by a reader.
+type udpQuery struct {
+	w   *udpWriter
+	req *dns.Msg
+}
+
+// maxIdleWorkers bounds the goroutines kept waiting for handed-off queries.
+const maxIdleWorkers = 64
+
+// handOff answers q on another goroutine: an idle worker (its stack already grown) or,
+// when none is idle, a new one, which then stays for more while fewer than
+// maxIdleWorkers wait.
+func (s *Server) handOff(q udpQuery) {
+	select {
+	case s.work <- q:
+		return
+	default:
+	}
+	s.inflight.Add(1)
+	go func() {
+		defer s.inflight.Done()
+		s.ServeDNS(q.w, q.req)
+		for {
+			if s.idleWorkers.Add(1) > maxIdleWorkers {
+				s.idleWorkers.Add(-1)
+				return
+			}
+			select {
+			case q = <-s.work:
+				s.idleWorkers.Add(-1)
+				s.ServeDNS(q.w, q.req)
+			case <-s.done:
+				s.idleWorkers.Add(-1)
+				return
+			}
+		}
+	}()
 }
 
 // answerCached reports whether req's answer is in the cache, so that answering it
