@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
+	"hash"
 	"strconv"
 	"time"
 )
@@ -29,41 +29,16 @@ const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
 // tailLen is the length of `,"prev":"<64>","hash":"<64>"}`.
 const tailLen = len(`,"prev":"`) + 64 + len(`","hash":"`) + 64 + len(`"}`)
 
-// canonicalRecord is Record without the chain fields and with a fixed time format.
-type canonicalRecord struct {
-	Time          string         `json:"time"`
-	Seq           uint64         `json:"seq"`
-	SandboxID     string         `json:"sandbox_id,omitempty"`
-	Source        Source         `json:"source"`
-	Proto         string         `json:"proto,omitempty"`
-	Src           string         `json:"src,omitempty"`
-	DstHost       string         `json:"dst_host,omitempty"`
-	DstIP         string         `json:"dst_ip,omitempty"`
-	DstPort       int            `json:"dst_port,omitempty"`
-	QType         string         `json:"qtype,omitempty"`
-	Action        string         `json:"action"`
-	Mode          string         `json:"mode,omitempty"`
-	WouldDeny     bool           `json:"would_deny,omitempty"`
-	Rule          string         `json:"rule,omitempty"`
-	Reason        string         `json:"reason,omitempty"`
-	PolicyVersion uint64         `json:"policy_version,omitempty"`
-	Extra         map[string]any `json:"extra,omitempty"`
-}
-
-// Canonical returns the record's canonical bytes (see the chain format above).
+// Canonical returns the record's canonical bytes (see the chain format above). The
+// error, when an Extra value cannot be encoded as JSON, is encoding/json's.
 func (r Record) Canonical() ([]byte, error) {
-	return json.Marshal(canonicalRecord{
-		Time: r.Time.UTC().Format(TimeFormat), Seq: r.Seq, SandboxID: r.SandboxID, Source: r.Source,
-		Proto: r.Proto, Src: r.Src, DstHost: r.DstHost, DstIP: r.DstIP, DstPort: r.DstPort, QType: r.QType,
-		Action: r.Action, Mode: r.Mode, WouldDeny: r.WouldDeny, Rule: r.Rule, Reason: r.Reason,
-		PolicyVersion: r.PolicyVersion, Extra: r.Extra,
-	})
+	return appendCanonical(make([]byte, 0, 512), &r)
 }
 
 // MarshalJSON writes the record exactly as a log line (without the newline): the
 // canonical bytes followed by prev and hash.
 func (r Record) MarshalJSON() ([]byte, error) {
-	c, err := r.Canonical()
+	c, err := appendCanonical(make([]byte, 0, 512+tailLen), &r)
 	if err != nil {
 		return nil, err
 	}
@@ -81,9 +56,9 @@ func appendChain(b []byte, prev, hash string) []byte {
 // ChainHash returns hex(SHA-256(prev raw bytes || canonical)). prev must be 64 hex
 // digits.
 func ChainHash(prev string, canonical []byte) (string, error) {
-	var p [32]byte
-	if _, err := hex.Decode(p[:], []byte(prev)); err != nil || len(prev) != 64 {
-		return "", errors.New("prev is not 64 hex digits")
+	p, err := parseHash(prev)
+	if err != nil {
+		return "", err
 	}
 	h := sha256.New()
 	h.Write(p[:])
@@ -91,20 +66,49 @@ func ChainHash(prev string, canonical []byte) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// seal encodes r as one log line (with newline) chained to prev, returning the line and
-// r's hash.
-func seal(r *Record, prev string) ([]byte, error) {
-	c, err := r.Canonical()
-	if err != nil {
-		return nil, err
+// parseHash decodes a chain hash: 64 hex digits.
+func parseHash(s string) ([32]byte, error) {
+	var p [32]byte
+	if len(s) != 64 {
+		return p, errors.New("prev is not 64 hex digits")
 	}
-	hash, err := ChainHash(prev, c)
-	if err != nil {
-		return nil, err
+	if _, err := hex.Decode(p[:], []byte(s)); err != nil {
+		return p, errors.New("prev is not 64 hex digits")
 	}
-	r.Prev, r.Hash = prev, hash
-	line := appendChain(c[:len(c)-1], prev, hash)
-	return append(line, '\n'), nil
+	return p, nil
+}
+
+// sealer writes chained log lines. It holds the chain's position (the last record's
+// hash) and a SHA-256 state reused for every record, so sealing a record into a buffer
+// with room allocates nothing. The zero sealer is at Genesis.
+type sealer struct {
+	prev [32]byte // hash of the last sealed record
+	sum  [32]byte // scratch for the next hash
+	h    hash.Hash
+}
+
+// seal appends r as one log line (with newline) chained to s.prev, and moves s.prev to
+// r's hash. On error (an Extra value JSON cannot encode) b and s are unchanged.
+func (s *sealer) seal(b []byte, r *Record) ([]byte, error) {
+	start := len(b)
+	b, err := appendCanonical(b, r)
+	if err != nil {
+		return b, err
+	}
+	if s.h == nil {
+		s.h = sha256.New()
+	}
+	s.h.Reset()
+	s.h.Write(s.prev[:])
+	s.h.Write(b[start:])
+	s.h.Sum(s.sum[:0])
+	b = append(b[:len(b)-1], `,"prev":"`...) // drop the canonical "}"
+	b = hex.AppendEncode(b, s.prev[:])
+	b = append(b, `","hash":"`...)
+	b = hex.AppendEncode(b, s.sum[:])
+	b = append(b, "\"}\n"...)
+	s.prev = s.sum
+	return b, nil
 }
 
 // lineParts splits one log line (without newline) into its canonical bytes, prev and

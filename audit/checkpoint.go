@@ -128,9 +128,22 @@ func logFiles(dir string) ([]string, error) {
 // torn last line off), the last checkpoint's hash, and missing checkpoints of finished
 // files (a crash between rotation steps). It leaves the current file open for append.
 func (w *Writer) recover() error {
-	cps, err := ReadCheckpoints(w.cfg.Dir)
+	prev, err := w.recoverTail()
 	if err != nil {
 		return err
+	}
+	if w.prev, err = parseHash(prev); err != nil {
+		return fmt.Errorf("audit: the chain's last hash %.64q is not 64 hex digits; run `airlock audit verify`", prev)
+	}
+	return nil
+}
+
+// recoverTail is recover's work; it returns the last record's hash (Genesis when none).
+func (w *Writer) recoverTail() (prev string, err error) {
+	prev = Genesis
+	cps, err := ReadCheckpoints(w.cfg.Dir)
+	if err != nil {
+		return prev, err
 	}
 	have := map[string]Checkpoint{}
 	for _, c := range cps {
@@ -139,49 +152,49 @@ func (w *Writer) recover() error {
 	}
 	files, err := logFiles(w.cfg.Dir)
 	if err != nil {
-		return fmt.Errorf("audit: %w", err)
+		return prev, fmt.Errorf("audit: %w", err)
 	}
 	if len(files) == 0 {
-		return w.openFile(1)
+		return prev, w.openFile(1)
 	}
 	for i, name := range files {
 		last := i == len(files)-1
 		if cp, ok := have[name]; ok {
-			w.seq, w.prev = cp.LastSeq, cp.LastHash // sealed: no need to read it
-			if last {                               // crashed between the checkpoint and the next file
-				return w.openFile(w.seq + 1)
+			w.seq, prev = cp.LastSeq, cp.LastHash // sealed: no need to read it
+			if last {                             // crashed between the checkpoint and the next file
+				return prev, w.openFile(w.seq + 1)
 			}
 			continue
 		}
 		st, err := w.scanTail(name, last)
 		if err != nil {
-			return err
+			return prev, err
 		}
 		if st.records > 0 {
-			w.seq, w.prev = st.lastSeq, st.lastHash
+			w.seq, prev = st.lastSeq, st.lastHash
 		}
 		if last {
 			f, err := os.OpenFile(filepath.Join(w.cfg.Dir, name), os.O_WRONLY|os.O_APPEND, 0o600)
 			if err != nil {
-				return fmt.Errorf("audit: %w", err)
+				return prev, fmt.Errorf("audit: %w", err)
 			}
 			w.f, w.name, w.size, w.fileHash, w.fileFirst = f, name, st.size, st.hash, st.firstSeq
 			w.firstTime, w.lastTime = st.firstTime, st.lastTime
 			if st.records == 0 {
 				w.fileFirst = w.seq + 1
 			}
-			return nil
+			return prev, nil
 		}
 		if st.records > 0 {
 			cp := Checkpoint{File: name, FirstSeq: st.firstSeq, LastSeq: st.lastSeq, FirstTime: st.firstTime,
 				LastTime: st.lastTime, LastHash: st.lastHash, FileSHA256: hex.EncodeToString(st.hash.Sum(nil))}
 			if err := w.appendCheckpoint(&cp); err != nil {
-				return err
+				return prev, err
 			}
 			w.log.Warn("audit checkpoint written on recovery", "file", name)
 		}
 	}
-	return nil
+	return prev, nil
 }
 
 type fileState struct {

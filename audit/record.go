@@ -64,7 +64,8 @@ type Record struct {
 	// gateway: route, status, bytes, duration_ms; for loss records: lost).
 	Extra map[string]any `json:"extra,omitempty"`
 	// Prev is the hash of the previous record (hex SHA-256), Hash this record's:
-	// SHA-256 over Prev and the record's canonical bytes. Set by the writer.
+	// SHA-256 over Prev and the record's canonical bytes. The writer writes them into
+	// the record's log line; they are set on records read back (Scan, Query).
 	Prev string `json:"prev"`
 	Hash string `json:"hash"`
 }

@@ -3,6 +3,7 @@ package audit
 import (
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
@@ -75,11 +76,13 @@ type Writer struct {
 	firstTime  time.Time
 	lastTime   time.Time
 	seq        uint64
-	prev       string
-	checkpoint string // hash of the last checkpoint
+	prev       [32]byte // hash of record seq (Genesis: zeros)
+	checkpoint string   // hash of the last checkpoint
 	dirty      bool
-	buf        []byte
 	batch      []Record
+	sealer     sealer   // chain position while a batch is sealed; prev once written
+	buf        []byte   // the sealed lines not yet written
+	sources    []Source // the source of each line in buf, for loss accounting
 
 	synced  atomic.Uint64
 	written atomic.Uint64
@@ -121,7 +124,7 @@ func open(cfg Config) (*Writer, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger, queue: make(chan Record, cfg.QueueSize),
-		stop: make(chan struct{}), done: make(chan struct{}), prev: Genesis}
+		stop: make(chan struct{}), done: make(chan struct{})}
 	var err error
 	if w.metrics, err = newMetrics(cfg.Registry, func() float64 { return float64(len(w.queue)) }); err != nil {
 		return nil, err
@@ -286,45 +289,48 @@ func (w *Writer) writeLoss() {
 
 // writeBatch seals and writes records, one write per file (a batch that reaches
 // MaxFileBytes is split there and the file rotated). On failure the file is cut back to
-// its last good size and the unwritten records count as lost.
+// its last good size and the unwritten records count as lost. It sets each record's
+// Seq; Prev and Hash are left alone (only the chain state keeps the last hash).
 func (w *Writer) writeBatch(recs []Record) {
-	w.buf = w.buf[:0]
-	seq, prev := w.seq, w.prev
-	first, last := w.firstTime, w.lastTime
-	pending := recs[:0:0]
+	w.buf, w.sources = w.buf[:0], w.sources[:0]
+	seq, first, last := w.seq, w.firstTime, w.lastTime
+	w.sealer.prev = w.prev
 	for i := range recs {
 		r := &recs[i]
 		r.Seq = seq + 1
-		line, err := seal(r, prev)
-		if err != nil { // an Extra value json cannot encode: record the fact instead
+		var err error
+		if w.buf, err = w.sealer.seal(w.buf, r); err != nil {
+			// an Extra value json cannot encode: record the fact instead
 			r.Extra = map[string]any{"encode_error": err.Error()}
-			if line, err = seal(r, prev); err != nil {
+			if w.buf, err = w.sealer.seal(w.buf, r); err != nil {
 				w.countLost(r.Source)
 				continue
 			}
 		}
-		seq, prev = r.Seq, r.Hash
+		seq = r.Seq
 		if first.IsZero() {
 			first = r.Time
 		}
 		last = r.Time
-		w.buf = append(w.buf, line...)
-		pending = append(pending, *r)
+		w.sources = append(w.sources, r.Source)
 		if w.size+int64(len(w.buf)) >= w.cfg.MaxFileBytes {
-			if !w.commit(pending, seq, prev, first, last) {
-				w.lose(recs[i+1:])
+			if !w.commit(seq, first, last) {
+				for j := i + 1; j < len(recs); j++ {
+					w.countLost(recs[j].Source)
+				}
 				return
 			}
 			w.rotate()
-			w.buf, pending = w.buf[:0], pending[:0]
+			w.buf, w.sources = w.buf[:0], w.sources[:0]
 			first, last = w.firstTime, w.lastTime
 		}
 	}
-	w.commit(pending, seq, prev, first, last)
+	w.commit(seq, first, last)
 }
 
-// commit writes w.buf (the sealed lines of recs) and advances the chain state.
-func (w *Writer) commit(recs []Record, seq uint64, prev string, first, last time.Time) bool {
+// commit writes w.buf (the sealed lines of records from w.sources, the last one seq)
+// and advances the chain state to w.sealer's. On failure the records count as lost.
+func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	if len(w.buf) == 0 {
 		return true
 	}
@@ -334,23 +340,19 @@ func (w *Writer) commit(recs []Record, seq uint64, prev string, first, last time
 		if terr := w.f.Truncate(w.size); terr != nil {
 			w.log.Error("audit truncate after failed write", "file", w.name, "error", terr)
 		}
-		w.lose(recs)
+		for _, s := range w.sources {
+			w.countLost(s)
+		}
 		return false
 	}
 	w.fileHash.Write(w.buf)
 	w.size += int64(len(w.buf))
-	w.seq, w.prev, w.firstTime, w.lastTime = seq, prev, first, last
+	w.seq, w.prev, w.firstTime, w.lastTime = seq, w.sealer.prev, first, last
 	w.dirty = true
 	w.written.Store(seq)
-	w.metrics.records.Add(float64(len(recs)))
+	w.metrics.records.Add(float64(len(w.sources)))
 	w.metrics.bytes.Add(float64(len(w.buf)))
 	return true
-}
-
-func (w *Writer) lose(recs []Record) {
-	for _, r := range recs {
-		w.countLost(r.Source)
-	}
 }
 
 func (w *Writer) sync() {
@@ -380,7 +382,7 @@ func (w *Writer) rotate() {
 		return // fsync failed: keep writing to the same file, retry later
 	}
 	cp := Checkpoint{File: w.name, FirstSeq: w.fileFirst, LastSeq: w.seq, FirstTime: w.firstTime, LastTime: w.lastTime,
-		LastHash: w.prev, FileSHA256: fmt.Sprintf("%x", w.fileHash.Sum(nil))}
+		LastHash: hex.EncodeToString(w.prev[:]), FileSHA256: fmt.Sprintf("%x", w.fileHash.Sum(nil))}
 	if err := w.appendCheckpoint(&cp); err != nil {
 		w.setErr(err)
 		return

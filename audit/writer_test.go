@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -37,10 +38,12 @@ func TestRecordLineFormat(t *testing.T) {
 	r := Record{Time: time.Date(2026, 3, 4, 5, 6, 7, 123456789, time.FixedZone("x", 3600)), Seq: 9,
 		SandboxID: "sb1", Source: SourceBPF, DstIP: "198.51.100.7", DstPort: 443, Action: "deny",
 		Extra: map[string]any{"b": 1, "a": "x"}}
-	line, err := seal(&r, Genesis)
+	var s sealer // at Genesis
+	line, err := s.seal(nil, &r)
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.Prev, r.Hash = Genesis, hex.EncodeToString(s.prev[:])
 	want := `{"time":"2026-03-04T04:06:07.123456Z","seq":9,"sandbox_id":"sb1","source":"bpf","dst_ip":"198.51.100.7","dst_port":443,"action":"deny","extra":{"a":"x","b":1},"prev":"` + Genesis + `","hash":"` + r.Hash + "\"}\n"
 	if string(line) != want {
 		t.Errorf("line\n%s\nwant\n%s", line, want)
@@ -247,6 +250,36 @@ func TestReopenContinuesChain(t *testing.T) {
 	rep, err = Verify(dir, VerifyOptions{})
 	if err != nil || rep.TornTail != nil || rep.LastSeq != 61 {
 		t.Fatalf("after reopen Verify = %+v, %v", rep, err)
+	}
+}
+
+// TestReopenRefusesMalformedLastHash: a last line whose hash is not hex (the tail's
+// shape intact) cannot be chained to; New says so instead of losing every record.
+func TestReopenRefusesMalformedLastHash(t *testing.T) {
+	dir := t.TempDir()
+	w := newTestWriter(t, Config{Dir: dir})
+	for i := range 3 {
+		w.Append(rec("sb", i))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := logFiles(dir)
+	path := filepath.Join(dir, files[0])
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashAt := len(data) - len("\"}\n") - 64
+	copy(data[hashAt:], strings.Repeat("z", 64))
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := New(Config{Dir: dir}); err == nil || !strings.Contains(err.Error(), "airlock audit verify") {
+		if w != nil {
+			w.Close()
+		}
+		t.Fatalf("New over a malformed last hash: %v", err)
 	}
 }
 
