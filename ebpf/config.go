@@ -2,6 +2,8 @@ package egressbpf
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -58,6 +60,14 @@ type Config struct {
 	// EventBuffer is the capacity of the Events channel; default 4096.
 	EventBuffer int
 	Logger      *slog.Logger
+}
+
+// HasPinnedState reports whether cfg's pin root holds sandbox state pinned by a
+// previous run (the meta_by_idx map), which New would adopt.
+func HasPinnedState(cfg Config) bool {
+	cfg.defaults()
+	_, err := os.Stat(filepath.Join(cfg.PinRoot, "maps", "meta_by_idx"))
+	return err == nil
 }
 
 func (c *Config) defaults() {

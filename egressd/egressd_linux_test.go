@@ -753,3 +753,76 @@ func TestEgressdDualStack(t *testing.T) {
 		})
 	})
 }
+
+// TestEgressdBackendSwitch: egressd restarted with the other backend keeps managing
+// the sandboxes the first one attached: they stay with the old backend (their open
+// connections survive), which still receives their policy changes, until they are
+// deleted, when the old backend keeps nothing of them; a new sandbox uses the
+// configured backend.
+func TestEgressdBackendSwitch(t *testing.T) {
+	w := newWorld(t)
+	for _, c := range []struct{ from, to enforcer.Mode }{
+		{enforcer.ModeEBPF, enforcer.ModeNFTables},
+		{enforcer.ModeNFTables, enforcer.ModeEBPF},
+	} {
+		t.Run(string(c.from)+" to "+string(c.to), func(t *testing.T) {
+			pins := pinRoot(t)
+			d1, stop1 := w.daemon(t, c.from, pins)
+			old, x := w.create(t, d1, startPolicy)
+			if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
+				t.Fatalf("allowed.test = %q", got)
+			}
+			stop1()
+			d2, _ := w.daemon(t, c.to, pins)
+			waitAttached(t, d2, old.ID, true)
+			if got := curl(t, x, "http://allowed.test/"); got != "allowed" {
+				t.Errorf("allowed.test after the switch = %q", got)
+			}
+			if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
+				t.Errorf("a denied address is reachable after the switch: %q", got)
+			}
+			req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+old.ID+"/policy", strings.NewReader(changedPolicy))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+				t.Fatalf("PUT /policy: %d", resp.StatusCode)
+			}
+			// an unmanaged filter of the old backend would still drop denied.test (never
+			// learned there) and keep allowed.test's address open
+			deadline := time.Now().Add(10 * time.Second)
+			for curl(t, x, "http://denied.test/") != "denied" {
+				if time.Now().After(deadline) {
+					t.Fatal("denied.test, allowed by the new policy, unreachable after the switch")
+				}
+			}
+			if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
+				t.Errorf("allowed.test's address, denied by the new policy, reachable: %q", got)
+			}
+			// a new sandbox uses the configured backend
+			fresh, y := w.create(t, d2, startPolicy)
+			if got := curl(t, y, "http://allowed.test/"); got != "allowed" {
+				t.Errorf("allowed.test from a sandbox created after the switch = %q", got)
+			}
+			onNFT := len(leftovers(t, enforcer.ModeNFTables, pins, []string{fresh.ID})) > 0
+			if onNFT != (c.to == enforcer.ModeNFTables) {
+				t.Errorf("the sandbox created after the switch is on nftables: %v, want %v", onNFT, c.to == enforcer.ModeNFTables)
+			}
+			for _, sb := range []*sdk.Sandbox{old, fresh} {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				err := w.api.Kill(ctx, sb.ID)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				waitAttached(t, d2, sb.ID, false)
+			}
+			for _, mode := range []enforcer.Mode{c.from, c.to} {
+				if left := leftovers(t, mode, pins, []string{old.ID, fresh.ID}); len(left) != 0 {
+					t.Errorf("%s left behind after the deletes: %v", mode, left)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,14 @@
 // datapath.Datapath interface egressd uses. With the automatic choice a sandbox whose
 // eBPF attach fails is attached with nftables instead; a sandbox is always enforced by
 // exactly one backend (a failed eBPF attach leaves nothing behind).
+//
+// A backend chosen by configuration also manages the sandboxes the other backend still
+// enforces from a previous run (the mode was switched): they stay with the other
+// backend, which keeps receiving their policy changes, learned addresses and detach,
+// until they are deleted; only new sandboxes go to the configured backend. Moving a
+// running sandbox would cut its open connections (neither backend knows the flows the
+// other saw), and leaving the other backend's filter in place unmanaged would keep
+// enforcing a stale policy on top of the new one.
 package enforcer
 
 import (
@@ -80,9 +88,27 @@ func New(cfg Config) (datapath.Datapath, error) {
 	}
 	switch cfg.Mode {
 	case ModeEBPF:
-		return egressbpf.New(cfg.EBPF)
+		bpf, err := egressbpf.New(cfg.EBPF)
+		if err != nil {
+			return nil, err
+		}
+		return takeOver(bpf, cfg, func() (datapath.Datapath, error) {
+			if has, err := nftfilter.HasSandboxes(cfg.NFT.NetNS); !has {
+				return nil, err
+			}
+			return nftfilter.New(cfg.NFT)
+		})
 	case ModeNFTables:
-		return nftfilter.New(cfg.NFT)
+		nft, err := nftfilter.New(cfg.NFT)
+		if err != nil {
+			return nil, err
+		}
+		return takeOver(nft, cfg, func() (datapath.Datapath, error) {
+			if !egressbpf.HasPinnedState(cfg.EBPF) {
+				return nil, nil
+			}
+			return egressbpf.New(cfg.EBPF)
+		})
 	case ModeAuto:
 	default:
 		return nil, fmt.Errorf("%w: datapath mode %q (auto, ebpf, nftables)", datapath.ErrInvalidSpec, cfg.Mode)
@@ -103,13 +129,37 @@ func New(cfg Config) (datapath.Datapath, error) {
 	if nft == nil {
 		return bpf, nil
 	}
-	return newFallback(bpf, nft, cfg.Logger), nil
+	return newFallback(bpf, nft, true, cfg.Logger), nil
 }
 
-// fallback routes each sandbox to the backend that attached it: eBPF first, nftables
-// when the eBPF attach fails for a reason other than a bad spec.
+// takeOver returns dp, the configured backend, managing as well the sandboxes the other
+// backend (opened by other when it holds state from a previous run) still enforces.
+func takeOver(dp datapath.Datapath, cfg Config, other func() (datapath.Datapath, error)) (datapath.Datapath, error) {
+	old, err := other()
+	if err != nil {
+		// The other backend's state stays as it is; its sandboxes keep their last policy.
+		cfg.Logger.Warn("state of the other datapath backend could not be opened; its sandboxes stay as they are", "err", err)
+		return dp, nil
+	}
+	if old == nil {
+		return dp, nil
+	}
+	if len(old.Attached()) == 0 {
+		old.Close()
+		return dp, nil
+	}
+	cfg.Logger.Info("sandboxes enforced by the other backend stay with it until deleted; new ones use the configured backend",
+		"other", old.Backend(), "configured", dp.Backend(), "sandboxes", len(old.Attached()))
+	return newFallback(dp, old, false, cfg.Logger), nil
+}
+
+// fallback routes each sandbox to the backend that enforces it. A new sandbox goes to
+// the primary; with auto (primary eBPF, secondary nftables) to the secondary when the
+// primary's attach fails for a reason other than a bad spec. Without auto the secondary
+// only holds the sandboxes a previous run attached with it.
 type fallback struct {
 	primary, secondary datapath.Datapath
+	auto               bool
 	log                *slog.Logger
 
 	mu    sync.Mutex
@@ -119,8 +169,9 @@ type fallback struct {
 	wg     sync.WaitGroup
 }
 
-func newFallback(primary, secondary datapath.Datapath, log *slog.Logger) *fallback {
-	f := &fallback{primary: primary, secondary: secondary, log: log, owner: map[string]datapath.Datapath{}, events: make(chan datapath.Event, 4096)}
+func newFallback(primary, secondary datapath.Datapath, auto bool, log *slog.Logger) *fallback {
+	f := &fallback{primary: primary, secondary: secondary, auto: auto, log: log, owner: map[string]datapath.Datapath{},
+		events: make(chan datapath.Event, 4096)}
 	for _, id := range secondary.Attached() {
 		f.owner[id] = secondary
 	}
@@ -151,7 +202,7 @@ func (f *fallback) Attach(spec datapath.Spec) error {
 		f.owner[spec.ID] = f.primary
 		return nil
 	}
-	if errors.Is(err, datapath.ErrInvalidSpec) {
+	if !f.auto || errors.Is(err, datapath.ErrInvalidSpec) {
 		return err
 	}
 	f.log.Warn("ebpf attach failed, using nftables for this sandbox", "sandbox_id", spec.ID, "err", err)

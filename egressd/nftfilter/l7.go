@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -90,6 +91,26 @@ func RemoveTable(netnsPath string) error {
 		}
 	}
 	return conn.Flush()
+}
+
+// HasSandboxes reports whether the inet airlock table exists and holds a sandbox's
+// chain (state a previous run left, which New would adopt).
+func HasSandboxes(netnsPath string) (bool, error) {
+	conn, closeFn, err := dial(netnsPath)
+	if err != nil {
+		return false, err
+	}
+	defer closeFn()
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, err
+	}
+	for _, c := range chains {
+		if c.Table.Name == TableName && strings.HasPrefix(c.Name, "sbx_") {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func dial(netnsPath string) (*nftables.Conn, func(), error) {
