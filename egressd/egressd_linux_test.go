@@ -3,7 +3,6 @@ package egressd
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -216,14 +215,7 @@ for i in range(20):
 		if before != "allowed" {
 			t.Fatalf("allowed.test before the change = %q", before)
 		}
-		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(changedPolicy))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-			t.Fatalf("PUT /policy: %d", resp.StatusCode)
-		}
+		w.putPolicy(t, sb.ID, changedPolicy)
 		deadline := time.Now().Add(10 * time.Second)
 		for curl(t, x, "http://denied.test/") != "denied" {
 			if time.Now().After(deadline) {
@@ -623,14 +615,7 @@ func TestEgressdNamePorts(t *testing.T) {
 		if got := curl(t, x, "http://ported.test:8081/"); got != "" {
 			t.Errorf("another port of the allowed name's address = %q", got)
 		}
-		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy(8081)))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-			t.Fatalf("PUT /policy: %d", resp.StatusCode)
-		}
+		w.putPolicy(t, sb.ID, policy(8081))
 		// --resolve: no DNS query, the address is reached through what was learned.
 		pinned := func(port int) string {
 			return fmt.Sprintf("--resolve ported.test:%d:%s http://ported.test:%d/", port, cidrIP, port)
@@ -683,14 +668,7 @@ open('/tmp/after','w').write(get(a)+' '+get(b))`
 		if got := read("before"); got != "ok ok" {
 			t.Fatalf("before the change: %q, want ok ok", got)
 		}
-		req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+sb.ID+"/policy", strings.NewReader(policy("8080")))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-			t.Fatalf("PUT /policy: %d", resp.StatusCode)
-		}
+		w.putPolicy(t, sb.ID, policy("8080"))
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			d.mu.RLock()
 			v := d.byID[sb.ID].view.PolicyVersion
@@ -781,14 +759,7 @@ func TestEgressdBackendSwitch(t *testing.T) {
 			if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
 				t.Errorf("a denied address is reachable after the switch: %q", got)
 			}
-			req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+old.ID+"/policy", strings.NewReader(changedPolicy))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.Body.Close(); resp.StatusCode != http.StatusOK {
-				t.Fatalf("PUT /policy: %d", resp.StatusCode)
-			}
+			w.putPolicy(t, old.ID, changedPolicy)
 			// an unmanaged filter of the old backend would still drop denied.test (never
 			// learned there) and keep allowed.test's address open
 			deadline := time.Now().Add(10 * time.Second)

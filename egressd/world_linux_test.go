@@ -331,6 +331,19 @@ func refusal(mode enforcer.Mode, proto string) string {
 	return "unreachable"
 }
 
+// putPolicy replaces sandbox id's policy through the lifecycle API (200 expected).
+func (w *world) putPolicy(t *testing.T, id, doc string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, w.h.HTTP.URL+"/v1/sandboxes/"+id+"/policy", strings.NewReader(doc))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT /policy: %d", resp.StatusCode)
+	}
+}
+
 // curl fetches url from the sandbox; it returns the body, or "" when the request failed.
 func curl(t *testing.T, x *sdk.Execd, url string) string {
 	t.Helper()
