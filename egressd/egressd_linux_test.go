@@ -215,16 +215,7 @@ for i in range(20):
 		if before != "allowed" {
 			t.Fatalf("allowed.test before the change = %q", before)
 		}
-		w.putPolicy(t, sb.ID, changedPolicy)
-		deadline := time.Now().Add(10 * time.Second)
-		for curl(t, x, "http://denied.test/") != "denied" {
-			if time.Now().After(deadline) {
-				t.Fatal("denied.test still unreachable after the policy change")
-			}
-		}
-		if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
-			t.Errorf("the formerly learned address of allowed.test is still reachable: %q", got)
-		}
+		w.changePolicy(t, sb.ID, x)
 		if code, _ := sh(t, x, "getent hosts allowed.test"); code == 0 {
 			t.Errorf("allowed.test still resolves after the change")
 		}
@@ -275,6 +266,23 @@ for i in range(20):
 			t.Errorf("datapath still holds %d sandboxes: %+v", len(st.Sandboxes), st.Sandboxes)
 		}
 	})
+}
+
+// changePolicy replaces sandbox id's startPolicy by changedPolicy and checks from the
+// sandbox (x) that it applies: denied.test becomes reachable within 10 s, and the address
+// learned for allowed.test no longer is.
+func (w *world) changePolicy(t *testing.T, id string, x *sdk.Execd) {
+	t.Helper()
+	w.putPolicy(t, id, changedPolicy)
+	deadline := time.Now().Add(10 * time.Second)
+	for curl(t, x, "http://denied.test/") != "denied" {
+		if time.Now().After(deadline) {
+			t.Fatal("denied.test still unreachable after the policy change")
+		}
+	}
+	if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
+		t.Errorf("the formerly learned address of allowed.test is still reachable: %q", got)
+	}
 }
 
 // TestEgressdEntrypointStartsEnforced: the first instruction of a sandbox's entrypoint
@@ -759,18 +767,9 @@ func TestEgressdBackendSwitch(t *testing.T) {
 			if got := curl(t, x, "http://"+deniedIP.String()+"/"); got != "" {
 				t.Errorf("a denied address is reachable after the switch: %q", got)
 			}
-			w.putPolicy(t, old.ID, changedPolicy)
 			// an unmanaged filter of the old backend would still drop denied.test (never
 			// learned there) and keep allowed.test's address open
-			deadline := time.Now().Add(10 * time.Second)
-			for curl(t, x, "http://denied.test/") != "denied" {
-				if time.Now().After(deadline) {
-					t.Fatal("denied.test, allowed by the new policy, unreachable after the switch")
-				}
-			}
-			if got := curl(t, x, "http://"+allowedIP.String()+"/"); got != "" {
-				t.Errorf("allowed.test's address, denied by the new policy, reachable: %q", got)
-			}
+			w.changePolicy(t, old.ID, x)
 			// a new sandbox uses the configured backend
 			fresh, y := w.create(t, d2, startPolicy)
 			if got := curl(t, y, "http://allowed.test/"); got != "allowed" {
