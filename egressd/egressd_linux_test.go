@@ -454,12 +454,16 @@ func TestEgressdTTLExpiry(t *testing.T) {
 		script := `cat > /tmp/held.py <<'PY'
 import socket, time
 s = socket.create_connection(("allowed.test", 80), timeout=3)
+open("/tmp/held.up", "w").close()
 time.sleep(5)
 s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
 print(s.recv(4096).decode().split("\r\n\r\n", 1)[-1])
 PY
 python3 /tmp/held.py > /tmp/held.out 2>&1 &
-sleep 3.5
+# the name was learned just before the held connection was made: wait for it, then
+# past the 2 s TTL (a loaded machine may take a while to start python)
+for i in $(seq 200); do [ -e /tmp/held.up ] && break; sleep 0.05; done
+sleep 3
 if curl -sS -m 2 http://` + allowedIP.String() + `/ >/dev/null 2>&1; then echo new=ok; else echo new=dropped; fi
 wait
 echo established=$(cat /tmp/held.out)`
