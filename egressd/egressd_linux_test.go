@@ -362,7 +362,7 @@ func TestEgressdCleanup(t *testing.T) {
 				t.Fatalf("%d sandboxes attached, want %d", got, n)
 			}
 			w.noOwnTrafficDenied(t)
-			if seen := leftovers(t, mode, pins, all); len(seen) < n {
+			if seen := w.leftovers(t, mode, pins, all); len(seen) < n {
 				t.Fatalf("the leftover check sees %d objects of %d attached sandboxes: %v", len(seen), n, seen)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -387,7 +387,7 @@ func TestEgressdCleanup(t *testing.T) {
 			if len(st.Sandboxes) != 0 {
 				t.Errorf("datapath still holds %d sandboxes", len(st.Sandboxes))
 			}
-			left := leftovers(t, mode, pins, all)
+			left := w.leftovers(t, mode, pins, all)
 			if len(left) != 0 {
 				t.Errorf("left behind after deleting %d sandboxes: %v", n, left)
 			}
@@ -397,7 +397,7 @@ func TestEgressdCleanup(t *testing.T) {
 
 // leftovers lists the kernel objects that still name one of ids (nftables) or any
 // pinned link (eBPF: links are pinned per attached veth).
-func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []string {
+func (w *world) leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []string {
 	var out []string
 	if mode == enforcer.ModeEBPF {
 		ents, err := os.ReadDir(filepath.Join(pins, "links"))
@@ -413,7 +413,7 @@ func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []st
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab := &nftables.Table{Family: nftables.TableFamilyINet, Name: "airlock"}
+	tab := &nftables.Table{Family: nftables.TableFamilyINet, Name: w.nftTable}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +429,7 @@ func leftovers(t *testing.T, mode enforcer.Mode, pins string, ids []string) []st
 	}
 	var names []string
 	for _, ch := range chains {
-		if ch.Table.Name == "airlock" {
+		if ch.Table.Name == w.nftTable {
 			names = append(names, "chain "+ch.Name)
 		}
 	}
@@ -779,7 +779,7 @@ func TestEgressdBackendSwitch(t *testing.T) {
 			if got := curl(t, y, "http://allowed.test/"); got != "allowed" {
 				t.Errorf("allowed.test from a sandbox created after the switch = %q", got)
 			}
-			onNFT := len(leftovers(t, enforcer.ModeNFTables, pins, []string{fresh.ID})) > 0
+			onNFT := len(w.leftovers(t, enforcer.ModeNFTables, pins, []string{fresh.ID})) > 0
 			if onNFT != (c.to == enforcer.ModeNFTables) {
 				t.Errorf("the sandbox created after the switch is on nftables: %v, want %v", onNFT, c.to == enforcer.ModeNFTables)
 			}
@@ -793,7 +793,7 @@ func TestEgressdBackendSwitch(t *testing.T) {
 				waitAttached(t, d2, sb.ID, false)
 			}
 			for _, mode := range []enforcer.Mode{c.from, c.to} {
-				if left := leftovers(t, mode, pins, []string{old.ID, fresh.ID}); len(left) != 0 {
+				if left := w.leftovers(t, mode, pins, []string{old.ID, fresh.ID}); len(left) != 0 {
 					t.Errorf("%s left behind after the deletes: %v", mode, left)
 				}
 			}

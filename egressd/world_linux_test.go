@@ -27,6 +27,7 @@ import (
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -67,7 +68,8 @@ type world struct {
 	upstream string
 	auditDir string
 	audit    *audit.Writer
-	hostPort int // a TCP listener on the bridge gateway address (the host)
+	hostPort int    // a TCP listener on the bridge gateway address (the host)
+	nftTable string // the world's nftables tables (other packages' tests run egressd at once)
 	api      *sdk.Client
 	current  atomic.Pointer[Daemon] // the daemon the ready gate asks
 }
@@ -76,7 +78,7 @@ type world struct {
 func newWorld(t *testing.T, opts ...func(*lctest.Options)) *world {
 	testenv.NeedRoot(t)
 	testenv.NeedBPF(t)
-	w := &world{}
+	w := &world{nftTable: testenv.NFTTable(t)}
 	// Like airlock up: a sandbox's entrypoint is released only once the egressd under
 	// test enforces its policy.
 	gate := func(id string) bool {
@@ -213,7 +215,7 @@ func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string, opts ..
 	ov.DenyAddrs(w.gw, w.gw6)
 	cfg := Config{
 		Watch:     watch.ClientConfig{URL: w.h.HTTP.URL + "/internal/v1/watch"},
-		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}},
+		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: w.nftTable}},
 		DNSListen: netip.AddrPortFrom(w.gw, 53).String(),
 		Upstreams: []string{w.upstream},
 		Overlay:   ov,

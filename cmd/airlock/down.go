@@ -41,6 +41,7 @@ Running it again finds nothing to remove. Reads the same configuration as 'airlo
 				AuditDir:   cfg.Audit.Dir,
 				Network:    cfg.Docker.Network,
 				PinRoot:    cfg.Egress.PinRoot,
+				NFTTable:   cfg.Egress.NFTTable,
 				NFTNetNS:   nftNetNS,
 				PurgeAudit: purgeAudit,
 				Out:        cmd.OutOrStdout(),

@@ -20,7 +20,6 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/vishvananda/netns"
 
-	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -42,6 +41,7 @@ func TestDownPurge(t *testing.T) {
 	pinRoot := fmt.Sprintf("/sys/fs/bpf/airlock-downtest-%d", os.Getpid())
 	const network = "altest-down0"
 	t.Cleanup(func() { os.RemoveAll(pinRoot); lctest.RemoveNetwork(network) })
+	table := testenv.NFTTable(t)
 	api, gw := freeAddr(t), freeAddr(t)
 	state := filepath.Join(dir, "state")
 	cfg := filepath.Join(dir, "airlock.yaml")
@@ -52,12 +52,13 @@ gateway:
 egress:
   mode: ebpf
   pinRoot: %s
+  nftTable: %s
   upstreams: [%s]
 docker:
   network: %s
   subnet: 10.231.7.0/24
   execdPath: %s
-`, api, state, gw, pinRoot, dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{}, 60)), network, lctest.Execd(t))), 0o644))
+`, api, state, gw, pinRoot, table, dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{}, 60)), network, lctest.Execd(t))), 0o644))
 
 	ns := fmt.Sprintf("aldown%d", os.Getpid())
 	nsPath := "/run/netns/" + ns
@@ -65,7 +66,7 @@ docker:
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	nftTable(t, nsPath, true)
+	nftTable(t, nsPath, table, true)
 
 	up := exec.Command(bin, "up", "--config", cfg)
 	stdout, err := up.StdoutPipe()
@@ -123,7 +124,7 @@ docker:
 		t.Fatalf("airlock up still runs after airlock down:\n%s", out)
 	}
 	for _, want := range []string{"stopped airlock up", "removed container", "removed network " + network,
-		"removed pinned eBPF state " + pinRoot, "removed nftables table inet airlock", "kept the audit log"} {
+		"removed pinned eBPF state " + pinRoot, "removed nftables table inet " + table, "kept the audit log"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("down --purge output lacks %q:\n%s", want, out)
 		}
@@ -137,7 +138,7 @@ docker:
 	if _, err := os.Stat(pinRoot); !os.IsNotExist(err) {
 		t.Errorf("pinned state %s left (err %v)", pinRoot, err)
 	}
-	nftTable(t, nsPath, false)
+	nftTable(t, nsPath, table, false)
 	entries, _ := os.ReadDir(state)
 	if len(entries) != 1 || entries[0].Name() != "audit" {
 		t.Errorf("state dir after --purge holds %v, want only the audit log", entries)
@@ -174,9 +175,9 @@ func containers(t *testing.T, cli *client.Client, f client.Filters) int {
 	return len(res.Items)
 }
 
-// nftTable creates (make) or checks the absence of (!make) the `inet airlock` table in
-// the namespace at nsPath.
-func nftTable(t *testing.T, nsPath string, make bool) {
+// nftTable creates (make) or checks the absence of (!make) the inet table named table
+// in the namespace at nsPath.
+func nftTable(t *testing.T, nsPath, table string, make bool) {
 	t.Helper()
 	h, err := netns.GetFromPath(nsPath)
 	must(t, err)
@@ -184,13 +185,13 @@ func nftTable(t *testing.T, nsPath string, make bool) {
 	conn, err := nftables.New(nftables.WithNetNSFd(int(h)))
 	must(t, err)
 	if make {
-		tb := conn.AddTable(&nftables.Table{Name: nftfilter.TableName, Family: nftables.TableFamilyINet})
+		tb := conn.AddTable(&nftables.Table{Name: table, Family: nftables.TableFamilyINet})
 		conn.AddChain(&nftables.Chain{Name: "sbx_test", Table: tb})
 		must(t, conn.Flush())
 		return
 	}
-	if _, err := conn.ListTableOfFamily(nftfilter.TableName, nftables.TableFamilyINet); err == nil {
-		t.Errorf("nftables table inet %s left in %s", nftfilter.TableName, nsPath)
+	if _, err := conn.ListTableOfFamily(table, nftables.TableFamilyINet); err == nil {
+		t.Errorf("nftables table inet %s left in %s", table, nsPath)
 	}
 }
 

@@ -20,16 +20,17 @@ import (
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 )
 
 func newEgressdCmd() *cobra.Command {
 	var (
-		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, node string
-		auditDir, metricsListen, logLevel, dnsLocal, dnsIfname     string
-		upstreams, denyAddrs                                       []string
-		l7Port, proxyPort                                          uint16
+		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, nftTable, node string
+		auditDir, metricsListen, logLevel, dnsLocal, dnsIfname               string
+		upstreams, denyAddrs                                                 []string
+		l7Port, proxyPort                                                    uint16
 	)
 	cmd := &cobra.Command{
 		Use:   "egressd",
@@ -95,7 +96,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg := egressd.Config{
 				Watch:        watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
-				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}},
+				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: nftTable}},
 				DNSListen:    dnsListen,
 				Upstreams:    upstreams,
 				Overlay:      ov,
@@ -167,6 +168,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
 	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
 	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
+	f.StringVar(&nftTable, "nft-table", nftfilter.TableName, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root)")
 	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
 	f.Uint16Var(&proxyPort, "proxy-port", 0, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off)")
 	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")

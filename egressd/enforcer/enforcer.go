@@ -70,6 +70,14 @@ func New(cfg Config) (datapath.Datapath, error) {
 	if cfg.EBPF.Logger == nil {
 		cfg.EBPF.Logger = cfg.Logger.With("backend", "ebpf")
 	}
+	if cfg.NFT.Table == "" {
+		cfg.NFT.Table = nftfilter.TableName
+	}
+	if !nftfilter.ValidTableName(cfg.NFT.Table) {
+		// Checked here, not only by nftfilter.New: in auto mode its error would only
+		// turn the nftables fallback off.
+		return nil, fmt.Errorf("%w: nftables table name %q (1-64 letters, digits, '_' or '-', starting with a letter)", datapath.ErrInvalidSpec, cfg.NFT.Table)
+	}
 	if cfg.NFT.LogGroup == 0 {
 		cfg.NFT.LogGroup = DefaultLogGroup
 	}
@@ -82,7 +90,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 			mark, mask = egressbpf.DefaultL7Mark, egressbpf.DefaultL7MarkMask
 		}
 		cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
-		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Port: cfg.L7ProxyPort, Mark: mark, Mask: mask}); err != nil {
+		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Table: cfg.NFT.Table, Port: cfg.L7ProxyPort, Mark: mark, Mask: mask}); err != nil {
 			return nil, err
 		}
 	}
@@ -93,7 +101,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 			return nil, err
 		}
 		return takeOver(bpf, cfg, func() (datapath.Datapath, error) {
-			if has, err := nftfilter.HasSandboxes(cfg.NFT.NetNS); !has {
+			if has, err := nftfilter.HasSandboxes(cfg.NFT.NetNS, cfg.NFT.Table); !has {
 				return nil, err
 			}
 			return nftfilter.New(cfg.NFT)

@@ -71,7 +71,7 @@ func newEnv(t *testing.T, mode Mode) *env {
 	tp := dt.NewTopology(t)
 	e := &env{mode: mode, tp: tp, root: pinRoot(t)}
 	e.dp = e.open(t)
-	t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path()) })
+	t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
 	return e
 }
 
@@ -440,7 +440,7 @@ func TestFailClosedAndAdopt(t *testing.T) {
 			testenv.NeedBPF(t)
 			tp := dt.NewTopology(t)
 			e := &env{mode: mode, tp: tp, root: pinRoot(t)}
-			t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path()) })
+			t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
 			const id = "sbx-failclosed"
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -568,7 +568,7 @@ func TestL7Redirect(t *testing.T) {
 			testenv.NeedBPF(t)
 			tp := dt.NewTopology(t)
 			e := &env{mode: mode, tp: tp, root: pinRoot(t)}
-			t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path()) })
+			t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
 			const proxyPort = 15001
 			l, err := tp.Host.Listen("tcp", ":"+strconv.Itoa(proxyPort))
 			if err != nil {

@@ -25,22 +25,26 @@ const L7ChainName = "l7_redirect"
 // recovers the original destination with OriginalDst (conntrack, SO_ORIGINAL_DST).
 type L7Redirect struct {
 	NetNS      string // "" = the caller's namespace
+	Table      string // "" = TableName
 	Port       uint16
 	Mark, Mask uint32
 }
 
-// EnsureL7Redirect creates or replaces the l7_redirect chain in the airlock table, in
+// EnsureL7Redirect creates or replaces the l7_redirect chain in r's inet table, in
 // one transaction.
 func EnsureL7Redirect(r L7Redirect) error {
-	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 {
-		return fmt.Errorf("l7 redirect: port %d mark %#x/%#x: invalid", r.Port, r.Mark, r.Mask)
+	if r.Table == "" {
+		r.Table = TableName
+	}
+	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 || !ValidTableName(r.Table) {
+		return fmt.Errorf("l7 redirect: port %d mark %#x/%#x table %q: invalid", r.Port, r.Mark, r.Mask, r.Table)
 	}
 	conn, closeFn, err := dial(r.NetNS)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	t := conn.AddTable(&nftables.Table{Name: TableName, Family: nftables.TableFamilyINet})
+	t := conn.AddTable(&nftables.Table{Name: r.Table, Family: nftables.TableFamilyINet})
 	c := conn.AddChain(&nftables.Chain{
 		Name: L7ChainName, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest,
@@ -62,40 +66,43 @@ func EnsureL7Redirect(r L7Redirect) error {
 	return nil
 }
 
-// RemoveL7Redirect deletes the l7_redirect chain if present.
-func RemoveL7Redirect(netnsPath string) error {
+// RemoveTable deletes the tables named table (TableName when empty) in the namespace
+// at netnsPath ("" = the caller's): inet, with every sandbox chain, set and the L7
+// chain, and netdev, with the sandboxes' pre-chains. It returns the families it
+// removed ("inet", "netdev"); a missing table is not an error. For operators and
+// tests; egressd itself detaches sandbox by sandbox.
+func RemoveTable(netnsPath, table string) ([]string, error) {
+	if table == "" {
+		table = TableName
+	}
 	conn, closeFn, err := dial(netnsPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer closeFn()
-	t := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
-	if _, err := conn.ListChain(t, L7ChainName); err != nil {
-		return nil
-	}
-	conn.DelChain(&nftables.Chain{Name: L7ChainName, Table: t})
-	return conn.Flush()
-}
-
-// RemoveTable deletes the airlock tables (inet: every sandbox chain, set and the L7
-// chain; netdev: the sandboxes' pre-chains). For operators and tests; egressd itself detaches sandbox by sandbox.
-func RemoveTable(netnsPath string) error {
-	conn, closeFn, err := dial(netnsPath)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev} {
-		if _, err := conn.ListTableOfFamily(TableName, fam); err == nil {
-			conn.DelTable(&nftables.Table{Name: TableName, Family: fam})
+	var removed []string
+	for _, f := range []struct {
+		fam  nftables.TableFamily
+		name string
+	}{{nftables.TableFamilyINet, "inet"}, {nftables.TableFamilyNetdev, "netdev"}} {
+		if _, err := conn.ListTableOfFamily(table, f.fam); err == nil {
+			conn.DelTable(&nftables.Table{Name: table, Family: f.fam})
+			removed = append(removed, f.name)
 		}
 	}
-	return conn.Flush()
+	if err := conn.Flush(); err != nil {
+		return nil, fmt.Errorf("removing nftables tables %s: %w", table, err)
+	}
+	return removed, nil
 }
 
-// HasSandboxes reports whether the inet airlock table exists and holds a sandbox's
-// chain (state a previous run left, which New would adopt).
-func HasSandboxes(netnsPath string) (bool, error) {
+// HasSandboxes reports whether the inet table named table (TableName when empty)
+// exists and holds a sandbox's chain (state a previous run left, which New would
+// adopt).
+func HasSandboxes(netnsPath, table string) (bool, error) {
+	if table == "" {
+		table = TableName
+	}
 	conn, closeFn, err := dial(netnsPath)
 	if err != nil {
 		return false, err
@@ -106,7 +113,7 @@ func HasSandboxes(netnsPath string) (bool, error) {
 		return false, err
 	}
 	for _, c := range chains {
-		if c.Table.Name == TableName && strings.HasPrefix(c.Name, "sbx_") {
+		if c.Table.Name == table && strings.HasPrefix(c.Name, "sbx_") {
 			return true, nil
 		}
 	}

@@ -25,14 +25,34 @@ import (
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
-// TableName is the inet table holding everything this package creates.
+// TableName is the default name of the tables (inet and netdev) holding everything
+// this package creates.
 const TableName = "airlock"
+
+// ValidTableName reports whether name can name the tables: 1 to 64 ASCII letters,
+// digits, '_' or '-', starting with a letter (an nft identifier an operator can type).
+func ValidTableName(name string) bool {
+	if len(name) == 0 || len(name) > 64 {
+		return false
+	}
+	for i, c := range name {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || !(c >= '0' && c <= '9' || c == '_' || c == '-')) {
+			return false
+		}
+	}
+	return true
+}
 
 // Config configures the nftables datapath. The zero value is usable.
 type Config struct {
 	// NetNS is the path of the network namespace holding the veths; empty means the
 	// caller's.
 	NetNS string
+	// Table names the inet and netdev tables this filter owns; default TableName. Two
+	// egressd instances in one network namespace need different tables: each adopts
+	// and detaches every sandbox chain in its own.
+	Table string
 	// FlowIdle is how long a flow lives without packets; default 1h.
 	FlowIdle time.Duration
 	// L7Mark and L7MarkMask are the mark given to TCP 80/443 of L7 sandboxes; default
@@ -46,6 +66,9 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
+	if c.Table == "" {
+		c.Table = TableName
+	}
 	if c.FlowIdle <= 0 {
 		c.FlowIdle = time.Hour
 	}
@@ -95,6 +118,9 @@ type sandbox struct {
 // nftables cannot be used.
 func New(cfg Config) (*Filter, error) {
 	cfg.defaults()
+	if !ValidTableName(cfg.Table) {
+		return nil, fmt.Errorf("%w: nftables table name %q (1-64 letters, digits, '_' or '-', starting with a letter)", datapath.ErrInvalidSpec, cfg.Table)
+	}
 	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
 	// A large socket send buffer lets UpdateMany send one transaction for many chains
 	// (the default, about 200 KiB, holds the rules of a few sandboxes only).
@@ -113,9 +139,9 @@ func New(cfg Config) (*Filter, error) {
 		return nil, fmt.Errorf("%w: netlink: %v", datapath.ErrUnavailable, err)
 	}
 	f.conn = conn
-	f.table = &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
+	f.table = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
 	conn.AddTable(f.table)
-	f.ndTable = &nftables.Table{Name: TableName, Family: nftables.TableFamilyNetdev}
+	f.ndTable = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyNetdev}
 	conn.AddTable(f.ndTable)
 	if err := conn.Flush(); err != nil {
 		f.Close()
@@ -127,7 +153,7 @@ func New(cfg Config) (*Filter, error) {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
 	for _, c := range chains {
-		if c.Table.Name != TableName || !strings.HasPrefix(c.Name, "sbx_") {
+		if c.Table.Name != cfg.Table || !strings.HasPrefix(c.Name, "sbx_") {
 			continue
 		}
 		id := strings.TrimPrefix(c.Name, "sbx_")

@@ -18,9 +18,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/google/nftables"
 	"github.com/moby/moby/client"
-	"github.com/vishvananda/netns"
 
 	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/lifecycle"
@@ -39,10 +37,11 @@ type Config struct {
 	AuditDir string
 	// Network is the Docker network; PinRoot the bpffs directory of the eBPF state.
 	Network, PinRoot string
-	// NFTNetNS is the network namespace (path) whose `inet airlock` and `netdev
-	// airlock` tables are removed;
-	// empty: this host's.
+	// NFTNetNS is the network namespace (path) whose inet and netdev NFTTable tables
+	// are removed; empty: this host's.
 	NFTNetNS string
+	// NFTTable names those tables; empty: nftfilter.TableName.
+	NFTTable string
 	// PurgeAudit removes the audit log too.
 	PurgeAudit bool
 	// StopTimeout bounds the wait after SIGTERM before SIGKILL; default 25 s.
@@ -259,35 +258,18 @@ func removePins(cfg Config) (int, error) {
 }
 
 func removeTable(cfg Config) (int, error) {
-	var opts []nftables.ConnOption
-	if cfg.NFTNetNS != "" {
-		ns, err := netns.GetFromPath(cfg.NFTNetNS)
-		if err != nil {
-			return 0, fmt.Errorf("network namespace %s: %w", cfg.NFTNetNS, err)
-		}
-		defer ns.Close()
-		opts = append(opts, nftables.WithNetNSFd(int(ns)))
+	removed, err := nftfilter.RemoveTable(cfg.NFTNetNS, cfg.NFTTable)
+	for _, fam := range removed {
+		fmt.Fprintf(cfg.Out, "removed nftables table %s %s\n", fam, cfg.table())
 	}
-	conn, err := nftables.New(opts...)
-	if err != nil {
-		return 0, fmt.Errorf("nftables: %w", err)
+	return len(removed), err
+}
+
+func (c Config) table() string {
+	if c.NFTTable == "" {
+		return nftfilter.TableName
 	}
-	n := 0
-	for _, f := range []struct {
-		fam  nftables.TableFamily
-		name string
-	}{{nftables.TableFamilyINet, "inet"}, {nftables.TableFamilyNetdev, "netdev"}} {
-		if _, err := conn.ListTableOfFamily(nftfilter.TableName, f.fam); err != nil {
-			continue // no such table
-		}
-		conn.DelTable(&nftables.Table{Name: nftfilter.TableName, Family: f.fam})
-		if err := conn.Flush(); err != nil {
-			return n, fmt.Errorf("removing nftables table %s %s: %w", f.name, nftfilter.TableName, err)
-		}
-		fmt.Fprintf(cfg.Out, "removed nftables table %s %s\n", f.name, nftfilter.TableName)
-		n++
-	}
-	return n, nil
+	return c.NFTTable
 }
 
 // removeState removes the state directory's entries (store, keys, pid file), the

@@ -12,6 +12,7 @@ import (
 	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 )
@@ -43,6 +44,11 @@ type EgressConfig struct {
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
+	// NFTTable names the nftables tables (inet and netdev) of the nftables datapath;
+	// default airlock. Two installations on one host need different pin roots and
+	// tables: each adopts, and detaches when they are not its own, the sandboxes it
+	// finds there.
+	NFTTable string `yaml:"nftTable"`
 }
 
 func (c *EgressConfig) setDefaults() error {
@@ -52,6 +58,12 @@ func (c *EgressConfig) setDefaults() error {
 	case enforcer.ModeAuto, enforcer.ModeEBPF, enforcer.ModeNFTables:
 	default:
 		return fmt.Errorf("config: egress.mode %q: want auto, ebpf or nftables", c.Mode)
+	}
+	if c.NFTTable == "" {
+		c.NFTTable = nftfilter.TableName
+	}
+	if !nftfilter.ValidTableName(c.NFTTable) {
+		return fmt.Errorf("config: egress.nftTable %q: want 1-64 letters, digits, '_' or '-', starting with a letter", c.NFTTable)
 	}
 	switch {
 	case c.L7Port == 0:
@@ -113,7 +125,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		Vault:         credVault,
 		UpstreamCAPEM: upstreamCA,
 		Watch:         watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
-		Enforcer:      enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}},
+		Enforcer:      enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}, NFT: nftfilter.Config{Table: e.NFTTable}},
 		DNSListen:     netip.AddrPortFrom(gw, 53).String(),
 		L7Port:        uint16(max(e.L7Port, 0)),
 		ProxyPort:     uint16(e.ProxyPort),

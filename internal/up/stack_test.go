@@ -84,8 +84,8 @@ func TestStackThroughGateway(t *testing.T) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: dir,
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), Upstreams: []string{fakeResolver(t)},
-			ProxyPort: 13128},
+		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), NFTTable: testenv.NFTTable(t),
+			Upstreams: []string{fakeResolver(t)}, ProxyPort: 13128},
 		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	s, err := New(cfg, nil)
@@ -327,6 +327,9 @@ func startTestStack(t *testing.T, mut func(*Config)) (*Stack, *sdk.Client) {
 	if !cfg.Egress.Disabled {
 		if cfg.Egress.PinRoot == "" {
 			cfg.Egress.PinRoot = testPinRoot(t)
+		}
+		if cfg.Egress.NFTTable == "" {
+			cfg.Egress.NFTTable = testenv.NFTTable(t)
 		}
 		if cfg.Egress.Upstreams == nil {
 			cfg.Egress.Upstreams = []string{fakeResolver(t)}
