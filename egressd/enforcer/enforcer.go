@@ -70,13 +70,10 @@ func New(cfg Config) (datapath.Datapath, error) {
 	if cfg.EBPF.Logger == nil {
 		cfg.EBPF.Logger = cfg.Logger.With("backend", "ebpf")
 	}
-	if cfg.NFT.Table == "" {
-		cfg.NFT.Table = nftfilter.TableName
-	}
-	if !nftfilter.ValidTableName(cfg.NFT.Table) {
-		// Checked here, not only by nftfilter.New: in auto mode its error would only
-		// turn the nftables fallback off.
-		return nil, fmt.Errorf("%w: nftables table name %q (1-64 letters, digits, '_' or '-', starting with a letter)", datapath.ErrInvalidSpec, cfg.NFT.Table)
+	// Checked here, not only by nftfilter.New: in auto mode its error would only turn
+	// the nftables fallback off.
+	if err := nftfilter.CheckTableName(cfg.NFT.Table); err != nil {
+		return nil, err
 	}
 	if cfg.NFT.LogGroup == 0 {
 		cfg.NFT.LogGroup = DefaultLogGroup

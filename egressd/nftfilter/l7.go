@@ -33,11 +33,12 @@ type L7Redirect struct {
 // EnsureL7Redirect creates or replaces the l7_redirect chain in r's inet table, in
 // one transaction.
 func EnsureL7Redirect(r L7Redirect) error {
-	if r.Table == "" {
-		r.Table = TableName
+	r.Table = tableName(r.Table)
+	if err := CheckTableName(r.Table); err != nil {
+		return fmt.Errorf("l7 redirect: %w", err)
 	}
-	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 || !ValidTableName(r.Table) {
-		return fmt.Errorf("l7 redirect: port %d mark %#x/%#x table %q: invalid", r.Port, r.Mark, r.Mask, r.Table)
+	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 {
+		return fmt.Errorf("l7 redirect: port %d mark %#x/%#x: invalid", r.Port, r.Mark, r.Mask)
 	}
 	conn, closeFn, err := dial(r.NetNS)
 	if err != nil {
@@ -72,9 +73,7 @@ func EnsureL7Redirect(r L7Redirect) error {
 // removed ("inet", "netdev"); a missing table is not an error. For operators and
 // tests; egressd itself detaches sandbox by sandbox.
 func RemoveTable(netnsPath, table string) ([]string, error) {
-	if table == "" {
-		table = TableName
-	}
+	table = tableName(table)
 	conn, closeFn, err := dial(netnsPath)
 	if err != nil {
 		return nil, err
@@ -100,9 +99,7 @@ func RemoveTable(netnsPath, table string) ([]string, error) {
 // exists and holds a sandbox's chain (state a previous run left, which New would
 // adopt).
 func HasSandboxes(netnsPath, table string) (bool, error) {
-	if table == "" {
-		table = TableName
-	}
+	table = tableName(table)
 	conn, closeFn, err := dial(netnsPath)
 	if err != nil {
 		return false, err

@@ -44,6 +44,23 @@ func ValidTableName(name string) bool {
 	return true
 }
 
+// CheckTableName returns nil when name ("" meaning TableName) can name the tables,
+// else an error wrapping datapath.ErrInvalidSpec that says what a name may hold.
+func CheckTableName(name string) error {
+	if ValidTableName(tableName(name)) {
+		return nil
+	}
+	return fmt.Errorf("%w: nftables table name %q (1-64 letters, digits, '_' or '-', starting with a letter)", datapath.ErrInvalidSpec, name)
+}
+
+// tableName is name, or TableName when name is empty.
+func tableName(name string) string {
+	if name == "" {
+		return TableName
+	}
+	return name
+}
+
 // Config configures the nftables datapath. The zero value is usable.
 type Config struct {
 	// NetNS is the path of the network namespace holding the veths; empty means the
@@ -66,9 +83,7 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
-	if c.Table == "" {
-		c.Table = TableName
-	}
+	c.Table = tableName(c.Table)
 	if c.FlowIdle <= 0 {
 		c.FlowIdle = time.Hour
 	}
@@ -118,8 +133,8 @@ type sandbox struct {
 // nftables cannot be used.
 func New(cfg Config) (*Filter, error) {
 	cfg.defaults()
-	if !ValidTableName(cfg.Table) {
-		return nil, fmt.Errorf("%w: nftables table name %q (1-64 letters, digits, '_' or '-', starting with a letter)", datapath.ErrInvalidSpec, cfg.Table)
+	if err := CheckTableName(cfg.Table); err != nil {
+		return nil, err
 	}
 	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
 	// A large socket send buffer lets UpdateMany send one transaction for many chains

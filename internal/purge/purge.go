@@ -139,6 +139,9 @@ func (c *Config) defaults() {
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
+	if c.NFTTable == "" {
+		c.NFTTable = nftfilter.TableName
+	}
 	if c.Systemd == nil {
 		c.Systemd = systemctl{}
 	}
@@ -260,16 +263,9 @@ func removePins(cfg Config) (int, error) {
 func removeTable(cfg Config) (int, error) {
 	removed, err := nftfilter.RemoveTable(cfg.NFTNetNS, cfg.NFTTable)
 	for _, fam := range removed {
-		fmt.Fprintf(cfg.Out, "removed nftables table %s %s\n", fam, cfg.table())
+		fmt.Fprintf(cfg.Out, "removed nftables table %s %s\n", fam, cfg.NFTTable)
 	}
 	return len(removed), err
-}
-
-func (c Config) table() string {
-	if c.NFTTable == "" {
-		return nftfilter.TableName
-	}
-	return c.NFTTable
 }
 
 // removeState removes the state directory's entries (store, keys, pid file), the

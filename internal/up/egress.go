@@ -62,8 +62,8 @@ func (c *EgressConfig) setDefaults() error {
 	if c.NFTTable == "" {
 		c.NFTTable = nftfilter.TableName
 	}
-	if !nftfilter.ValidTableName(c.NFTTable) {
-		return fmt.Errorf("config: egress.nftTable %q: want 1-64 letters, digits, '_' or '-', starting with a letter", c.NFTTable)
+	if err := nftfilter.CheckTableName(c.NFTTable); err != nil {
+		return fmt.Errorf("config: egress.nftTable: %w", err)
 	}
 	switch {
 	case c.L7Port == 0:
