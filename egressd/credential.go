@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/policies/httppath"
 )
 
 // CredentialVault is the Credential Vault (egressd/vault.Store) as the L7 proxy uses
@@ -110,10 +111,19 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 		rec.Action, rec.Reason = "deny", fmt.Sprintf("Host %q is not the checked name %s", h, t.host)
 		return r, goproxy.NewResponse(r, goproxy.ContentTypeText, http.StatusForbidden, "blocked by the egress policy: Host does not match the connection's name\n")
 	}
-	inj, ok := cp.d.cfg.Vault.Match(t.sandbox, vault.Request{Scheme: t.scheme, Host: t.host, Port: t.dst.Port(), Method: r.Method, Path: r.URL.Path})
+	path, err := httppath.Canonical(r.URL.EscapedPath())
+	if err != nil {
+		// Servers resolve such a path in different ways: no binding may be judged on it.
+		rec.Action, rec.Reason = "deny", err.Error()+": forwarded without a credential"
+		return r, nil
+	}
+	inj, ok := cp.d.cfg.Vault.Match(t.sandbox, vault.Request{Scheme: t.scheme, Host: t.host, Port: t.dst.Port(), Method: r.Method, Path: path})
 	if !ok {
 		rec.Action, rec.Reason = "deny", fmt.Sprintf("no binding matches %s %s: forwarded without a credential", r.Method, r.URL.Path)
 		return r, nil
+	}
+	for _, h := range methodOverrides {
+		r.Header.Del(h) // the binding matched r.Method; the upstream must act on it alone
 	}
 	for _, h := range inj.Headers {
 		r.Header.Set(h.Name, h.Value) // replaces what the sandbox sent
@@ -121,6 +131,10 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 	rec.Action, rec.Rule, rec.Reason = "allow", inj.Binding, "credential injected by binding "+inj.Binding
 	return r, nil
 }
+
+// methodOverrides are the headers through which frameworks let a request name another
+// method than its own; an injected request loses them.
+var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 // serve handles one intercepted connection whose first bytes (the ClientHello or the
 // request head) are replayed from seen.

@@ -195,3 +195,48 @@ func TestCredentialProxyVerifiesUpstream(t *testing.T) {
 		t.Errorf("untrusted upstream: %d, want a 5xx", code)
 	}
 }
+
+// TestCredentialProxyPathScoping: a binding for GET /v1/* injects only into requests
+// whose path every server resolves under /v1/, with exactly the bound method, and the
+// injected request cannot ask the upstream for another method.
+func TestCredentialProxyPathScoping(t *testing.T) {
+	for _, isTLS := range []bool{true, false} {
+		t.Run(map[bool]string{true: "https", false: "http"}[isTLS], func(t *testing.T) {
+			r := newCredRig(t, isTLS)
+			for _, tc := range []struct{ method, path string }{
+				{"GET", "/v1/../user/keys"},
+				{"GET", "/v1/%2e%2e/user/keys"},
+				{"GET", "/v1/%2E%2E/user/keys"},
+				{"GET", "/v1/..%2fuser/keys"},
+				{"GET", "/v1/..%5cuser/keys"},
+				{"GET", "/v1/%252e%252e/user/keys"},
+				{"GET", "/v1//x"},
+				{"get", "/v1/x"},
+			} {
+				code, seen, _ := r.do(t, tc.method, tc.path, "example.com", nil)
+				if code != 200 {
+					t.Errorf("%s %s: status %d, want the request forwarded", tc.method, tc.path, code)
+				}
+				if authOf(seen) != "" {
+					t.Errorf("%s %s: the upstream got the credential (it saw path %v)", tc.method, tc.path, seen["path"])
+				}
+			}
+			_, seen, _ := r.do(t, "GET", "/v1/x", "example.com", http.Header{"X-Http-Method-Override": {"DELETE"}, "X-Method-Override": {"DELETE"}})
+			h, _ := seen["headers"].(map[string]any)
+			if authOf(seen) != "Bearer "+credSecret || h["X-Http-Method-Override"] != nil || h["X-Method-Override"] != nil {
+				t.Errorf("injected request: upstream saw %v", seen)
+			}
+			r.sink.mu.Lock()
+			defer r.sink.mu.Unlock()
+			var notCanonical int
+			for _, rec := range r.sink.recs {
+				if rec.Action == "deny" && strings.Contains(rec.Reason, "not canonical") {
+					notCanonical++
+				}
+			}
+			if notCanonical != 7 {
+				t.Errorf("%d refusals name a non-canonical path, want 7", notCanonical)
+			}
+		})
+	}
+}

@@ -331,7 +331,9 @@ func (s *Store) Intercepts(sandboxID, scheme, host string, port uint16) bool {
 }
 
 // Match returns the injection of the first binding (in order) matching all of q's
-// scheme, port, host, method and path. No I/O.
+// scheme, port, host, method and path. The method is compared exactly (methods are
+// case-sensitive, RFC 9110 §9.1, and the upstream gets the request's own); q.Path must
+// be the decoded form of a path httppath.Canonical accepted. No I/O.
 func (s *Store) Match(sandboxID string, q Request) (Injection, bool) {
 	e := s.get(sandboxID)
 	if e == nil || e.data.Vault == nil {
@@ -340,7 +342,7 @@ func (s *Store) Match(sandboxID string, q Request) (Injection, bool) {
 	v := e.data.Vault
 	for _, b := range v.Bindings {
 		m := b.Binding.Match
-		if !b.matchesConn(q.Scheme, q.Host, q.Port) || !contains(m.Methods, strings.ToUpper(q.Method)) {
+		if !b.matchesConn(q.Scheme, q.Host, q.Port) || !contains(m.Methods, q.Method) {
 			continue
 		}
 		pathOK := false

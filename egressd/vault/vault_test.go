@@ -147,7 +147,8 @@ func TestMatchAndInjection(t *testing.T) {
 	}{
 		{"exact_path", Request{"https", "api.example", 443, "GET", "/v1/exact"}, "exact", []Header{{"Authorization", "Bearer AAA"}}},
 		{"exact_path_is_exact", Request{"https", "api.example", 443, "GET", "/v1/exact/more"}, "", nil},
-		{"prefix_and_method", Request{"https", "api.example", 443, "post", "/v1/things"}, "basic", []Header{{"Authorization", "Basic QkJC"}}},
+		{"prefix_and_method", Request{"https", "api.example", 443, "POST", "/v1/things"}, "basic", []Header{{"Authorization", "Basic QkJC"}}},
+		{"method_case_is_exact", Request{"https", "api.example", 443, "post", "/v1/things"}, "", nil},
 		{"method_not_bound", Request{"https", "api.example", 443, "PUT", "/v1/things"}, "", nil},
 		{"wrong_port", Request{"https", "api.example", 8443, "GET", "/v1/exact"}, "", nil},
 		{"wrong_scheme", Request{"http", "api.example", 443, "GET", "/v1/exact"}, "", nil},
