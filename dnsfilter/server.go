@@ -1,8 +1,8 @@
-// Package dnsfilter is the only resolver a sandbox has (DESIGN.md §5): a DNS server on
-// UDP and TCP that identifies the sandbox by the query's source address, checks every
-// query against the sandbox's compiled policy (package policies), forwards allowed
-// names to the upstream resolvers (cache honouring TTLs, singleflight, failover, TCP on
-// truncation), filters the answers (CNAME chains hop by hop, rebinding addresses
+// Package dnsfilter is the only resolver a sandbox has (docs/architecture.md#dns-filter):
+// a DNS server on UDP and TCP that identifies the sandbox by the query's source address,
+// checks every query against the sandbox's compiled policy (package policies), forwards
+// allowed names to the upstream resolvers (cache honouring TTLs, singleflight, failover,
+// TCP on truncation), filters the answers (CNAME chains hop by hop, rebinding addresses
 // dropped), hands the learned addresses to a hook that programs enforcement BEFORE the
 // answer is released, and audits each decision.
 //

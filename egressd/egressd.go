@@ -1,9 +1,9 @@
-// Package egressd is the node's egress daemon (DESIGN.md §5): it follows the lifecycle
-// watch API, attaches the egress datapath (package egressd/enforcer: eBPF, or nftables)
-// to every sandbox of this node, serves the DNS filter (package dnsfilter) that is the
-// sandboxes' only resolver, writes the addresses of allowed answers into the datapath
-// before the answer leaves, applies policy changes to running sandboxes, and audits
-// every DNS decision and every new or dropped connection.
+// Package egressd is the node's egress daemon (docs/architecture.md#egressd): it follows
+// the lifecycle watch API, attaches the egress datapath (package egressd/enforcer: eBPF,
+// or nftables) to every sandbox of this node, serves the DNS filter (package dnsfilter)
+// that is the sandboxes' only resolver, writes the addresses of allowed answers into the
+// datapath before the answer leaves, applies policy changes to running sandboxes, and
+// audits every DNS decision and every new or dropped connection.
 //
 // Enforcement outlives the daemon: Close (or a crash) leaves every attached sandbox
 // enforced with its last policy and learned entries (fail closed); the next Daemon on

@@ -1,6 +1,6 @@
 // Package execd is the execution daemon that runs inside every sandbox. It serves the
-// OpenSandbox execd API (reference/opensandbox/execd-api.yaml, plus the wire behaviours
-// in reference/opensandbox/NOTES.md) on port 44772:
+// OpenSandbox execd API (docs/spec/execd-api.yaml, plus the wire behaviours
+// in docs/spec/NOTES.md) on port 44772:
 //
 //   - /ping, /metrics, /metrics/watch
 //   - /command (foreground streams and background commands), /command/status/{id},

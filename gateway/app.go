@@ -1,5 +1,5 @@
 // Package gateway is Airlock's ingress: Caddy v2 modules that give every sandbox port its
-// own URL (DESIGN.md §4).
+// own URL (docs/architecture.md#ingress-the-gateway).
 //
 //   - App "airlock": the route table (package routetable), fed by the lifecycle watch
 //     stream (package lifecycle/watch) in Start/Stop, plus the signing keys, the

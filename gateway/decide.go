@@ -30,7 +30,8 @@ var strippedHeaders = []string{route.HeaderIngressTo, route.HeaderSandbox, route
 
 // ControlPort reports whether port is one of a sandbox's control surfaces, execd
 // (ExecdPort) or the egress API (EgressAPIPort): they are never public, whatever the
-// sandbox's access settings say (DESIGN.md §10). A public mode on them counts as token.
+// sandbox's access settings say (docs/architecture.md#control-surfaces-are-never-public).
+// A public mode on them counts as token.
 func ControlPort(port int) bool { return port == ExecdPort || port == EgressAPIPort }
 
 // decision is the outcome of routing and admitting one request. A deny is a value: err is

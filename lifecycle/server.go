@@ -1,5 +1,5 @@
 // Package lifecycle is Airlock's control plane: the OpenSandbox lifecycle REST server
-// (reference/opensandbox/sandbox-lifecycle.yml and NOTES.md, served at / and /v1), the
+// (docs/spec/sandbox-lifecycle.yml and NOTES.md, served at / and /v1), the
 // sandbox registry persisted in an embedded bbolt Store, the expiry reaper, the
 // reconciler that rebuilds the registry from the runtime's containers on start, the
 // server proxy (/sandboxes/{id}/proxy/{port}/…) and the watch API that feeds the data

@@ -1,6 +1,7 @@
 // Package policies is Airlock's egress policy language: the declarative, versioned
 // document that says what a sandbox may reach, its strict parser, the operator overlay,
-// and the compiled decision function (DESIGN.md §5). README.md documents the format.
+// and the compiled decision function (docs/architecture.md#policies). README.md documents
+// the format.
 //
 // The flow every consumer follows:
 //
@@ -36,5 +37,5 @@
 //
 // The OpenSandbox egress API helpers (NetworkPolicy, ToNetworkPolicy, Patch,
 // RemoveTargets, ParseRules, ParseTargets, Status) implement GET/PATCH/DELETE /policy
-// semantics from reference/opensandbox/egress-api.yaml.
+// semantics from docs/spec/egress-api.yaml.
 package policies

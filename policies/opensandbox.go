@@ -9,7 +9,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// OpenSandbox egress API helpers (reference/opensandbox/egress-api.yaml, NOTES.md
+// OpenSandbox egress API helpers (docs/spec/egress-api.yaml, NOTES.md
 // "Egress API"): the {defaultAction, egress} shape, PATCH merge and DELETE by target.
 // Lifecycle and egressd serve GET/PATCH/DELETE /policy with these and Parse, so the CLI,
 // lifecycle and egressd validate identically.

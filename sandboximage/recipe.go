@@ -1,8 +1,9 @@
 // Package sandboximage builds Airlock's sandbox images offline: debootstrap a minimal
 // Debian root, install the recipe's packages with apt inside it, add npm packages (with
 // the build host's npm) and Airlock's files, write Jupyter kernelspecs, and `docker
-// import` the tree (DESIGN.md §7). No container registry is needed. The image carries
-// the recipe's hash as a label, so a build whose recipe has not changed is skipped.
+// import` the tree (docs/architecture.md#images). No container registry is needed. The
+// image carries the recipe's hash as a label, so a build whose recipe has not changed is
+// skipped.
 //
 // Two recipes ship: the default image (DefaultRecipe, airlock/sandbox) and the code
 // interpreter (CodeInterpreterRecipe, airlock/code-interpreter) with kernels for Python,

@@ -1,5 +1,5 @@
 // Package sdk is a Go client for Airlock, and for any server speaking the OpenSandbox
-// lifecycle API (reference/opensandbox/sandbox-lifecycle.yml) and execd API
+// lifecycle API (docs/spec/sandbox-lifecycle.yml) and execd API
 // (execd-api.yaml): create, list, get, kill, renew, pause and resume sandboxes, find
 // their endpoints, then run commands with streamed output, use bash sessions, move files
 // and run code in stateful contexts through the sandbox's execd.

@@ -1,5 +1,5 @@
 // Package accesstoken reads and checks the header credentials the gateway accepts on a
-// sandbox port (DESIGN.md §10, "Control surfaces are never public"):
+// sandbox port (docs/architecture.md#control-surfaces-are-never-public):
 //
 //   - the sandbox's access token, header X-Airlock-Access-Token or
 //     OpenSandbox-Secure-Access (OpenSandbox OSEP-0011); lifecycle creates one per

@@ -1,5 +1,5 @@
 // Package route parses how a request addresses a sandbox port through the gateway, in the
-// order DESIGN.md §4 gives:
+// order docs/architecture.md#ingress-the-gateway gives:
 //
 //  1. header  OpenSandbox-Ingress-To: <id>-<port>        (form "header")
 //     headers X-Airlock-Sandbox: <id> + X-Airlock-Port: <port>   (form "airlock_header")

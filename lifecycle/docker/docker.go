@@ -1,11 +1,11 @@
-// Package docker is the lifecycle server's Docker runtime (DESIGN.md §3): every sandbox
-// is a container on a dedicated bridge network (airlock0 by default, inter-container
-// traffic disabled) with execd copied in before start (once per image, into a cached
-// template image one layer above it: template.go) and running as PID 1
-// (/opt/airlock/execd --exec -- <user entrypoint>), resource limits, dropped
-// capabilities, no-new-privileges and an optional OCI runtime (runsc, kata). Pause and
-// resume use the cgroup freezer (docker pause). It talks to the engine through
-// github.com/moby/moby/client.
+// Package docker is the lifecycle server's Docker runtime
+// (docs/architecture.md#lifecycle-and-runtimes): every sandbox is a container on a
+// dedicated bridge network (airlock0 by default, inter-container traffic disabled) with
+// execd copied in before start (once per image, into a cached template image one layer
+// above it: template.go) and running as PID 1 (/opt/airlock/execd --exec -- <user
+// entrypoint>), resource limits, dropped capabilities, no-new-privileges and an optional
+// OCI runtime (runsc, kata). Pause and resume use the cgroup freezer (docker pause). It
+// talks to the engine through github.com/moby/moby/client.
 package docker
 
 import (

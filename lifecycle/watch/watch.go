@@ -1,7 +1,8 @@
-// Package watch is the data plane's feed from the lifecycle server (DESIGN.md §2): a
-// long-lived HTTP stream of every sandbox's routing and enforcement facts, a full snapshot
-// first and then deltas, each stamped with a resource version so that a client that
-// reconnects resumes where it stopped without missing a change.
+// Package watch is the data plane's feed from the lifecycle server
+// (docs/architecture.md#data-flow): a long-lived HTTP stream of every sandbox's routing
+// and enforcement facts, a full snapshot first and then deltas, each stamped with a
+// resource version so that a client that reconnects resumes where it stopped without
+// missing a change.
 //
 // Wire format (GET <watch URL>?resourceVersion=<rv>&epoch=<epoch>, response
 // application/x-ndjson, one Event per line):
