@@ -8,6 +8,8 @@ import (
 	"hash"
 	"strconv"
 	"time"
+
+	"github.com/airlockdev/airlock/audit/record"
 )
 
 // Chain format. Each line of a log file is one record:
@@ -15,7 +17,8 @@ import (
 //	<canonical JSON without its closing brace>,"prev":"<64 hex>","hash":"<64 hex>"}\n
 //
 // The canonical bytes are the record's JSON (field order as in Record, "time" in UTC
-// with microseconds, map keys sorted, empty fields omitted) without "prev" and "hash".
+// with microseconds, map keys sorted, empty fields omitted) without "prev" and "hash"
+// (record.AppendCanonical, Record.Canonical).
 // hash = SHA-256(prev as 32 raw bytes || canonical bytes), hex encoded. The first
 // record of a log has prev = 64 zeros (Genesis). Verifying needs only the bytes of
 // each line: strip the 149-byte tail, append "}", hash.
@@ -23,35 +26,8 @@ import (
 // Genesis is the prev of the very first record.
 const Genesis = "0000000000000000000000000000000000000000000000000000000000000000"
 
-// TimeFormat is how "time" is written: RFC 3339, UTC, microseconds.
-const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
-
 // tailLen is the length of `,"prev":"<64>","hash":"<64>"}`.
 const tailLen = len(`,"prev":"`) + 64 + len(`","hash":"`) + 64 + len(`"}`)
-
-// Canonical returns the record's canonical bytes (see the chain format above). The
-// error, when an Extra value cannot be encoded as JSON, is encoding/json's.
-func (r Record) Canonical() ([]byte, error) {
-	return appendCanonical(make([]byte, 0, 512), &r)
-}
-
-// MarshalJSON writes the record exactly as a log line (without the newline): the
-// canonical bytes followed by prev and hash.
-func (r Record) MarshalJSON() ([]byte, error) {
-	c, err := appendCanonical(make([]byte, 0, 512+tailLen), &r)
-	if err != nil {
-		return nil, err
-	}
-	return appendChain(c[:len(c)-1], r.Prev, r.Hash), nil
-}
-
-func appendChain(b []byte, prev, hash string) []byte {
-	b = append(b, `,"prev":"`...)
-	b = append(b, prev...)
-	b = append(b, `","hash":"`...)
-	b = append(b, hash...)
-	return append(b, `"}`...)
-}
 
 // ChainHash returns hex(SHA-256(prev raw bytes || canonical)). prev must be 64 hex
 // digits.
@@ -91,7 +67,7 @@ type sealer struct {
 // r's hash. On error (an Extra value JSON cannot encode) b and s are unchanged.
 func (s *sealer) seal(b []byte, r *Record) ([]byte, error) {
 	start := len(b)
-	b, err := appendCanonical(b, r)
+	b, err := record.AppendCanonical(b, r)
 	if err != nil {
 		return b, err
 	}

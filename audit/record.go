@@ -1,71 +1,33 @@
 // Package audit is Airlock's tamper-evident decision log: one canonical JSON record per
 // decision (DNS query, new connection, dropped packet, L7 request, gateway request,
 // policy change), appended to hash-chained JSON Lines files.
+//
+// The record itself (Record, Source, the canonical bytes) lives in package
+// audit/record, which depends on the standard library only; the names below are
+// aliases of it.
 package audit
 
-import "time"
+import "github.com/airlockdev/airlock/audit/record"
 
-// Source names the component that made a decision.
-type Source string
+// Record is one decision (record.Record).
+type Record = record.Record
 
-// Sources.
+// Source names the component that made a decision (record.Source).
+type Source = record.Source
+
+// Sources (see record.SourceDNS and the others).
 const (
-	SourceDNS     Source = "dns"
-	SourceBPF     Source = "bpf"
-	SourceL7      Source = "l7"
-	SourceGateway Source = "gateway"
-	SourcePolicy  Source = "policy"
-	// SourceIngress is a refused credential at a sandbox's ingress (the gateway or
-	// lifecycle's server proxy): 401 or 403. The record never carries the credential.
-	SourceIngress Source = "ingress"
-	// SourceCredential is a Credential Vault decision of egressd's L7 proxy on one
-	// request: allow (a binding's credential injected; rule = the binding) or deny (no
-	// binding matched: forwarded without a credential, or refused). Never the value.
-	SourceCredential Source = "credential"
+	SourceDNS        = record.SourceDNS
+	SourceBPF        = record.SourceBPF
+	SourceL7         = record.SourceL7
+	SourceGateway    = record.SourceGateway
+	SourcePolicy     = record.SourcePolicy
+	SourceIngress    = record.SourceIngress
+	SourceCredential = record.SourceCredential
 )
 
-// Actions besides a policy verdict (allow, deny).
+// Actions besides a policy verdict (see record.ActionLoss and record.ActionSuppressed).
 const (
-	// ActionLoss: records the writer could not append, extra.lost = how many.
-	ActionLoss = "loss"
-	// ActionSuppressed: flow records a sandbox's audit rate limit held back,
-	// extra.suppressed = how many (egressd; audit/README.md, "Flow records").
-	ActionSuppressed = "suppressed"
+	ActionLoss       = record.ActionLoss
+	ActionSuppressed = record.ActionSuppressed
 )
-
-// Record is one decision. Field names are fixed: audit consumers rely on them. Empty
-// fields are omitted from the JSON form except the chain fields.
-type Record struct {
-	// Time is when the decision was made, written as RFC 3339 with microseconds (UTC).
-	Time time.Time `json:"time"`
-	// Seq is the record's position in the log, assigned by the writer (1-based).
-	Seq       uint64 `json:"seq"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	Source    Source `json:"source"`
-	// Proto is "udp", "tcp", "icmp", "http", "https", ...
-	Proto string `json:"proto,omitempty"`
-	// Src is the client address (ip or ip:port).
-	Src     string `json:"src,omitempty"`
-	DstHost string `json:"dst_host,omitempty"`
-	DstIP   string `json:"dst_ip,omitempty"`
-	DstPort int    `json:"dst_port,omitempty"`
-	// QType is the DNS query type (A, AAAA, TXT, ...).
-	QType string `json:"qtype,omitempty"`
-	// Action is the verdict: allow or deny (loss records: loss).
-	Action string `json:"action"`
-	// Mode is the policy mode in force: enforce or report.
-	Mode string `json:"mode,omitempty"`
-	// WouldDeny is set in report mode when enforce would have denied.
-	WouldDeny     bool   `json:"would_deny,omitempty"`
-	Rule          string `json:"rule,omitempty"`
-	Reason        string `json:"reason,omitempty"`
-	PolicyVersion uint64 `json:"policy_version,omitempty"`
-	// Extra carries source-specific facts with bounded, documented keys (for the
-	// gateway: route, status, bytes, duration_ms; for loss records: lost).
-	Extra map[string]any `json:"extra,omitempty"`
-	// Prev is the hash of the previous record (hex SHA-256), Hash this record's:
-	// SHA-256 over Prev and the record's canonical bytes. The writer writes them into
-	// the record's log line; they are set on records read back (Scan, Query).
-	Prev string `json:"prev"`
-	Hash string `json:"hash"`
-}

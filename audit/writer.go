@@ -338,7 +338,7 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 		w.setErr(fmt.Errorf("audit: write %s: %w", w.name, err))
 		w.metrics.writeErrors.Inc()
 		if terr := w.f.Truncate(w.size); terr != nil {
-			w.log.Error("audit truncate after failed write", "file", w.name, "error", terr)
+			w.log.Error("audit truncate after failed write", "file", w.name, "err", terr)
 		}
 		for _, s := range w.sources {
 			w.countLost(s)
@@ -371,7 +371,7 @@ func (w *Writer) sync() {
 }
 
 func (w *Writer) setErr(err error) {
-	w.log.Error("audit write failed", "error", err)
+	w.log.Error("audit write failed", "err", err)
 	w.err.Store(&err)
 }
 

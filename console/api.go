@@ -8,11 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // apiRoutes are the lifecycle routes the console passes through (path after
@@ -34,13 +34,13 @@ func (c *Console) api() http.Handler {
 		req.URL.Path, req.URL.RawPath = path, ""
 		req.RequestURI = ""
 		req.Header = http.Header{}
-		for _, k := range []string{"Content-Type", "Accept", "X-Request-ID"} {
+		for _, k := range []string{"Content-Type", "Accept", opensandbox.HeaderRequestID} {
 			if v := r.Header.Get(k); v != "" {
 				req.Header.Set(k, v)
 			}
 		}
 		if c.cfg.APIKey != "" {
-			req.Header.Set("OPEN-SANDBOX-API-KEY", c.cfg.APIKey)
+			req.Header.Set(opensandbox.HeaderAPIKey, c.cfg.APIKey)
 		}
 		c.cfg.API.ServeHTTP(w, req)
 	}
@@ -54,11 +54,10 @@ func (c *Console) api() http.Handler {
 	})
 }
 
-// apiError is a non-2xx answer of the lifecycle API.
+// apiError is a non-2xx answer of the lifecycle API: its status and error envelope.
 type apiError struct {
-	Status  int
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Status int
+	opensandbox.ErrorBody
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -69,7 +68,7 @@ func (c *Console) apiGet(ctx context.Context, path string, out any) error {
 	req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 	req.RemoteAddr = "127.0.0.1:0"
 	if c.cfg.APIKey != "" {
-		req.Header.Set("OPEN-SANDBOX-API-KEY", c.cfg.APIKey)
+		req.Header.Set(opensandbox.HeaderAPIKey, c.cfg.APIKey)
 	}
 	rec := httptest.NewRecorder()
 	c.cfg.API.ServeHTTP(rec, req)
@@ -145,25 +144,14 @@ func (c *Console) handleSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 		rows = append(rows, row)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": rows, "total": list.Pagination.TotalItems,
+	opensandbox.WriteJSON(w, http.StatusOK, map[string]any{"items": rows, "total": list.Pagination.TotalItems,
 		"now": c.cfg.Now().UTC()})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b, status = []byte(`{"code":"INTERNAL_ERROR","message":"encoding the answer failed"}`), http.StatusInternalServerError
-	}
-	b = append(b, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// writeError answers the lifecycle API's envelope, {"code","message"}.
+// writeError answers the lifecycle API's envelope, {"code","message"}
+// (opensandbox.ErrorBody).
 func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, lifecycle.ErrorBody{Code: code, Message: msg})
+	opensandbox.WriteError(w, status, opensandbox.ErrorBody{Code: code, Message: msg})
 }
 
 func writeAPIError(w http.ResponseWriter, err error) {

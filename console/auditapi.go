@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // recordFilter is the console's filter on audit records beyond audit.Filter: action,
@@ -227,7 +228,7 @@ func (c *Console) handleAuditSearch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "reading the audit log failed")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"records": recs, "more": more})
+	opensandbox.WriteJSON(w, http.StatusOK, map[string]any{"records": recs, "more": more})
 }
 
 func searchParams(r *http.Request) (audit.Filter, recordFilter, int, error) {
@@ -268,7 +269,7 @@ func (c *Console) handleVerify(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		out["error"] = err.Error()
 	}
-	writeJSON(w, http.StatusOK, out)
+	opensandbox.WriteJSON(w, http.StatusOK, out)
 }
 
 // handleExport answers GET /console/api/audit/export?since=&until=&sandbox=&action=

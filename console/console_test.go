@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 const testKey = "ak_test-key"
@@ -38,12 +39,12 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.Method == "GET" && r.URL.Path == "/v1/sandboxes":
-		writeJSON(w, 200, map[string]any{"items": []any{map[string]any{"id": "sb1", "status": map[string]any{"state": "Running"},
+		opensandbox.WriteJSON(w, 200, map[string]any{"items": []any{map[string]any{"id": "sb1", "status": map[string]any{"state": "Running"},
 			"metadata": map[string]string{}, "createdAt": time.Now()}}, "pagination": map[string]any{"totalItems": 1}})
 	case r.Method == "GET" && r.URL.Path == "/v1/sandboxes/sb1":
-		writeJSON(w, 200, map[string]any{"id": "sb1", "status": map[string]any{"state": "Running"}})
+		opensandbox.WriteJSON(w, 200, map[string]any{"id": "sb1", "status": map[string]any{"state": "Running"}})
 	case r.Method == "GET" && r.URL.Path == "/v1/sandboxes/sb1/policy":
-		writeJSON(w, 200, map[string]any{"sandboxId": "sb1", "version": 3, "name": "python-packages",
+		opensandbox.WriteJSON(w, 200, map[string]any{"sandboxId": "sb1", "version": 3, "name": "python-packages",
 			"policy": json.RawMessage(`{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org","ports":[443]}]}`)})
 	case r.Method == "POST" && r.URL.Path == "/v1/sandboxes":
 		f.writes.Add(1)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -104,5 +105,5 @@ func (c *Console) handleExplain(w http.ResponseWriter, r *http.Request) {
 		}
 		resp.Matches = append(resp.Matches, em)
 	}
-	writeJSON(w, http.StatusOK, resp)
+	opensandbox.WriteJSON(w, http.StatusOK, resp)
 }

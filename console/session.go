@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // CookieName is the session cookie (HttpOnly, SameSite=Strict, Path=/console, Secure
@@ -275,7 +277,7 @@ func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request) {
 
 // handleSession answers GET /console/api/session: {"noAuth","expiresAt"}.
 func (c *Console) handleSession(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"noAuth": c.cfg.APIKey == "", "expiresAt": sessionOf(r).expires.UTC()})
+	opensandbox.WriteJSON(w, http.StatusOK, map[string]any{"noAuth": c.cfg.APIKey == "", "expiresAt": sessionOf(r).expires.UTC()})
 }
 
 // safeNext keeps a post-login redirect inside the console.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // egressSources are the audit sources whose records are egress decisions.
@@ -73,7 +74,7 @@ func (c *Console) handleStats(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "reading the audit log failed")
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	opensandbox.WriteJSON(w, http.StatusOK, resp)
 }
 
 // aggregate counts the egress decisions in f's time range (f.Since on a minute).

@@ -185,7 +185,7 @@ func (s *Server) learn(ctx context.Context, w dns.ResponseWriter, req *dns.Msg, 
 		return true
 	}
 	s.metrics.learnErrors.Inc()
-	s.log.Error("dns learning hook failed", "sandbox_id", sandboxID, "name", name, "error", err)
+	s.log.Error("dns learning hook failed", "sandbox_id", sandboxID, "name", name, "err", err)
 	rec.Action, rec.Rule, rec.Reason = "deny", dec.Rule, "learning hook failed: "+err.Error()
 	rec.Extra = map[string]any{"rcode": "SERVFAIL"}
 	s.audit(nil, rec, policies.Decision{})

@@ -114,6 +114,6 @@ func (s *Server) finishPrepared(w *udpWriter, req *dns.Msg, wire []byte, start t
 	b[0], b[1] = byte(req.Id>>8), byte(req.Id)
 	s.metrics.count("allow", start)
 	if _, err := w.Write(b); err != nil {
-		s.log.Debug("dns write failed", "error", err)
+		s.log.Debug("dns write failed", "err", err)
 	}
 }

@@ -94,7 +94,7 @@ func (s *Server) readUDP(conn *net.UDPConn, wildcard bool) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			s.log.Debug("dns udp read failed", "error", err)
+			s.log.Debug("dns udp read failed", "err", err)
 			if s.closing() {
 				return nil
 			}
@@ -169,7 +169,7 @@ func (s *Server) answerCached(req *dns.Msg) bool {
 // reply writes m, logging a failure.
 func (s *Server) reply(w dns.ResponseWriter, m *dns.Msg) {
 	if err := w.WriteMsg(m); err != nil {
-		s.log.Debug("dns write failed", "error", err)
+		s.log.Debug("dns write failed", "err", err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -57,10 +58,8 @@ func newExplicitProxy(d *Daemon, addr string) (*explicitProxy, error) {
 		return dialer.DialContext(r.Context(), network, addr)
 	}
 	gp.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadRequest)
-		json.NewEncoder(w).Encode(proxyError{"BAD_PROXY_REQUEST",
-			"this is the egress proxy: send absolute http:// URLs or CONNECT host:port (HTTP_PROXY / HTTPS_PROXY)"})
+		opensandbox.WriteError(w, http.StatusBadRequest, opensandbox.ErrorBody{Code: "BAD_PROXY_REQUEST",
+			Message: "this is the egress proxy: send absolute http:// URLs or CONNECT host:port (HTTP_PROXY / HTTPS_PROXY)"})
 	})
 	gp.OnRequest().HandleConnectFunc(p.connect)
 	gp.OnRequest().DoFunc(p.request)
@@ -70,7 +69,7 @@ func newExplicitProxy(d *Daemon, addr string) (*explicitProxy, error) {
 
 func (p *explicitProxy) run(context.Context) {
 	if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		p.d.log.Error("explicit proxy stopped", "error", err)
+		p.d.log.Error("explicit proxy stopped", "err", err)
 	}
 }
 
@@ -122,13 +121,10 @@ type verdict struct {
 	reason string
 }
 
-type proxyError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
+// response is a refused verdict's answer: the JSON error envelope
+// (opensandbox.ErrorBody).
 func (v verdict) response(r *http.Request) *http.Response {
-	b, _ := json.Marshal(proxyError{v.code, v.reason})
+	b, _ := json.Marshal(opensandbox.ErrorBody{Code: v.code, Message: v.reason})
 	return goproxy.NewResponse(r, "application/json", v.status, string(b)+"\n")
 }
 

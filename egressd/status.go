@@ -1,10 +1,10 @@
 package egressd
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // StatusHandler serves GET watch.EnforcedPath+"{id}": 200 with watch.Enforced when the
@@ -15,14 +15,12 @@ func (d *Daemon) StatusHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+watch.EnforcedPath+"{id}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		w.Header().Set("Content-Type", "application/json")
 		v, ok := d.EnforcedVersion(id)
 		if !ok {
-			w.WriteHeader(http.StatusNotFound)
-			_ = json.NewEncoder(w).Encode(map[string]string{"code": "NOT_ENFORCED", "message": "this node does not enforce sandbox " + id})
+			opensandbox.WriteError(w, http.StatusNotFound, opensandbox.ErrorBody{Code: "NOT_ENFORCED", Message: "this node does not enforce sandbox " + id})
 			return
 		}
-		_ = json.NewEncoder(w).Encode(watch.Enforced{SandboxID: id, PolicyVersion: v})
+		opensandbox.WriteJSON(w, http.StatusOK, watch.Enforced{SandboxID: id, PolicyVersion: v})
 	})
 	return mux
 }

@@ -7,7 +7,8 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"strconv"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Sentinel errors. Handlers wrap them with a message written for the API user; toHTTP
@@ -49,12 +50,6 @@ func errorf(kind error, format string, args ...any) error {
 // invalidf is errorf(ErrInvalid, ...).
 func invalidf(format string, args ...any) error { return errorf(ErrInvalid, format, args...) }
 
-// apiError is the JSON body of every non-2xx answer.
-type apiError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
 // toHTTP maps an error to its HTTP status and error code. Errors that match no sentinel
 // are runtime errors (500).
 func toHTTP(err error) (int, string) {
@@ -86,24 +81,15 @@ func toHTTP(err error) (int, string) {
 	}
 }
 
-// writeError answers err as JSON {code, message}.
+// writeError answers err as the JSON error envelope {code, message}
+// (opensandbox.ErrorBody), its status and code from toHTTP.
 func writeError(w http.ResponseWriter, err error) {
 	status, code := toHTTP(err)
-	writeJSON(w, status, apiError{Code: code, Message: err.Error()})
+	opensandbox.WriteError(w, status, opensandbox.ErrorBody{Code: code, Message: err.Error()})
 }
 
-// writeJSON answers v as JSON with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		status = http.StatusInternalServerError
-		body = []byte(`{"code":"RUNTIME_ERROR","message":"encoding the answer failed"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	w.Write(body)
-}
+// writeJSON answers v as JSON with status (opensandbox.WriteJSON).
+func writeJSON(w http.ResponseWriter, status int, v any) { opensandbox.WriteJSON(w, status, v) }
 
 // writeEmpty answers an empty success: 200 with Content-Length: 0 (NOTES.md: the SDK
 // parses any other 2xx body as JSON).

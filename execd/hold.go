@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // HoldWait is how long a request that reaches a held sandbox waits for the release
@@ -18,23 +20,13 @@ import (
 // OpenSandbox SDKs) then simply see their first command start after enforcement.
 const HoldWait = 30 * time.Second
 
-// ReleasePath is where Airlock's lifecycle server releases a held sandbox (not part
-// of the OpenSandbox execd API): POST with no body, 204 whether or not it was held; or
-// POST with a JSON Release body, which only a held sandbox accepts (204; 409
-// ALREADY_EXISTS when it was released before, since its settings could no longer
-// apply to everything; 400 for a malformed body).
-const ReleasePath = "/_airlock/release"
+// ReleasePath and Release are opensandbox's (the release path and body, an Airlock
+// extension of execd). Kept until lifecycle uses opensandbox; removed after the merge.
+const ReleasePath = opensandbox.ReleasePath
 
-// Release is the optional body of a release: what a sandbox created ahead of its
-// request (a warm pool member) learns when it is claimed.
-type Release struct {
-	// Env is set in execd's own environment before anything of the user starts, so the
-	// entrypoint, commands, sessions and kernels all inherit it.
-	Env map[string]string `json:"env,omitempty"`
-	// Entrypoint, when set, replaces the command execd was started with (--exec -- …)
-	// as the supervised child.
-	Entrypoint []string `json:"entrypoint,omitempty"`
-}
+// Release is opensandbox.Release. Kept until lifecycle uses opensandbox; removed after
+// the merge.
+type Release = opensandbox.Release
 
 // maxReleaseBody bounds a release body (env values included).
 const maxReleaseBody = 1 << 20
@@ -46,12 +38,12 @@ var ErrHeld = errors.New("held")
 // Hold keeps a new sandbox's user processes from starting until Airlock has confirmed
 // that its egress policy is enforced: PID 1 mode waits for Released before it starts
 // the entrypoint, and the Server holds every request but GET /ping and POST
-// ReleasePath until then (HoldWait at most, then 503 STARTING). The zero value is held; Release is idempotent.
+// opensandbox.ReleasePath until then (HoldWait at most, then 503 STARTING). The zero value is held; Release is idempotent.
 type Hold struct {
 	once sync.Once
 	ch   chan struct{}
 	mu   sync.Mutex
-	rel  Release // what the release brought; read after Released is closed
+	rel  opensandbox.Release // what the release brought; read after Released is closed
 }
 
 func (h *Hold) init() {
@@ -70,7 +62,7 @@ func (h *Hold) Release() {
 
 // ReleaseWith applies rel (its Env to this process's environment) and releases; it
 // reports false, changing nothing, when the hold was already released.
-func (h *Hold) ReleaseWith(rel Release) bool {
+func (h *Hold) ReleaseWith(rel opensandbox.Release) bool {
 	h.init()
 	applied := false
 	h.once.Do(func() {
@@ -111,7 +103,7 @@ func (h *Hold) Held() bool {
 // except for GET /ping and the release itself.
 func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == ReleasePath && r.Method == http.MethodPost {
+		if r.URL.Path == opensandbox.ReleasePath && r.Method == http.MethodPost {
 			body, err := io.ReadAll(io.LimitReader(r.Body, maxReleaseBody+1))
 			if err != nil || len(body) > maxReleaseBody {
 				writeError(w, errorf(ErrInvalid, "release body unreadable or over %d bytes", maxReleaseBody))
@@ -122,7 +114,7 @@ func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 				w.WriteHeader(http.StatusNoContent)
 				return
 			}
-			var rel Release
+			var rel opensandbox.Release
 			if err := json.Unmarshal(body, &rel); err != nil {
 				writeError(w, errorf(ErrInvalid, "release body: %v", err))
 				return

@@ -13,17 +13,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
-)
 
-// DefaultPort is the port execd listens on (OpenSandbox execd, NOTES.md).
-const DefaultPort = 44772
+	"github.com/airlockdev/airlock/opensandbox"
+)
 
 // TokenHeader carries the access token when execd was given one.
 const TokenHeader = "X-EXECD-ACCESS-TOKEN"
 
-// Config configures a Server. The zero value serves on :44772 without a token.
+// Config configures a Server. The zero value serves on :44772 (opensandbox.ExecdPort)
+// without a token.
 type Config struct {
 	// Addr is the listen address, ":44772" when empty.
 	Addr string
@@ -70,7 +71,7 @@ type Server struct {
 // New checks cfg, fills in defaults and returns a Server ready to serve.
 func New(cfg Config) (*Server, error) {
 	if cfg.Addr == "" {
-		cfg.Addr = fmt.Sprintf(":%d", DefaultPort)
+		cfg.Addr = net.JoinHostPort("", strconv.Itoa(opensandbox.ExecdPort))
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

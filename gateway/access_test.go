@@ -15,6 +15,7 @@ import (
 	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/internal/testupstream"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 const (
@@ -35,7 +36,7 @@ func loopbackControl(t *testing.T) upstream {
 		_, _ = rand.Read(b[:])
 		addr := netip.AddrFrom4([4]byte{127, 1 + b[0]%250, b[1], 1 + b[2]%250})
 		var lns []net.Listener
-		for _, port := range []int{appPort, ExecdPort, EgressAPIPort} {
+		for _, port := range []int{appPort, opensandbox.ExecdPort, opensandbox.EgressAPIPort} {
 			ln, err := net.Listen("tcp", net.JoinHostPort(addr.String(), itoa(port)))
 			if err != nil {
 				break
@@ -82,7 +83,7 @@ func merged(a, b http.Header) http.Header {
 // wantNoCredentials fails when a credential reached the sandbox.
 func wantNoCredentials(t *testing.T, echo testupstream.Echo) {
 	t.Helper()
-	for _, h := range []string{HeaderAccessToken, HeaderSecureAccess, HeaderAPIKey} {
+	for _, h := range []string{opensandbox.HeaderAccessToken, opensandbox.HeaderSecureAccess, opensandbox.HeaderAPIKey} {
 		if _, ok := echo.Headers[h]; ok {
 			t.Fatalf("credential header %s reached the sandbox", h)
 		}
@@ -91,7 +92,7 @@ func wantNoCredentials(t *testing.T, echo testupstream.Echo) {
 
 // wantIngressDenial checks the audit record of a refused credential: source ingress, the
 // sandbox and port, and neither the token nor the API key anywhere in it.
-func (e *env) wantIngressDenial(t *testing.T, eb errorBody, id string, port int) {
+func (e *env) wantIngressDenial(t *testing.T, eb opensandbox.ErrorBody, id string, port int) {
 	t.Helper()
 	rec, ok := e.audit.byRequestID(eb.RequestID)
 	if !ok || rec.Source != audit.SourceIngress || rec.Action != "deny" || rec.SandboxID != id || rec.DstPort != port ||
@@ -114,7 +115,7 @@ func TestControlPortsNeedCredential(t *testing.T) {
 		sb := runningSandbox("ctl", up.addr)
 		sb.Access = watch.Access{Mode: watch.Public, TokenSHA256: accesstoken.Sum(testAccessToken).String()}
 		e.put(sb)
-		for _, port := range []int{ExecdPort, EgressAPIPort} {
+		for _, port := range []int{opensandbox.ExecdPort, opensandbox.EgressAPIPort} {
 			p := itoa(port)
 			forms := []struct {
 				name, host, path string
@@ -131,10 +132,10 @@ func TestControlPortsNeedCredential(t *testing.T) {
 				t.Run(p+"/"+f.name, func(t *testing.T) {
 					for _, bad := range []http.Header{
 						nil,
-						{HeaderAccessToken: {"wrong"}},
-						{HeaderSecureAccess: {""}},
-						{HeaderAPIKey: {"wrong"}},
-						{HeaderAPIKey: {testAPIKey + "x"}, HeaderSecureAccess: {testAccessToken + "x"}},
+						{opensandbox.HeaderAccessToken: {"wrong"}},
+						{opensandbox.HeaderSecureAccess: {""}},
+						{opensandbox.HeaderAPIKey: {"wrong"}},
+						{opensandbox.HeaderAPIKey: {testAPIKey + "x"}, opensandbox.HeaderSecureAccess: {testAccessToken + "x"}},
 					} {
 						eb := wantError(t, e.do("GET", f.host, f.path, merged(f.hdr, bad)), http.StatusUnauthorized, "UNAUTHORIZED")
 						e.wantIngressDenial(t, eb, "ctl", port)
@@ -143,12 +144,12 @@ func TestControlPortsNeedCredential(t *testing.T) {
 						access string // how the gateway admits it (the audit record's reason)
 						hdr    http.Header
 					}{
-						{"token", http.Header{HeaderAccessToken: {testAccessToken}}},
-						{"token", http.Header{HeaderSecureAccess: {testAccessToken}}},
-						{"api_key", http.Header{HeaderAPIKey: {testAPIKey}}},
+						{"token", http.Header{opensandbox.HeaderAccessToken: {testAccessToken}}},
+						{"token", http.Header{opensandbox.HeaderSecureAccess: {testAccessToken}}},
+						{"api_key", http.Header{opensandbox.HeaderAPIKey: {testAPIKey}}},
 						// The OpenSandbox SDK sends its API key and the endpoint's token header.
-						{"api_key", http.Header{HeaderAPIKey: {testAPIKey}, HeaderSecureAccess: {testAccessToken}}},
-						{"token", http.Header{HeaderAPIKey: {"stale"}, HeaderSecureAccess: {testAccessToken}}},
+						{"api_key", http.Header{opensandbox.HeaderAPIKey: {testAPIKey}, opensandbox.HeaderSecureAccess: {testAccessToken}}},
+						{"token", http.Header{opensandbox.HeaderAPIKey: {"stale"}, opensandbox.HeaderSecureAccess: {testAccessToken}}},
 					} {
 						resp := e.do("GET", f.host, f.path, merged(f.hdr, good.hdr))
 						rid := resp.Header.Get("X-Request-Id")
@@ -203,7 +204,7 @@ func TestUserPortAccess(t *testing.T) {
 	forEachControlUpstream(t, func(t *testing.T, up upstream) {
 		e := newEnv(t, withAPIKey)
 		digest := accesstoken.Sum(testAccessToken).String()
-		control := map[int]watch.AccessMode{ExecdPort: watch.Token, EgressAPIPort: watch.Token}
+		control := map[int]watch.AccessMode{opensandbox.ExecdPort: watch.Token, opensandbox.EgressAPIPort: watch.Token}
 		pub := runningSandbox("pubapp", up.addr)
 		pub.Access = watch.Access{Mode: watch.Public, Ports: control, TokenSHA256: digest}
 		e.put(pub)
@@ -217,8 +218,8 @@ func TestUserPortAccess(t *testing.T) {
 			t.Fatalf("public port: path %q", echo.Path)
 		}
 		wantNoCredentials(t, decodeEcho(t, e.do("GET", e.hostOf(p+"-pubapp"), "/pub",
-			http.Header{HeaderAPIKey: {testAPIKey}, HeaderSecureAccess: {"anything"}})))
-		wantError(t, e.do("GET", e.hostOf(itoa(ExecdPort)+"-pubapp"), "/ping", nil), http.StatusUnauthorized, "UNAUTHORIZED")
+			http.Header{opensandbox.HeaderAPIKey: {testAPIKey}, opensandbox.HeaderSecureAccess: {"anything"}})))
+		wantError(t, e.do("GET", e.hostOf(itoa(opensandbox.ExecdPort)+"-pubapp"), "/ping", nil), http.StatusUnauthorized, "UNAUTHORIZED")
 
 		for _, form := range []struct {
 			host, path string
@@ -230,7 +231,7 @@ func TestUserPortAccess(t *testing.T) {
 		} {
 			eb := wantError(t, e.do("GET", form.host, form.path, form.hdr), http.StatusUnauthorized, "UNAUTHORIZED")
 			e.wantIngressDenial(t, eb, "tokapp", up.port)
-			for _, good := range []http.Header{{HeaderSecureAccess: {testAccessToken}}, {HeaderAPIKey: {testAPIKey}}} {
+			for _, good := range []http.Header{{opensandbox.HeaderSecureAccess: {testAccessToken}}, {opensandbox.HeaderAPIKey: {testAPIKey}}} {
 				echo := decodeEcho(t, e.do("GET", form.host, form.path, merged(form.hdr, good)))
 				if echo.Path != "/t" {
 					t.Fatalf("token port: path %q", echo.Path)
@@ -249,11 +250,11 @@ func TestAPIKeyUnknownToGateway(t *testing.T) {
 	sb := runningSandbox("nokey", up.addr)
 	sb.Access.TokenSHA256 = accesstoken.Sum(testAccessToken).String()
 	e.put(sb)
-	eb := wantError(t, e.do("GET", e.hostOf("44772-nokey"), "/", http.Header{HeaderAPIKey: {testAPIKey}}), http.StatusUnauthorized, "UNAUTHORIZED")
+	eb := wantError(t, e.do("GET", e.hostOf("44772-nokey"), "/", http.Header{opensandbox.HeaderAPIKey: {testAPIKey}}), http.StatusUnauthorized, "UNAUTHORIZED")
 	if !strings.Contains(eb.Message, "API key") {
 		t.Errorf("message %q does not say the API key was refused", eb.Message)
 	}
-	decodeEcho(t, e.do("GET", e.hostOf("44772-nokey"), "/", http.Header{HeaderAPIKey: {testAPIKey}, HeaderAccessToken: {testAccessToken}}))
+	decodeEcho(t, e.do("GET", e.hostOf("44772-nokey"), "/", http.Header{opensandbox.HeaderAPIKey: {testAPIKey}, opensandbox.HeaderAccessToken: {testAccessToken}}))
 }
 
 // TestEgressAPIForwardCredentials: port 18080 goes to lifecycle (App.EgressAPI) only once
@@ -265,22 +266,22 @@ func TestEgressAPIForwardCredentials(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		withAPIKey(c)
 		c.EgressAPIDial = strings.TrimPrefix(lc.URL, "http://")
-		c.EgressAPIHeader = http.Header{HeaderAPIKey: {"gateway-forward-key"}}
+		c.EgressAPIHeader = http.Header{opensandbox.HeaderAPIKey: {"gateway-forward-key"}}
 	})
 	sb := runningSandbox("eg", netip.MustParseAddr("127.0.0.1"))
 	sb.Access.TokenSHA256 = accesstoken.Sum(testAccessToken).String()
 	e.put(sb)
 	eb := wantError(t, e.do("GET", "", "/sandboxes/eg/proxy/18080/policy", nil), http.StatusUnauthorized, "UNAUTHORIZED")
-	e.wantIngressDenial(t, eb, "eg", EgressAPIPort)
-	for _, cred := range []http.Header{{HeaderSecureAccess: {testAccessToken}}, {HeaderAPIKey: {testAPIKey}}} {
+	e.wantIngressDenial(t, eb, "eg", opensandbox.EgressAPIPort)
+	for _, cred := range []http.Header{{opensandbox.HeaderSecureAccess: {testAccessToken}}, {opensandbox.HeaderAPIKey: {testAPIKey}}} {
 		echo := decodeEcho(t, e.do("GET", "", "/sandboxes/eg/proxy/18080/policy", cred))
 		if echo.Path != "/sandboxes/eg/proxy/18080/policy" {
 			t.Fatalf("lifecycle saw path %q", echo.Path)
 		}
-		if got := echo.Headers.Values(HeaderAPIKey); len(got) != 1 || got[0] != "gateway-forward-key" {
+		if got := echo.Headers.Values(opensandbox.HeaderAPIKey); len(got) != 1 || got[0] != "gateway-forward-key" {
 			t.Fatalf("lifecycle saw OPEN-SANDBOX-API-KEY %q, want only the gateway's", got)
 		}
-		if echo.Headers.Get(HeaderSecureAccess) != "" || echo.Headers.Get(HeaderAccessToken) != "" {
+		if echo.Headers.Get(opensandbox.HeaderSecureAccess) != "" || echo.Headers.Get(opensandbox.HeaderAccessToken) != "" {
 			t.Fatal("the client's access token was forwarded")
 		}
 	}

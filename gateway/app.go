@@ -142,13 +142,6 @@ type EgressAPIConfig struct {
 	Headers http.Header `json:"headers,omitempty"`
 }
 
-// Control ports of every sandbox (see ControlPort): execd's (execd-api.yaml) and the
-// OpenSandbox egress API's (egress-api.yaml).
-const (
-	ExecdPort     = 44772
-	EgressAPIPort = 18080
-)
-
 type RenewConfig struct {
 	// URL receives POST {"expiresAt": "<RFC 3339>"}; "{id}" is replaced by the sandbox id,
 	// for example http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration.

@@ -11,28 +11,14 @@ import (
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle/watch"
-)
-
-// Credential headers: the sandbox's token, under the Airlock name or the OpenSandbox one
-// (OSEP-0011 "OPENSANDBOX-SECURE-ACCESS"), and lifecycle's API key. All are removed
-// before proxying.
-const (
-	HeaderAccessToken  = accesstoken.HeaderAccessToken
-	HeaderSecureAccess = accesstoken.HeaderSecureAccess
-	HeaderAPIKey       = accesstoken.HeaderAPIKey
-	HeaderRequestID    = "X-Request-Id"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // strippedHeaders never reach a sandbox: they carry routing and credentials for the
-// gateway only.
-var strippedHeaders = []string{route.HeaderIngressTo, route.HeaderSandbox, route.HeaderPort,
-	HeaderAccessToken, HeaderSecureAccess, HeaderAPIKey}
-
-// ControlPort reports whether port is one of a sandbox's control surfaces, execd
-// (ExecdPort) or the egress API (EgressAPIPort): they are never public, whatever the
-// sandbox's access settings say (docs/architecture.md#control-surfaces-are-never-public).
-// A public mode on them counts as token.
-func ControlPort(port int) bool { return port == ExecdPort || port == EgressAPIPort }
+// gateway only (the sandbox's token, under the Airlock name or the OpenSandbox one,
+// OSEP-0011, and lifecycle's API key).
+var strippedHeaders = []string{opensandbox.HeaderIngressTo, opensandbox.HeaderSandbox, opensandbox.HeaderPort,
+	opensandbox.HeaderAccessToken, opensandbox.HeaderSecureAccess, opensandbox.HeaderAPIKey}
 
 // decision is the outcome of routing and admitting one request. A deny is a value: err is
 // one of the sentinel errors and reason the message for the client.
@@ -63,14 +49,14 @@ type decider struct {
 
 func (d *decider) decide(r *http.Request, now time.Time) decision {
 	var buf [route.MaxCandidates]route.Candidate
-	_, hasSandbox := r.Header[route.HeaderSandbox]
-	_, hasPort := r.Header[route.HeaderPort]
+	_, hasSandbox := r.Header[opensandbox.HeaderSandbox]
+	_, hasPort := r.Header[opensandbox.HeaderPort]
 	in := route.Input{
 		Host:       r.Host,
 		Path:       r.URL.EscapedPath(),
-		IngressTo:  r.Header.Get(route.HeaderIngressTo),
-		Sandbox:    r.Header.Get(route.HeaderSandbox),
-		Port:       r.Header.Get(route.HeaderPort),
+		IngressTo:  r.Header.Get(opensandbox.HeaderIngressTo),
+		Sandbox:    r.Header.Get(opensandbox.HeaderSandbox),
+		Port:       r.Header.Get(opensandbox.HeaderPort),
 		HasAirlock: hasSandbox || hasPort,
 	}
 	cands, err := route.Parse(in, d.domains, buf[:0])
@@ -91,7 +77,9 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		}
 		sb, tok := e.View()
 		mode := sb.Access.ModeFor(c.Port)
-		if mode == watch.Public && ControlPort(c.Port) {
+		// Control ports are never public, whatever the sandbox's access settings say
+		// (DESIGN.md §10): a public mode on them counts as token.
+		if mode == watch.Public && opensandbox.IsControlPort(c.Port) {
 			mode = watch.Token
 		}
 		// OSEP-0011: on a public port, signed-looking path segments are the app's own path.
@@ -119,7 +107,7 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 
 	sb := dec.sb
 	switch sb.State {
-	case "Stopping", "Terminated", "Failed":
+	case string(opensandbox.Stopping), string(opensandbox.Terminated), string(opensandbox.Failed):
 		return dec.deny(ErrGone, fmt.Sprintf("sandbox %s is %s", sb.ID, sb.State))
 	}
 	if sb.ExpiresAt != nil && now.After(*sb.ExpiresAt) {
@@ -129,12 +117,12 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		return dec.deny(err, reason)
 	}
 	dec.dial = dec.entry.Dial(dec.cand.Port)
-	if sb.State == "Paused" || sb.State == "Pausing" {
+	if sb.State == string(opensandbox.Paused) || sb.State == string(opensandbox.Pausing) {
 		// Not retried, and no renew intent: a paused sandbox is resumed only by its
 		// owner through the lifecycle API.
 		return dec.deny(ErrPaused, fmt.Sprintf("sandbox %s is %s: resume it through the lifecycle API (POST /sandboxes/%s/resume)", sb.ID, sb.State, sb.ID))
 	}
-	if sb.State != "Running" || dec.dial == "" {
+	if sb.State != string(opensandbox.Running) || dec.dial == "" {
 		dec.retryAfter = 2
 		state := sb.State
 		if state == "" {

@@ -1,10 +1,11 @@
 package gateway
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Sentinel errors of a request decision. Each maps to one HTTP status and code in
@@ -81,25 +82,11 @@ func statusOf(err error) errorStatus {
 	}
 }
 
-// errorBody is the JSON body of every gateway error: the OpenSandbox ErrorResponse shape
-// {code, message} plus the request id.
-type errorBody struct {
-	Code      string `json:"code"`
-	Message   string `json:"message"`
-	RequestID string `json:"requestId,omitempty"`
-}
-
-// writeError writes the JSON error for err with message msg. retryAfter > 0 sets
-// Retry-After (seconds).
+// writeError writes the JSON error envelope (opensandbox.ErrorBody) for st with message
+// msg and the request id. retryAfter > 0 sets Retry-After (seconds).
 func writeError(w http.ResponseWriter, st errorStatus, msg, requestID string, retryAfter int) {
-	body, _ := json.Marshal(errorBody{Code: st.code, Message: msg, RequestID: requestID})
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	h.Set("Cache-Control", "no-store")
 	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(retryAfter))
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	}
-	w.WriteHeader(st.status)
-	_, _ = w.Write(append(body, '\n'))
+	opensandbox.WriteError(w, st.status, opensandbox.ErrorBody{Code: st.code, Message: msg, RequestID: requestID})
 }

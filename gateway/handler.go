@@ -10,11 +10,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 func init() {
@@ -72,6 +75,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision binds the handler to the airlock app and provisions the embedded proxy.
+// egressAPIProxy is the path segment of lifecycle's server proxy for the egress API
+// port: /sandboxes/<id>/proxy/18080/<path>.
+var egressAPIProxy = "/proxy/" + strconv.Itoa(opensandbox.EgressAPIPort)
+
 func (h *Handler) Provision(ctx caddy.Context) error {
 	appIface, err := ctx.App("airlock")
 	if err != nil {
@@ -126,8 +133,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	start := time.Now()
 	reqID := requestID(r)
 	rid := []string{reqID} // read-only, shared by both header maps
-	w.Header()[HeaderRequestID] = rid
-	r.Header[HeaderRequestID] = rid
+	w.Header()[opensandbox.HeaderRequestID] = rid
+	r.Header[opensandbox.HeaderRequestID] = rid
 	client := clientAddr(r)
 
 	dec := h.dec.decide(r, start)
@@ -155,8 +162,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// The egress API port is lifecycle's (App.EgressAPI), with the operator's credential.
-	if eg := h.app.EgressAPI; eg != nil && dec.cand.Port == EgressAPIPort {
-		setEscapedPath(r.URL, "/sandboxes/"+dec.sb.ID+"/proxy/18080"+r.URL.EscapedPath())
+	if eg := h.app.EgressAPI; eg != nil && dec.cand.Port == opensandbox.EgressAPIPort {
+		setEscapedPath(r.URL, "/sandboxes/"+dec.sb.ID+egressAPIProxy+r.URL.EscapedPath())
 		for k, v := range eg.Headers {
 			r.Header[http.CanonicalHeaderKey(k)] = v
 		}
@@ -222,11 +229,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	case err != nil && !rec.wroteHeader():
 		res = resUpstreamError
-		h.log.Debug("upstream request failed", "sandbox_id", dec.sb.ID, "port", dec.cand.Port, "error", err)
+		h.log.Debug("upstream request failed", "sandbox_id", dec.sb.ID, "port", dec.cand.Port, "err", err)
 		writeError(rec, statusOf(ErrUpstream), fmt.Sprintf("sandbox %s did not answer on port %d", dec.sb.ID, dec.cand.Port), reqID, 0)
 	case err != nil:
 		res = resUpstreamError
-		h.log.Debug("upstream response failed", "sandbox_id", dec.sb.ID, "port", dec.cand.Port, "error", err)
+		h.log.Debug("upstream response failed", "sandbox_id", dec.sb.ID, "port", dec.cand.Port, "err", err)
 	}
 	return nil
 }
@@ -244,7 +251,7 @@ func (h *Handler) finish(start time.Time, r *http.Request, dec *decision, res re
 // requestID returns the client's X-Request-Id when it is 1..128 visible ASCII characters,
 // else a fresh random one.
 func requestID(r *http.Request) string {
-	if id := r.Header.Get(HeaderRequestID); id != "" && len(id) <= 128 {
+	if id := r.Header.Get(opensandbox.HeaderRequestID); id != "" && len(id) <= 128 {
 		ok := true
 		for i := 0; i < len(id) && ok; i++ {
 			ok = id[i] > ' ' && id[i] < 0x7f

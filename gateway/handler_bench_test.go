@@ -14,6 +14,7 @@ import (
 	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // BenchmarkHandlerOverhead measures the airlock handler's own work per request (route,
@@ -28,7 +29,7 @@ func BenchmarkHandlerOverhead(b *testing.B) {
 // the sandbox's access token (SHA-256 of the presented token against the stored digest).
 func BenchmarkHandlerOverheadToken(b *testing.B) {
 	benchHandler(b, "http://44772-synthetic-04242.airlock.localhost:8081/ping",
-		http.Header{HeaderSecureAccess: {benchToken}})
+		http.Header{opensandbox.HeaderSecureAccess: {benchToken}})
 }
 
 const benchToken = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -21,6 +21,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // memAudit is an in-memory AuditSink.
@@ -249,7 +250,7 @@ func (e *env) hostOf(label string) string {
 }
 
 // wantError checks a JSON error response and returns its body.
-func wantError(t *testing.T, resp *http.Response, status int, code string) errorBody {
+func wantError(t *testing.T, resp *http.Response, status int, code string) opensandbox.ErrorBody {
 	t.Helper()
 	b := readAll(t, resp)
 	if resp.StatusCode != status {
@@ -258,7 +259,7 @@ func wantError(t *testing.T, resp *http.Response, status int, code string) error
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Fatalf("content type %q, want application/json", ct)
 	}
-	var eb errorBody
+	var eb opensandbox.ErrorBody
 	if err := json.Unmarshal(b, &eb); err != nil {
 		t.Fatalf("error body %q is not JSON: %v", b, err)
 	}

@@ -86,7 +86,7 @@ func (rn *renewer) run(ctx context.Context) {
 				case in := <-rn.queue:
 					if err := rn.send(ctx, in); err != nil {
 						rn.count("failed")
-						rn.log.Warn("renew intent failed", "sandbox_id", in.id, "error", err)
+						rn.log.Warn("renew intent failed", "sandbox_id", in.id, "err", err)
 						continue
 					}
 					rn.count("sent")

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Execd talks to one sandbox's execd (execd-api.yaml, port 44772) through the endpoint
@@ -27,7 +29,7 @@ type Execd struct {
 // Execd returns the execd client of sandbox id (it asks for the endpoint of port
 // 44772; no request reaches execd yet).
 func (c *Client) Execd(ctx context.Context, id string) (*Execd, error) {
-	return c.portClient(ctx, id, ExecdPort)
+	return c.portClient(ctx, id, opensandbox.ExecdPort)
 }
 
 // portClient talks to one port of the sandbox through the endpoint the server gives
@@ -63,7 +65,7 @@ func (x *Execd) send(ctx context.Context, method, path string, body io.Reader, c
 		req.Header[k] = vs
 	}
 	if x.c.key != "" {
-		req.Header.Set("OPEN-SANDBOX-API-KEY", x.c.key)
+		req.Header.Set(opensandbox.HeaderAPIKey, x.c.key)
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)

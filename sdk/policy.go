@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/record"
 )
 
 // PolicyInfo is a sandbox's stored egress policy as Airlock's policy API reports it
@@ -115,8 +115,8 @@ type AuditQuery struct {
 // AuditPage is one page of audit records; More says a next page exists (ask again with
 // After = the last record's Seq).
 type AuditPage struct {
-	Records []audit.Record `json:"records"`
-	More    bool           `json:"more"`
+	Records []record.Record `json:"records"`
+	More    bool            `json:"more"`
 }
 
 // Audit returns one page of the sandbox's audit records.

@@ -26,13 +26,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // DefaultBaseURL is where `airlock up` listens by default.
 const DefaultBaseURL = "http://127.0.0.1:8080"
-
-// ExecdPort is execd's port inside every sandbox.
-const ExecdPort = 44772
 
 // Config configures a Client.
 type Config struct {
@@ -74,8 +73,9 @@ func New(cfg Config) (*Client, error) {
 	return &Client{base: base, key: cfg.APIKey, hc: cfg.HTTPClient, header: cfg.Header.Clone()}, nil
 }
 
-// APIError is a non-2xx answer: its status, the server's {code, message} and the
-// request id it echoed.
+// APIError is a non-2xx answer: its status, the server's {code, message} (the
+// opensandbox.ErrorBody envelope) and the request id it echoed (X-Request-Id, else the
+// body's requestId).
 type APIError struct {
 	Status    int
 	Code      string
@@ -127,7 +127,7 @@ func (c *Client) send(ctx context.Context, method, u string, body any, hdr http.
 		req.Header[k] = vs
 	}
 	if c.key != "" {
-		req.Header.Set("OPEN-SANDBOX-API-KEY", c.key)
+		req.Header.Set(opensandbox.HeaderAPIKey, c.key)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -151,13 +151,13 @@ func decodeResponse(resp *http.Response, out any) error {
 
 func apiError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	e := &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-ID")}
-	var body struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}
+	e := &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get(opensandbox.HeaderRequestID)}
+	var body opensandbox.ErrorBody
 	if json.Unmarshal(b, &body) == nil && (body.Code != "" || body.Message != "") {
 		e.Code, e.Message = body.Code, body.Message
+		if e.RequestID == "" {
+			e.RequestID = body.RequestID
+		}
 	} else {
 		e.Message = strings.TrimSpace(string(b))
 		if e.Message == "" {
@@ -169,10 +169,10 @@ func apiError(resp *http.Response) error {
 
 // Status is a sandbox's lifecycle status.
 type Status struct {
-	State            string    `json:"state"`
-	Reason           string    `json:"reason,omitempty"`
-	Message          string    `json:"message,omitempty"`
-	LastTransitionAt time.Time `json:"lastTransitionAt"`
+	State            opensandbox.State `json:"state"`
+	Reason           string            `json:"reason,omitempty"`
+	Message          string            `json:"message,omitempty"`
+	LastTransitionAt time.Time         `json:"lastTransitionAt"`
 }
 
 // Sandbox is a sandbox as the server reports it.
@@ -398,8 +398,8 @@ func (c *Client) Endpoint(ctx context.Context, id string, port int) (*Endpoint, 
 }
 
 // WaitState polls the sandbox every interval until it is in state, the context ends,
-// or it reaches Failed or Terminated.
-func (c *Client) WaitState(ctx context.Context, id, state string, interval time.Duration) (*Sandbox, error) {
+// or it reaches a terminal state (Failed or Terminated).
+func (c *Client) WaitState(ctx context.Context, id string, state opensandbox.State, interval time.Duration) (*Sandbox, error) {
 	for {
 		sb, err := c.Get(ctx, id)
 		if err != nil {
@@ -408,7 +408,7 @@ func (c *Client) WaitState(ctx context.Context, id, state string, interval time.
 		if sb.Status.State == state {
 			return sb, nil
 		}
-		if sb.Status.State == "Failed" || sb.Status.State == "Terminated" {
+		if sb.Status.State.Terminal() {
 			return sb, fmt.Errorf("sdk: sandbox %s is %s: %s", id, sb.Status.State, sb.Status.Message)
 		}
 		select {

@@ -5,10 +5,8 @@ import (
 	"net/http"
 
 	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/opensandbox"
 )
-
-// EgressPort is the OpenSandbox egress API's port inside every sandbox.
-const EgressPort = 18080
 
 // Vault is the Credential Vault of one sandbox (OpenSandbox egress API, egress-api.yaml
 // /credential-vault), reached through the endpoint of port 18080 with its headers. The
@@ -18,7 +16,7 @@ type Vault struct{ x *Execd }
 
 // Vault returns the Credential Vault client of sandbox id.
 func (c *Client) Vault(ctx context.Context, id string) (*Vault, error) {
-	x, err := c.portClient(ctx, id, EgressPort)
+	x, err := c.portClient(ctx, id, opensandbox.EgressAPIPort)
 	if err != nil {
 		return nil, err
 	}

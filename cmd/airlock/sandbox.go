@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -150,7 +151,7 @@ func sbCreate(f *sandboxFlags) *cobra.Command {
 			if !noWait {
 				wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 				defer cancel()
-				if sb, err = c.WaitState(wctx, sb.ID, "Running", 100*time.Millisecond); err != nil {
+				if sb, err = c.WaitState(wctx, sb.ID, opensandbox.Running, 100*time.Millisecond); err != nil {
 					return err
 				}
 			}

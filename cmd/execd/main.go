@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockdev/airlock/execd"
 	"github.com/airlockdev/airlock/internal/buildinfo"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 const usage = `execd: the Airlock execution daemon (OpenSandbox execd API).
@@ -33,7 +34,7 @@ Flags:
 
 func main() {
 	fs := flag.NewFlagSet("execd", flag.ContinueOnError)
-	port := fs.Int("port", envInt("EXECD_PORT", execd.DefaultPort), "TCP port to serve the API on (env EXECD_PORT)")
+	port := fs.Int("port", envInt("EXECD_PORT", opensandbox.ExecdPort), "TCP port to serve the API on (env EXECD_PORT)")
 	host := fs.String("host", os.Getenv("EXECD_HOST"), "address to listen on; all interfaces when empty (env EXECD_HOST)")
 	token := fs.String("access-token", os.Getenv("EXECD_ACCESS_TOKEN"),
 		"when set, every request but GET /ping must carry it in X-EXECD-ACCESS-TOKEN (env EXECD_ACCESS_TOKEN)")
@@ -43,7 +44,7 @@ func main() {
 	execMode := fs.Bool("exec", false, "run the command after -- as a supervised child (PID 1 mode)")
 	hold := fs.Bool("hold", os.Getenv("EXECD_HOLD") == "1",
 		"start held: the API answers only GET /ping (others get 503 STARTING) and --exec's command does not start "+
-			"until POST "+execd.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
+			"until POST "+opensandbox.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
 	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
 	installTrustDir := fs.String("install-trust", "", "write `DIR`/"+trustBundleName+" (the image's "+systemBundle+" plus the PEM CA certificates in $AIRLOCK_TRUSTED_CA) and DIR/"+trustExtraName+" (the CAs alone), then exit: the Kubernetes runtime's trust init container")

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // apiError is an API failure: status, the project's error code, a message without
@@ -42,23 +44,20 @@ const maxBody = 1 << 20
 // 412. Errors are {"code","message"} JSON; nothing changes on any error.
 func (s *Store) ServeAPI(w http.ResponseWriter, r *http.Request, sandboxID, rest string, cover func(host string, port uint16) error) {
 	status, body, err := s.serve(r, sandboxID, rest, cover)
-	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		var ae *apiError
 		if !errors.As(err, &ae) {
 			s.log.Error("credential vault request failed", "sandbox_id", sandboxID, "err", err)
 			ae = &apiError{http.StatusInternalServerError, "INTERNAL_ERROR", "internal error; see the server log"}
 		}
-		w.WriteHeader(ae.status)
-		json.NewEncoder(w).Encode(map[string]string{"code": ae.code, "message": ae.msg})
+		opensandbox.WriteError(w, ae.status, opensandbox.ErrorBody{Code: ae.code, Message: ae.msg})
 		return
 	}
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
 		return
 	}
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(body)
+	opensandbox.WriteJSON(w, status, body)
 }
 
 func (s *Store) serve(r *http.Request, id, rest string, cover func(string, uint16) error) (int, any, error) {

@@ -28,13 +28,11 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Path is where execd lives inside a sandbox.
 const Path = "/opt/airlock/execd"
-
-// Port is execd's API port.
-const Port = 44772
 
 var (
 	buildOnce sync.Once
@@ -185,7 +183,7 @@ func Start(t testing.TB, opts Options) *Sandbox {
 	if !sb.IP.IsValid() {
 		t.Fatalf("container %s has no address on the default bridge", name)
 	}
-	sb.URL = "http://" + netip.AddrPortFrom(sb.IP, Port).String()
+	sb.URL = "http://" + netip.AddrPortFrom(sb.IP, opensandbox.ExecdPort).String()
 	if !opts.NoWait {
 		sb.WaitReady(t)
 	}

@@ -9,7 +9,8 @@
 //
 // The gateway never holds either secret in clear. A check hashes the presented value
 // with SHA-256 and compares the digests in constant time; it performs no I/O and, for
-// values up to MaxStackLen bytes, allocates nothing.
+// values up to MaxStackLen bytes, allocates nothing. The header names are package
+// opensandbox's (HeaderAccessToken, HeaderSecureAccess, HeaderAPIKey).
 package accesstoken
 
 import (
@@ -18,14 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
-)
 
-// Header names in canonical MIME form (net/http canonicalises what clients send, so
-// "OPEN-SANDBOX-API-KEY" and "open-sandbox-api-key" both arrive as HeaderAPIKey).
-const (
-	HeaderAccessToken  = "X-Airlock-Access-Token"
-	HeaderSecureAccess = "Opensandbox-Secure-Access"
-	HeaderAPIKey       = "Open-Sandbox-Api-Key"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // MaxStackLen is the longest presented value Sum hashes without a heap allocation
@@ -105,10 +100,10 @@ func (d *Digest) Matches(secret string) bool {
 // (an empty value counts as present: it is a wrong token, not a missing one).
 // X-Airlock-Access-Token wins when both are sent; of repeated values the first counts.
 func Token(h http.Header) (string, bool) {
-	if v, ok := h[HeaderAccessToken]; ok {
+	if v, ok := h[opensandbox.HeaderAccessToken]; ok {
 		return first(v), true
 	}
-	if v, ok := h[HeaderSecureAccess]; ok {
+	if v, ok := h[opensandbox.HeaderSecureAccess]; ok {
 		return first(v), true
 	}
 	return "", false
@@ -116,7 +111,7 @@ func Token(h http.Header) (string, bool) {
 
 // APIKey returns the OPEN-SANDBOX-API-KEY value h carries and whether it is present.
 func APIKey(h http.Header) (string, bool) {
-	v, ok := h[HeaderAPIKey]
+	v, ok := h[opensandbox.HeaderAPIKey]
 	return first(v), ok
 }
 

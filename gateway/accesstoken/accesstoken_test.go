@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 func TestSumMatchesStdlib(t *testing.T) {
@@ -67,12 +69,12 @@ func TestHeaders(t *testing.T) {
 		present bool
 	}{
 		{"none", http.Header{}, "", false},
-		{"airlock", http.Header{HeaderAccessToken: {"a"}}, "a", true},
-		{"opensandbox", http.Header{HeaderSecureAccess: {"b"}}, "b", true},
-		{"airlock_wins", http.Header{HeaderSecureAccess: {"b"}, HeaderAccessToken: {"a"}}, "a", true},
-		{"empty_value_is_present", http.Header{HeaderAccessToken: {""}}, "", true},
-		{"no_values_is_present", http.Header{HeaderAccessToken: nil}, "", true},
-		{"first_of_repeated", http.Header{HeaderAccessToken: {"a", "b"}}, "a", true},
+		{"airlock", http.Header{opensandbox.HeaderAccessToken: {"a"}}, "a", true},
+		{"opensandbox", http.Header{opensandbox.HeaderSecureAccess: {"b"}}, "b", true},
+		{"airlock_wins", http.Header{opensandbox.HeaderSecureAccess: {"b"}, opensandbox.HeaderAccessToken: {"a"}}, "a", true},
+		{"empty_value_is_present", http.Header{opensandbox.HeaderAccessToken: {""}}, "", true},
+		{"no_values_is_present", http.Header{opensandbox.HeaderAccessToken: nil}, "", true},
+		{"first_of_repeated", http.Header{opensandbox.HeaderAccessToken: {"a", "b"}}, "a", true},
 	}
 	for _, c := range cases {
 		if tok, ok := Token(c.h); tok != c.tok || ok != c.present {
@@ -96,7 +98,7 @@ func TestHeaders(t *testing.T) {
 
 func TestNoAllocations(t *testing.T) {
 	d := Sum(strings.Repeat("t", 64))
-	h := http.Header{HeaderSecureAccess: {strings.Repeat("t", 64)}}
+	h := http.Header{opensandbox.HeaderSecureAccess: {strings.Repeat("t", 64)}}
 	n := testing.AllocsPerRun(100, func() {
 		tok, _ := Token(h)
 		if !d.Matches(tok) {

@@ -47,13 +47,6 @@ func (f Form) String() string {
 	return "unknown"
 }
 
-// Header names the parser reads (canonical MIME form).
-const (
-	HeaderIngressTo = "Opensandbox-Ingress-To"
-	HeaderSandbox   = "X-Airlock-Sandbox"
-	HeaderPort      = "X-Airlock-Port"
-)
-
 // Errors. Both are HTTP 400 (bad route).
 var (
 	// ErrNoRoute: the request names no sandbox in any form.

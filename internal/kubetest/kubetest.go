@@ -53,9 +53,11 @@ type Env struct {
 
 // Start starts kube-apiserver and etcd with the CRDs in crdDirs installed (none when
 // empty) and stops them when t ends. Missing binaries skip the test (fail under
-// AIRLOCK_REQUIRE_PRIVILEGED=1) naming the script that builds them.
+// AIRLOCK_REQUIRE_PRIVILEGED=1) naming the script that builds them; the inner loop
+// (go test -short) skips.
 func Start(t testing.TB, crdDirs ...string) *Env {
 	t.Helper()
+	testenv.NotShort(t, "a kube-apiserver")
 	e, err := start(crdDirs)
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -77,6 +79,7 @@ var (
 // through StopShared.
 func Shared(t testing.TB, crdDirs ...string) *Env {
 	t.Helper()
+	testenv.NotShort(t, "a kube-apiserver")
 	key := strings.Join(crdDirs, "\x00")
 	sharedMu.Lock()
 	defer sharedMu.Unlock()

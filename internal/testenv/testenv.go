@@ -5,6 +5,11 @@
 // A test that cannot run for lack of a privilege skips with a clear reason, except when
 // AIRLOCK_REQUIRE_PRIVILEGED=1 (set by .ci/run): then the same condition fails the test,
 // so CI can never pass by skipping.
+//
+// The inner loop (`go test -short`, what `make check` runs) leaves out every test that
+// needs root, Docker, eBPF, nftables, a kube-apiserver or network namespaces: the Need
+// helpers skip them first, whatever AIRLOCK_REQUIRE_PRIVILEGED says, since -short asks
+// for a partial run; `make test` never passes -short.
 package testenv
 
 import (
@@ -37,18 +42,32 @@ func SkipOrFail(t testing.TB, reason string) {
 	t.Skip(reason)
 }
 
-// NeedRoot skips (or fails, see SkipOrFail) unless the test runs as root.
+// NotShort skips t in the inner loop (go test -short: `make check`), saying it needs
+// what (root, Docker, a kube-apiserver, ...). It is not a privilege skip: it never fails,
+// AIRLOCK_REQUIRE_PRIVILEGED=1 or not. Every Need helper calls it first.
+func NotShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs " + what + ": not in make check (go test -short)")
+	}
+}
+
+// NeedRoot skips (or fails, see SkipOrFail) unless the test runs as root. It also
+// skips in the inner loop (NotShort).
 func NeedRoot(t testing.TB) {
 	t.Helper()
+	NotShort(t, "root")
 	if os.Geteuid() != 0 {
 		SkipOrFail(t, "needs root")
 	}
 }
 
 // NeedDocker skips (or fails) unless a Docker engine answers on the default socket
-// (DOCKER_HOST honoured). It checks with the docker CLI-free _ping endpoint.
+// (DOCKER_HOST honoured). It checks with the docker CLI-free _ping endpoint. It also
+// skips in the inner loop (NotShort).
 func NeedDocker(t testing.TB) {
 	t.Helper()
+	NotShort(t, "Docker")
 	if err := dockerPing(); err != nil {
 		SkipOrFail(t, "needs a running Docker engine: "+err.Error())
 	}
@@ -125,6 +144,7 @@ func NeedCodeInterpreterImage(t testing.TB) string {
 // NeedBPF skips (or fails) unless the test runs as root with the BPF filesystem mounted.
 func NeedBPF(t testing.TB) {
 	t.Helper()
+	NotShort(t, "root and eBPF")
 	NeedRoot(t)
 	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
 		SkipOrFail(t, "needs /sys/fs/bpf")

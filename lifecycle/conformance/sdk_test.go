@@ -21,6 +21,7 @@ import (
 // sandboxes are pods on a real kube-apiserver, run as real containers by the test
 // kubelet, reached through the gateway at their pod IPs.
 func TestSDKOnKubernetes(t *testing.T) {
+	testenv.NotShort(t, "npm, a kube-apiserver and Docker")
 	node, err := exec.LookPath("node")
 	if err != nil {
 		testenv.SkipOrFail(t, "node is not installed (make prepare installs it)")

@@ -1,8 +1,7 @@
-package audit
+package record
 
 import (
 	"bytes"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math"
@@ -13,7 +12,7 @@ import (
 )
 
 // referenceCanonical is the canonical form by definition: what the writer wrote before
-// appendCanonical, json.Marshal of canonicalRecord.
+// AppendCanonical, json.Marshal of canonicalRecord.
 func referenceCanonical(r Record) ([]byte, error) {
 	return json.Marshal(canonicalRecord{
 		Time: r.Time.UTC().Format(TimeFormat), Seq: r.Seq, SandboxID: r.SandboxID, Source: r.Source,
@@ -21,19 +20,6 @@ func referenceCanonical(r Record) ([]byte, error) {
 		Action: r.Action, Mode: r.Mode, WouldDeny: r.WouldDeny, Rule: r.Rule, Reason: r.Reason,
 		PolicyVersion: r.PolicyVersion, Extra: r.Extra,
 	})
-}
-
-// referenceLine is a log line as the writer sealed it before sealer: the reference
-// canonical bytes, ChainHash, appendChain.
-func referenceLine(r Record, prev string) (line []byte, hash string, err error) {
-	c, err := referenceCanonical(r)
-	if err != nil {
-		return nil, "", err
-	}
-	if hash, err = ChainHash(prev, c); err != nil {
-		return nil, "", err
-	}
-	return append(appendChain(c[:len(c)-1], prev, hash), '\n'), hash, nil
 }
 
 // Fallback types: encoding/json encodes these through reflection, methods or not at all.
@@ -207,34 +193,32 @@ func randRecord(rng *rand.Rand, bad bool) Record {
 }
 
 // TestCanonicalMatchesJSON: for random records (tricky strings, every omitempty case,
-// every Extra value type the writer handles itself and many it hands to encoding/json),
-// appendCanonical's bytes and errors are json.Marshal's, and sealed lines are the lines
-// the writer sealed with json.Marshal and ChainHash.
+// every Extra value type AppendCanonical handles itself and many it hands to
+// encoding/json), AppendCanonical's bytes and errors are json.Marshal's, Canonical
+// returns the same bytes and MarshalJSON adds prev and hash.
 func TestCanonicalMatchesJSON(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
-	var s sealer
-	prev := Genesis
 	var ok, failed int
 	for i := range 50_000 {
 		r := randRecord(rng, i%4 == 0)
 		want, werr := referenceCanonical(r)
 		prefix := []byte("prefix")
-		got, err := appendCanonical(prefix, &r)
+		got, err := AppendCanonical(prefix, &r)
 		if (err != nil) != (werr != nil) || err != nil && err.Error() != werr.Error() {
 			t.Fatalf("record %+v:\nerror %v\nwant  %v", r, err, werr)
 		}
 		if !bytes.HasPrefix(got, []byte("prefix")) {
-			t.Fatalf("appendCanonical changed the bytes before its own: %q", got)
+			t.Fatalf("AppendCanonical changed the bytes before its own: %q", got)
 		}
 		if werr != nil {
 			failed++
 			if len(got) != len(prefix) {
-				t.Fatalf("appendCanonical failed but left %q", got[len(prefix):])
+				t.Fatalf("AppendCanonical failed but left %q", got[len(prefix):])
 			}
-			if _, err := s.seal(nil, &r); err == nil || err.Error() != werr.Error() {
-				t.Fatalf("seal error %v, want %v", err, werr)
+			if _, err := r.MarshalJSON(); err == nil || err.Error() != werr.Error() {
+				t.Fatalf("MarshalJSON error %v, want %v", err, werr)
 			}
 			continue
 		}
@@ -245,18 +229,11 @@ func TestCanonicalMatchesJSON(t *testing.T) {
 		if c, err := r.Canonical(); err != nil || !bytes.Equal(c, want) {
 			t.Fatalf("Canonical = %s, %v\nwant %s", c, err, want)
 		}
-		wantLine, hash, err := referenceLine(r, prev)
-		if err != nil {
-			t.Fatal(err)
+		// prev and hash are 64 hex digits in a log: MarshalJSON writes them as they are.
+		wantJSON := string(want[:len(want)-1]) + `,"prev":"` + r.Prev + `","hash":"` + r.Hash + `"}`
+		if j, err := r.MarshalJSON(); err != nil || string(j) != wantJSON {
+			t.Fatalf("MarshalJSON = %s, %v\nwant %s", j, err, wantJSON)
 		}
-		line, err := s.seal([]byte("x"), &r)
-		if err != nil || !bytes.Equal(line[1:], wantLine) {
-			t.Fatalf("sealed line (err %v)\n%s\nwant\n%s", err, line[1:], wantLine)
-		}
-		if got := hex.EncodeToString(s.prev[:]); got != hash {
-			t.Fatalf("sealer at %s after sealing, want %s", got, hash)
-		}
-		prev = hash
 	}
 	t.Logf("%d records equal, %d errors equal", ok, failed)
 	if ok < 30_000 || failed < 500 {
@@ -264,7 +241,7 @@ func TestCanonicalMatchesJSON(t *testing.T) {
 	}
 }
 
-// TestCanonicalErrorCases: values encoding/json cannot encode make appendCanonical fail
+// TestCanonicalErrorCases: values encoding/json cannot encode make AppendCanonical fail
 // with encoding/json's error, including a cycle through a map and a slice (whose
 // message depends on the depth at which encoding/json notices it).
 func TestCanonicalErrorCases(t *testing.T) {
@@ -278,7 +255,7 @@ func TestCanonicalErrorCases(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := Record{Action: "allow", Extra: map[string]any{"a": 1, "b": v, "c": "z"}}
 			_, werr := referenceCanonical(r)
-			_, err := appendCanonical(nil, &r)
+			_, err := AppendCanonical(nil, &r)
 			if err == nil || werr == nil || err.Error() != werr.Error() {
 				t.Fatalf("error %v, want %v", err, werr)
 			}
@@ -301,7 +278,7 @@ func TestCanonicalFixed(t *testing.T) {
 			`{"time":"0001-01-01T00:00:00.000000Z","seq":0,"source":"","action":"deny","extra":{"\u003c":18446744073709551615,"a":[],"m":1.5e-7,"n":1e+21,"o":0.25,"p":0.1,"z":null}}`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, err := appendCanonical(nil, &tc.r)
+			got, err := AppendCanonical(nil, &tc.r)
 			if err != nil || string(got) != tc.want {
 				t.Errorf("got  %s (%v)\nwant %s", got, err, tc.want)
 			}
@@ -320,45 +297,4 @@ func FuzzAppendString(f *testing.F) {
 			t.Errorf("appendString(%q) = %s, want %s", s, got, want)
 		}
 	})
-}
-
-// TestSealAllocs: sealing the data path's records (DNS answers, gateway requests) into a
-// buffer with room allocates nothing, and writeBatch allocates nothing per batch.
-func TestSealAllocs(t *testing.T) {
-	recs := benchRecords(64)
-	var s sealer
-	buf := make([]byte, 0, 1<<16)
-	n := testing.AllocsPerRun(100, func() {
-		buf = buf[:0]
-		for i := range recs {
-			var err error
-			if buf, err = s.seal(buf, &recs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	})
-	if n != 0 {
-		t.Errorf("%v allocations per %d sealed records, want 0", n, len(recs))
-	}
-
-	w, err := open(Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.f.Close()
-	batch := make([]Record, len(recs))
-	w.writeBatch(recs) // grows w.buf and w.sources
-	n = testing.AllocsPerRun(20, func() {
-		copy(batch, recs)
-		w.writeBatch(batch)
-	})
-	if n != 0 {
-		t.Errorf("%v allocations per writeBatch of %d records, want 0", n, len(recs))
-	}
-	if err := w.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Verify(w.cfg.Dir, VerifyOptions{}); err != nil {
-		t.Errorf("log written by writeBatch does not verify: %v", err)
-	}
 }

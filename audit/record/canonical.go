@@ -1,4 +1,4 @@
-package audit
+package record
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 )
 
 // canonicalRecord is Record without the chain fields and with a fixed time format. Its
-// json.Marshal output is the definition of the canonical bytes; appendCanonical writes
+// json.Marshal output is the definition of the canonical bytes; AppendCanonical writes
 // the same bytes without reflection and falls back to it only for an Extra value
 // encoding/json cannot encode (so that the error is encoding/json's own).
 type canonicalRecord struct {
@@ -43,13 +43,35 @@ func marshalCanonical(r *Record) ([]byte, error) {
 	})
 }
 
-// appendCanonical appends r's canonical bytes to b: exactly what marshalCanonical
-// returns, field by field. Extra values of the types the data path uses (string, bool,
+// Canonical returns the record's canonical bytes (see AppendCanonical). The error, when
+// an Extra value cannot be encoded as JSON, is encoding/json's.
+func (r Record) Canonical() ([]byte, error) {
+	return AppendCanonical(make([]byte, 0, 512), &r)
+}
+
+// MarshalJSON writes the record exactly as a line of the audit log (without the
+// newline): the canonical bytes followed by prev and hash.
+func (r Record) MarshalJSON() ([]byte, error) {
+	c, err := AppendCanonical(make([]byte, 0, 512+160), &r)
+	if err != nil {
+		return nil, err
+	}
+	c = append(c[:len(c)-1], `,"prev":"`...) // drop the canonical "}"
+	c = append(c, r.Prev...)
+	c = append(c, `","hash":"`...)
+	c = append(c, r.Hash...)
+	return append(c, `"}`...), nil
+}
+
+// AppendCanonical appends r's canonical bytes to b: exactly what marshalCanonical
+// returns, field by field (the record's JSON, field order as in Record, "time" in UTC
+// with microseconds per TimeFormat, map keys sorted, empty fields omitted, without the
+// chain fields prev and hash). Extra values of the types the data path uses (string, bool,
 // integers, floats, []string, nil) are written directly, its keys sorted; any other
 // value is encoded by json.Marshal on its own, which writes it as it would inside the
 // record. The error, when a value cannot be encoded, is marshalCanonical's; b is then
 // returned unchanged.
-func appendCanonical(b []byte, r *Record) ([]byte, error) {
+func AppendCanonical(b []byte, r *Record) ([]byte, error) {
 	start := len(b)
 	b = append(b, `{"time":"`...)
 	b = r.Time.UTC().AppendFormat(b, TimeFormat) // digits, '-', ':', 'T', '.', 'Z': nothing to escape
