@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"log/slog"

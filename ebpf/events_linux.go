@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -169,7 +169,7 @@ func (d *Datapath) Stats() (datapath.Stats, error) {
 	return st, nil
 }
 
-func countEntries(m *ebpf.Map) int {
+func countEntries(m *bpf.Map) int {
 	if m == nil {
 		return 0
 	}

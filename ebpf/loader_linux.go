@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"encoding/binary"
@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -44,7 +44,7 @@ type Datapath struct {
 	warmKick chan struct{}
 	warmDone chan struct{}
 
-	innerSpecs struct{ rules4, rules6, learned *ebpf.MapSpec }
+	innerSpecs struct{ rules4, rules6, learned *bpf.MapSpec }
 
 	events     chan datapath.Event
 	rd         *ringbuf.Reader
@@ -65,7 +65,7 @@ type sandbox struct {
 	cfg     airlockSbxCfg
 	policy  datapath.Policy
 	known   bool // policy known (false for adopted sandboxes until Attach/Update)
-	learned *ebpf.Map
+	learned *bpf.Map
 	// slot holds the index's inner maps (learned is slot.learned); nil for adopted
 	// sandboxes, whose maps are removed at detach.
 	slot   *slot
@@ -126,12 +126,12 @@ func New(cfg Config) (*Datapath, error) {
 	d.innerSpecs.rules4 = spec.Maps["rules4_of"].InnerMap
 	d.innerSpecs.rules6 = spec.Maps["rules6_of"].InnerMap
 	d.innerSpecs.learned = spec.Maps["learned_of"].InnerMap
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
+	opts := &bpf.CollectionOptions{Maps: bpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
+		if errors.Is(err, bpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("pinned maps under %s are from an incompatible version (detach all sandboxes and remove the directory): %w", cfg.PinRoot, err)
 		}
-		if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, bpf.ErrNotSupported) {
 			return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("load programs: %w", err)
@@ -169,7 +169,7 @@ func (d *Datapath) pinPrograms() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	progs := map[string]*ebpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx}
+	progs := map[string]*bpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx}
 	for _, p := range d.sockProgs() {
 		progs[p.name] = p.prog
 	}
@@ -213,7 +213,7 @@ func (d *Datapath) adopt() error {
 		}
 		var id uint32
 		if err := d.objs.LearnedOf.Lookup(s.idx, &id); err == nil {
-			if m, err := ebpf.NewMapFromID(ebpf.MapID(id)); err == nil {
+			if m, err := bpf.NewMapFromID(bpf.MapID(id)); err == nil {
 				s.learned = m
 			}
 		}

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"crypto/rand"
@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -76,7 +76,7 @@ func (d *Datapath) attachNew(spec datapath.Spec) (err error) {
 		return err
 	}
 	s.nRules = n
-	if err := d.objs.SbxStats.Put(idx, make([]airlockSbxCounters, ebpf.MustPossibleCPU())); err != nil {
+	if err := d.objs.SbxStats.Put(idx, make([]airlockSbxCounters, bpf.MustPossibleCPU())); err != nil {
 		return fmt.Errorf("reset counters: %w", err)
 	}
 	meta := airlockSbxMeta{Ifindex: uint32(s.ifindex), Gen: s.gen}
@@ -211,11 +211,11 @@ func (d *Datapath) installRules(s *sandbox, p datapath.Policy) error {
 }
 
 // buildRules creates and fills the LPM inner maps of p (not yet installed).
-func (d *Datapath) buildRules(p datapath.Policy) (m4, m6 *ebpf.Map, n int, err error) {
-	if m4, err = ebpf.NewMap(d.innerSpecs.rules4); err != nil {
+func (d *Datapath) buildRules(p datapath.Policy) (m4, m6 *bpf.Map, n int, err error) {
+	if m4, err = bpf.NewMap(d.innerSpecs.rules4); err != nil {
 		return nil, nil, 0, fmt.Errorf("create rules map: %w", err)
 	}
-	if m6, err = ebpf.NewMap(d.innerSpecs.rules6); err != nil {
+	if m6, err = bpf.NewMap(d.innerSpecs.rules6); err != nil {
 		m4.Close()
 		return nil, nil, 0, fmt.Errorf("create rules map: %w", err)
 	}
@@ -229,7 +229,7 @@ func (d *Datapath) buildRules(p datapath.Policy) (m4, m6 *ebpf.Map, n int, err e
 
 // adoptRules keeps m4 and m6, installed for s, in its slot (closing the replaced ones;
 // an adopted sandbox has no slot: the outer map holds the only reference).
-func (d *Datapath) adoptRules(s *sandbox, m4, m6 *ebpf.Map, n int) {
+func (d *Datapath) adoptRules(s *sandbox, m4, m6 *bpf.Map, n int) {
 	if s.slot == nil {
 		m4.Close()
 		m6.Close()
@@ -242,7 +242,7 @@ func (d *Datapath) adoptRules(s *sandbox, m4, m6 *ebpf.Map, n int) {
 }
 
 // fillRules writes p's compiled prefixes into empty LPM maps and returns how many.
-func fillRules(m4, m6 *ebpf.Map, p datapath.Policy) (int, error) {
+func fillRules(m4, m6 *bpf.Map, p datapath.Policy) (int, error) {
 	table, err := datapath.CompilePrefixes(p.Rules)
 	if err != nil {
 		return 0, err
@@ -305,7 +305,7 @@ func (d *Datapath) UpdateMany(ups []datapath.PolicyUpdate) []error {
 		i      int
 		s      *sandbox
 		p      datapath.Policy
-		m4, m6 *ebpf.Map
+		m4, m6 *bpf.Map
 		n      int
 	}
 	d.mu.Lock()
@@ -323,7 +323,7 @@ func (d *Datapath) UpdateMany(ups []datapath.PolicyUpdate) []error {
 		// Sandboxes under one policy have the same rules: one pair of maps, shared
 		// (each slot holds its own handle).
 		key, _ := json.Marshal(p.Rules)
-		var m4, m6 *ebpf.Map
+		var m4, m6 *bpf.Map
 		var n int
 		if b, ok := same[string(key)]; ok {
 			if m4, err = b.m4.Clone(); err == nil {
@@ -418,7 +418,7 @@ func (d *Datapath) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts
 	}
 	d.mu.Lock()
 	s, ok := d.byID[id]
-	var m *ebpf.Map
+	var m *bpf.Map
 	if ok {
 		m = s.learned
 	}
@@ -497,7 +497,7 @@ func (d *Datapath) Forget(id string, addr netip.Addr) error {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
 	key := addr16(addr)
-	if err := s.learned.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := s.learned.Delete(&key); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 		return fmt.Errorf("forget %s: %w", addr, err)
 	}
 	return d.cutFlows(s, addr)
@@ -518,7 +518,7 @@ func (d *Datapath) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPort
 	d.learnMu.Lock()
 	err := s.learned.Delete(&key)
 	d.learnMu.Unlock()
-	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 		return fmt.Errorf("narrow %s: %w", addr, err)
 	}
 	if err := d.Learn(id, addr, ports, ttl); err != nil {
@@ -606,7 +606,7 @@ func (d *Datapath) cutFlowsMany(ss []*sandbox) error {
 // deleteFlows removes flows from the table (already gone is fine).
 func (d *Datapath) deleteFlows(dead []airlockFlowKey) error {
 	for _, k := range dead {
-		if err := d.objs.Flows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := d.objs.Flows.Delete(&k); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 			return fmt.Errorf("cut flow: %w", err)
 		}
 	}
@@ -638,7 +638,7 @@ func (d *Datapath) detach(s *sandbox) error {
 		errs = append(errs, err)
 	}
 	ignore := func(err error) error {
-		if err == nil || errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err == nil || errors.Is(err, bpf.ErrKeyNotExist) {
 			return nil
 		}
 		return err
@@ -666,7 +666,7 @@ func (d *Datapath) detach(s *sandbox) error {
 }
 
 // deleteByIdx deletes every entry of a flow-keyed map that belongs to sandbox idx.
-func (d *Datapath) deleteByIdx(m *ebpf.Map, idx uint32, val any) error {
+func (d *Datapath) deleteByIdx(m *bpf.Map, idx uint32, val any) error {
 	var (
 		k    airlockFlowKey
 		dead []airlockFlowKey
@@ -681,7 +681,7 @@ func (d *Datapath) deleteByIdx(m *ebpf.Map, idx uint32, val any) error {
 		return err
 	}
 	for _, k := range dead {
-		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 			return err
 		}
 	}
