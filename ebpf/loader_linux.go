@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,12 +30,12 @@ type Datapath struct {
 	objs airlockObjects
 	ns   netnsRef
 
-	mu sync.Mutex
+	// sbx is the attached set (by id); its lock also guards byIdx, the slots and the
+	// writes to the maps that are not per-entry atomic.
+	sbx datapath.AttachedSet[*sandbox]
 	// learnMu serialises Learn's read-modify-write of learned grants.
 	learnMu sync.Mutex
-	byID    map[string]*sandbox
 	byIdx   map[uint32]*sandbox
-	closed  bool
 	// warm are free indexes whose inner maps are installed and empty, warming those
 	// the warmer is building (slots_linux.go).
 	warm     map[uint32]*slot
@@ -114,7 +113,6 @@ func New(cfg Config) (*Datapath, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		ns:         netnsRef{path: cfg.NetNS},
-		byID:       map[string]*sandbox{},
 		byIdx:      map[uint32]*sandbox{},
 		warm:       map[uint32]*slot{},
 		warming:    map[uint32]bool{},
@@ -226,7 +224,7 @@ func (d *Datapath) adopt() error {
 		if err := d.rehookCgroup(s); err != nil {
 			d.log.Warn("adopted sandbox socket hooks could not be refreshed", "sandbox_id", s.id, "err", err)
 		}
-		d.byID[s.id] = s
+		d.sbx.Add(s.id, s)
 		d.byIdx[s.idx] = s
 		d.idCache.Store(cacheKey(s.idx, s.gen), s.id)
 		d.log.Info("adopted sandbox", "sandbox_id", s.id, "ifindex", s.ifindex, "attach", s.mode.String())
@@ -235,16 +233,7 @@ func (d *Datapath) adopt() error {
 }
 
 // Attached implements datapath.Datapath.
-func (d *Datapath) Attached() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ids := make([]string, 0, len(d.byID))
-	for id := range d.byID {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (d *Datapath) Attached() []string { return d.sbx.Attached() }
 
 // Events implements datapath.Datapath.
 func (d *Datapath) Events() <-chan datapath.Event { return d.events }
@@ -252,14 +241,13 @@ func (d *Datapath) Events() <-chan datapath.Event { return d.events }
 // Close implements datapath.Datapath: it stops the event reader and closes every
 // handle; pinned links and maps keep enforcing.
 func (d *Datapath) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.sbx.Lock()
+	if !d.sbx.Close() {
+		d.sbx.Unlock()
 		return nil
 	}
-	d.closed = true
 	close(d.warmKick)
-	d.mu.Unlock()
+	d.sbx.Unlock()
 	<-d.warmDone
 	var errs []error
 	if d.rd != nil {
@@ -271,9 +259,9 @@ func (d *Datapath) Close() error {
 }
 
 func (d *Datapath) closeHandles() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, s := range d.byID {
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	for _, s := range d.sbx.All() {
 		for _, l := range append(s.links, s.sockLinks...) {
 			l.Close()
 		}

@@ -37,24 +37,14 @@ func (d *Datapath) Attach(spec datapath.Spec) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return fmt.Errorf("%w: closed", datapath.ErrUnavailable)
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	s, ok, err := d.sbx.Claim(spec, func(s *sandbox) bool { return s.ifindex == spec.HostIfindex }, d.detach)
+	if err != nil {
+		return err
 	}
-	for _, o := range d.byID {
-		if o.id != spec.ID && o.ifindex == spec.HostIfindex {
-			return fmt.Errorf("%w: ifindex %d already belongs to sandbox %s", datapath.ErrInvalidSpec, spec.HostIfindex, o.id)
-		}
-	}
-	if s, ok := d.byID[spec.ID]; ok {
-		if s.ifindex == spec.HostIfindex {
-			return d.reattach(s, spec)
-		}
-		// A new interface (the sandbox was recreated): start over on it.
-		if err := d.detach(s); err != nil {
-			return err
-		}
+	if ok {
+		return d.reattach(s, spec)
 	}
 	return d.attachNew(spec)
 }
@@ -96,7 +86,7 @@ func (d *Datapath) attachNew(spec datapath.Spec) (err error) {
 		return fmt.Errorf("write meta: %w", err)
 	}
 	s.policy, s.known = spec.Policy, true
-	d.byID[s.id] = s
+	d.sbx.Add(s.id, s)
 	d.byIdx[idx] = s
 	d.idCache.Store(cacheKey(s.idx, s.gen), s.id)
 	return nil
@@ -281,11 +271,11 @@ func (d *Datapath) Update(id string, p datapath.Policy) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s, ok := d.byID[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	s, err := d.sbx.Get(id)
+	if err != nil {
+		return err
 	}
 	if err := d.installRules(s, p); err != nil {
 		return err
@@ -298,7 +288,7 @@ func (d *Datapath) Update(id string, p datapath.Policy) error {
 // for an RCU grace period after each write to a map of maps (about 10-20 ms); one batch
 // write waits once (Linux 6.8 and later; before, once per element, as Update), so an
 // edit of a policy that a thousand sandboxes use costs one grace period, not a thousand.
-// d.mu is held throughout.
+// d.sbx's lock is held throughout.
 func (d *Datapath) UpdateMany(ups []datapath.PolicyUpdate) []error {
 	errs := make([]error, len(ups))
 	type built struct {
@@ -308,14 +298,14 @@ func (d *Datapath) UpdateMany(ups []datapath.PolicyUpdate) []error {
 		m4, m6 *bpf.Map
 		n      int
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
 	var bs []built
 	same := map[string]built{}
 	for _, u := range datapath.LatestUpdates(ups, errs) {
 		i, p := u.Index, u.Policy
 		var err error
-		s, ok := d.byID[u.ID]
+		s, ok := d.sbx.Lookup(u.ID)
 		if !ok {
 			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)
 			continue
@@ -416,13 +406,13 @@ func (d *Datapath) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts
 	if grants == nil {
 		grants = []datapath.ProtoPorts{datapath.EveryPort}
 	}
-	d.mu.Lock()
-	s, ok := d.byID[id]
+	d.sbx.Lock()
+	s, ok := d.sbx.Lookup(id)
 	var m *bpf.Map
 	if ok {
 		m = s.learned
 	}
-	d.mu.Unlock()
+	d.sbx.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
@@ -490,11 +480,11 @@ func liveGrants(v *airlockLearnedVal, now uint64) []datapath.ProtoPorts {
 // Forget implements datapath.Datapath.
 func (d *Datapath) Forget(id string, addr netip.Addr) error {
 	addr = addr.Unmap()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s, ok := d.byID[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	s, err := d.sbx.Get(id)
+	if err != nil {
+		return err
 	}
 	key := addr16(addr)
 	if err := s.learned.Delete(&key); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
@@ -508,9 +498,9 @@ func (d *Datapath) Forget(id string, addr netip.Addr) error {
 // to it are checked against the new grants.
 func (d *Datapath) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
 	addr = addr.Unmap()
-	d.mu.Lock()
-	s, ok := d.byID[id]
-	d.mu.Unlock()
+	d.sbx.Lock()
+	s, ok := d.sbx.Lookup(id)
+	d.sbx.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
@@ -524,9 +514,9 @@ func (d *Datapath) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPort
 	if err := d.Learn(id, addr, ports, ttl); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if s, ok = d.byID[id]; !ok {
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	if s, ok = d.sbx.Lookup(id); !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
 	return d.cutFlows(s, addr)
@@ -613,19 +603,13 @@ func (d *Datapath) deleteFlows(dead []airlockFlowKey) error {
 	return nil
 }
 
-// Detach implements datapath.Datapath.
-func (d *Datapath) Detach(id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s, ok := d.byID[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	return d.detach(s)
-}
+// Detach implements datapath.Datapath (datapath.AttachedSet.Detach).
+func (d *Datapath) Detach(id string) error { return d.sbx.Detach(id, d.detach) }
 
 // detach removes hooks first (no packet runs without config), then config, inner maps,
-// counters, meta and the sandbox's flow and drop-suppression entries.
+// counters, meta and the sandbox's flow and drop-suppression entries. The sandbox
+// leaves the attached set whatever failed: its slot is released and its learned map
+// closed, so there is nothing left to retry.
 func (d *Datapath) detach(s *sandbox) error {
 	var errs []error
 	if err := d.unhookCgroup(s); err != nil {
@@ -659,7 +643,7 @@ func (d *Datapath) detach(s *sandbox) error {
 	}
 	s.learned = nil
 	errs = append(errs, d.deleteByIdx(d.objs.Flows, s.idx, new(airlockFlowVal)), d.deleteByIdx(d.objs.DropSeen, s.idx, new(airlockDropVal)))
-	delete(d.byID, s.id)
+	d.sbx.Remove(s.id)
 	delete(d.byIdx, s.idx)
 	d.idCache.Delete(cacheKey(s.idx, s.gen))
 	return errors.Join(errs...)

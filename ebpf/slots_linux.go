@@ -62,7 +62,7 @@ func (d *Datapath) newSlot(idx uint32) (*slot, error) {
 }
 
 // takeSlot returns the slot for a new sandbox and its index: the lowest warm one, or a
-// new slot on the lowest free index (slow path). d.mu is held.
+// new slot on the lowest free index (slow path). d.sbx's lock is held.
 func (d *Datapath) takeSlot() (uint32, *slot, error) {
 	best, found := uint32(0), false
 	for idx := range d.warm {
@@ -88,7 +88,7 @@ func (d *Datapath) takeSlot() (uint32, *slot, error) {
 }
 
 // releaseSlot empties a detached sandbox's slot and keeps it warm; a slot that cannot
-// be emptied is removed from the outer maps. d.mu is held.
+// be emptied is removed from the outer maps. d.sbx's lock is held.
 func (d *Datapath) releaseSlot(idx uint32, sl *slot) error {
 	if err := errors.Join(clearMap(sl.rules4), clearMap(sl.rules6), clearMap(sl.learned)); err == nil {
 		if len(d.warm) < 2*warmSlots {
@@ -130,10 +130,10 @@ func clearMap(m *bpf.Map) error {
 	return nil
 }
 
-// kickWarmer asks the warmer for a round without blocking. d.mu is held (or d is
+// kickWarmer asks the warmer for a round without blocking. d.sbx's lock is held (or d is
 // not shared yet).
 func (d *Datapath) kickWarmer() {
-	if d.closed {
+	if d.sbx.Closed() {
 		return
 	}
 	select {
@@ -146,9 +146,9 @@ func (d *Datapath) kickWarmer() {
 func (d *Datapath) warmer() {
 	defer close(d.warmDone)
 	for range d.warmKick {
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
+		d.sbx.Lock()
+		if d.sbx.Closed() {
+			d.sbx.Unlock()
 			return
 		}
 		var want []uint32
@@ -160,7 +160,7 @@ func (d *Datapath) warmer() {
 				d.warming[idx] = true
 			}
 		}
-		d.mu.Unlock()
+		d.sbx.Unlock()
 		slots := make([]*slot, len(want))
 		var wg sync.WaitGroup
 		for i, idx := range want {
@@ -173,13 +173,13 @@ func (d *Datapath) warmer() {
 			})
 		}
 		wg.Wait()
-		d.mu.Lock()
+		d.sbx.Lock()
 		for i, idx := range want {
 			delete(d.warming, idx)
 			if slots[i] != nil {
 				d.warm[idx] = slots[i]
 			}
 		}
-		d.mu.Unlock()
+		d.sbx.Unlock()
 	}
 }

@@ -344,7 +344,7 @@ func TestPolicyUpdate(t *testing.T) {
 		t.Fatalf("established flow to a newly denied destination: %d", got)
 	}
 	got, mark := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 443))
-	if got != tcActOK || mark&DefaultL7MarkMask != DefaultL7Mark {
+	if got != tcActOK || mark&datapath.DefaultL7MarkMask != datapath.DefaultL7Mark {
 		t.Fatalf("l7: verdict %d mark %#x", got, mark)
 	}
 	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 22)); got != tcActShot {

@@ -3,7 +3,6 @@ package nftfilter
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -59,20 +58,11 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return fmt.Errorf("%w: closed", datapath.ErrUnavailable)
-	}
-	for _, o := range f.sbx {
-		if o.id != spec.ID && o.ifname == spec.HostIfname {
-			return fmt.Errorf("%w: %s already belongs to sandbox %s", datapath.ErrInvalidSpec, spec.HostIfname, o.id)
-		}
-	}
-	if s, ok := f.sbx[spec.ID]; ok && s.ifname != spec.HostIfname {
-		if err := f.detach(s); err != nil {
-			return err
-		}
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
+	s, existing, err := f.sbx.Claim(spec, func(s *sandbox) bool { return s.ifname == spec.HostIfname }, f.detach)
+	if err != nil {
+		return err
 	}
 	id := spec.ID
 	chain := &nftables.Chain{
@@ -81,7 +71,6 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		Priority: nftables.ChainPriorityRef(-500), Device: spec.HostIfname,
 		Policy: ptr(nftables.ChainPolicyDrop),
 	}
-	s, existing := f.sbx[id]
 	if existing {
 		// In place: refill address sets and the chain in one transaction.
 		for _, fm := range []fam{v4, v6} {
@@ -135,7 +124,7 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 	}
 	if !existing {
 		s = &sandbox{id: id}
-		f.sbx[id] = s
+		f.sbx.Add(id, s)
 	}
 	s.ifname, s.policy, s.known = spec.HostIfname, spec.Policy, true
 	if existing {
@@ -181,16 +170,9 @@ func addrType(fm fam) nftables.SetDatatype {
 
 func ptr[T any](v T) *T { return &v }
 
-// Detach implements datapath.Datapath: chain, sets and counters go in one transaction.
-func (f *Filter) Detach(id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	return f.detach(s)
-}
+// Detach implements datapath.Datapath: chain, sets and counters go in one transaction
+// (datapath.AttachedSet.Detach: a sandbox whose transaction fails stays attached).
+func (f *Filter) Detach(id string) error { return f.sbx.Detach(id, f.detach) }
 
 func (f *Filter) detach(s *sandbox) error {
 	// The pre-chain first, on its own: it may be gone with its device.
@@ -205,18 +187,8 @@ func (f *Filter) detach(s *sandbox) error {
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("detach %s: %w", s.id, err)
 	}
-	delete(f.sbx, s.id)
 	return nil
 }
 
 // Attached implements datapath.Datapath.
-func (f *Filter) Attached() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ids := make([]string, 0, len(f.sbx))
-	for id := range f.sbx {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (f *Filter) Attached() []string { return f.sbx.Attached() }

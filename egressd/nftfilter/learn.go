@@ -34,11 +34,11 @@ func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, 
 	if ttl < time.Millisecond {
 		ttl = time.Millisecond
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
+	s, err := f.sbx.Get(id)
+	if err != nil {
+		return err
 	}
 	now := time.Now()
 	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
@@ -135,11 +135,11 @@ func (f *Filter) grants(fm fam, id string) (map[netip.Addr][]datapath.ProtoPorts
 // Forget implements datapath.Datapath.
 func (f *Filter) Forget(id string, addr netip.Addr) error {
 	addr = addr.Unmap()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
+	s, err := f.sbx.Get(id)
+	if err != nil {
+		return err
 	}
 	if err := f.unlearn(s, addr); err != nil {
 		return err
@@ -152,13 +152,13 @@ func (f *Filter) Forget(id string, addr netip.Addr) error {
 // flows to it are checked against the new grants.
 func (f *Filter) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
 	addr = addr.Unmap()
-	f.mu.Lock()
-	s, ok := f.sbx[id]
+	f.sbx.Lock()
+	s, ok := f.sbx.Lookup(id)
 	var err error
 	if ok {
 		err = f.unlearn(s, addr)
 	}
-	f.mu.Unlock()
+	f.sbx.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
@@ -168,15 +168,16 @@ func (f *Filter) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts,
 	if err := f.Learn(id, addr, ports, ttl); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if s, ok = f.sbx[id]; !ok {
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
+	if s, ok = f.sbx.Lookup(id); !ok {
 		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
 	}
 	return f.cutFlows(s, addr)
 }
 
-// unlearn removes addr's learned and grant elements of s (flows stay). f.mu is held.
+// unlearn removes addr's learned and grant elements of s (flows stay). f.sbx's lock is
+// held.
 func (f *Filter) unlearn(s *sandbox, addr netip.Addr) error {
 	id := s.id
 	fm := v4

@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +71,7 @@ type Config struct {
 	// FlowIdle is how long a flow lives without packets; default 1h.
 	FlowIdle time.Duration
 	// L7Mark and L7MarkMask are the mark given to TCP 80/443 of L7 sandboxes; default
-	// 0x1a170000/0xffff0000 (the same as the eBPF backend).
+	// datapath.DefaultL7Mark/DefaultL7MarkMask (the same as the eBPF backend).
 	L7Mark, L7MarkMask uint32
 	// LogGroup is the NFLOG group events are sent to; 0 disables events.
 	LogGroup uint16
@@ -87,7 +86,7 @@ func (c *Config) defaults() {
 		c.FlowIdle = time.Hour
 	}
 	if c.L7Mark == 0 {
-		c.L7Mark, c.L7MarkMask = 0x1a170000, 0xffff0000
+		c.L7Mark, c.L7MarkMask = datapath.DefaultL7Mark, datapath.DefaultL7MarkMask
 	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 4096
@@ -107,9 +106,8 @@ type Filter struct {
 	// ndTable holds each sandbox's pre-chain (netdev family, see hostChain).
 	ndTable *nftables.Table
 
-	mu     sync.Mutex
-	sbx    map[string]*sandbox
-	closed bool
+	// sbx is the attached set; its lock also serialises the writes on conn.
+	sbx datapath.AttachedSet[*sandbox]
 
 	events    chan datapath.Event
 	lostLocal atomic.Uint64
@@ -135,7 +133,7 @@ func New(cfg Config) (*Filter, error) {
 	if err := CheckTableName(cfg.Table); err != nil {
 		return nil, err
 	}
-	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
+	f := &Filter{cfg: cfg, log: cfg.Logger, events: make(chan datapath.Event, cfg.EventBuffer)}
 	// A large socket send buffer lets UpdateMany send one transaction for many chains
 	// (the default, about 200 KiB, holds the rules of a few sandboxes only).
 	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(bigSendBuffer)}
@@ -176,7 +174,7 @@ func New(cfg Config) (*Filter, error) {
 		if rules, err := conn.GetRules(f.table, c); err == nil && len(rules) > 0 {
 			s.ifname = strings.TrimPrefix(string(rules[0].UserData), ifnameTag)
 		}
-		f.sbx[id] = s
+		f.sbx.Add(id, s)
 		f.log.Info("adopted sandbox", "sandbox_id", id, "ifname", s.ifname)
 	}
 	if cfg.LogGroup != 0 {
@@ -209,13 +207,12 @@ func (f *Filter) deliver(e datapath.Event) {
 
 // Close implements datapath.Datapath; the table stays and keeps enforcing.
 func (f *Filter) Close() error {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	f.sbx.Lock()
+	open := f.sbx.Close()
+	f.sbx.Unlock()
+	if !open {
 		return nil
 	}
-	f.closed = true
-	f.mu.Unlock()
 	var errs []error
 	if f.nflog != nil {
 		errs = append(errs, f.nflog.Close())
@@ -240,8 +237,8 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 	if f.nflog != nil {
 		st.EventsLost += f.nflog.lost.Load()
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
 	objs, err := f.conn.GetObjects(f.table)
 	if err != nil {
 		return st, fmt.Errorf("list counters: %w", err)
@@ -252,7 +249,7 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 			counters[c.Name] = c.Packets
 		}
 	}
-	for id, s := range f.sbx {
+	for id, s := range f.sbx.All() {
 		ss := datapath.SandboxStats{Dropped: counters[dropCounter(id)], FlowsNew: counters[flowCounter(id)], Rules: len(s.policy.Rules)}
 		for _, fm := range []fam{v4, v6} {
 			if ls, err := f.conn.GetSetElements(f.set(learnSet(fm, id), addrType(fm))); err == nil {

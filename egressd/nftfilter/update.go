@@ -16,11 +16,11 @@ func (f *Filter) Update(id string, p datapath.Policy) error {
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
+	s, err := f.sbx.Get(id)
+	if err != nil {
+		return err
 	}
 	f.refill(s, p)
 	if err := f.conn.Flush(); err != nil {
@@ -48,12 +48,12 @@ func (f *Filter) UpdateMany(ups []datapath.PolicyUpdate) []error {
 		s *sandbox
 		p datapath.Policy
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
 	var items []item
 	for _, u := range datapath.LatestUpdates(ups, errs) {
 		i, p := u.Index, u.Policy
-		s, ok := f.sbx[u.ID]
+		s, ok := f.sbx.Lookup(u.ID)
 		if !ok {
 			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)
 			continue
