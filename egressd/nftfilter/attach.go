@@ -10,6 +10,9 @@ import (
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
+// Attaching a sandbox: its sets, counters, base chain and netdev pre-chain, created,
+// refilled in place or removed in one netlink transaction each.
+
 func (f *Filter) set(name string, key nftables.SetDatatype) *nftables.Set {
 	return &nftables.Set{Table: f.table, Name: name, KeyType: key}
 }

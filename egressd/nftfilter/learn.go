@@ -14,6 +14,9 @@ import (
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
+// Learned addresses: elements of the learn sets (every port) and of the grant sets
+// (port-restricted intervals), each with its own timeout.
+
 // Learn implements datapath.Datapath: set-element adds in one netlink transaction, to
 // the learn set (every port) or the grant set (interval elements of daddr . l4proto .
 // dport). Adding a live element again resets its timeout in the kernel, so a ttl that

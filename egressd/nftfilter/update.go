@@ -9,6 +9,9 @@ import (
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
+// Policy changes: the sandbox's chain flushed and refilled in one transaction, then
+// the flows the new policy denies cut from its flow sets.
+
 // Update implements datapath.Datapath: the chain is flushed and refilled in one
 // transaction, so packets see the old or the new rules.
 func (f *Filter) Update(id string, p datapath.Policy) error {
