@@ -171,7 +171,7 @@ func (d *Daemon) applyBatch(views []watch.Sandbox) {
 	applied := 0
 	for i, p := range ps {
 		if errs[i] != nil {
-			d.log.Error("policy update failed; the previous policy stays in force", "sandbox_id", p.sb.view.ID, "error", errs[i])
+			d.log.Error("policy update failed; the previous policy stays in force", "sandbox_id", p.sb.view.ID, "err", errs[i])
 			d.metrics.errors.WithLabelValues("update").Inc()
 			continue
 		}

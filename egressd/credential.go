@@ -130,7 +130,7 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 	if isTLS {
 		cfg, err := cp.leaf(t.sandbox, t.host)
 		if err != nil {
-			cp.d.log.Error("credential proxy: minting a certificate failed", "sandbox_id", t.sandbox, "host", t.host, "error", err)
+			cp.d.log.Error("credential proxy: minting a certificate failed", "sandbox_id", t.sandbox, "host", t.host, "err", err)
 			return
 		}
 		conn = tls.Server(conn, cfg)

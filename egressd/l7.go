@@ -66,7 +66,7 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	dst, err := nftfilter.OriginalDst(c)
 	if err != nil {
-		d.log.Debug("l7: no original destination", "src", src, "error", err)
+		d.log.Debug("l7: no original destination", "src", src, "err", err)
 		return
 	}
 	sbx, ok := d.lookup(src.Addr())
@@ -128,7 +128,7 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	up, err := dialer.DialContext(dctx, "tcp", dst.String())
 	cancel()
 	if err != nil {
-		d.log.Debug("l7: upstream dial failed", "sandbox_id", sbx.ID, "dst", dst, "error", err)
+		d.log.Debug("l7: upstream dial failed", "sandbox_id", sbx.ID, "dst", dst, "err", err)
 		return
 	}
 	defer up.Close()

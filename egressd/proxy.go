@@ -70,7 +70,7 @@ func newExplicitProxy(d *Daemon, addr string) (*explicitProxy, error) {
 
 func (p *explicitProxy) run(context.Context) {
 	if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		p.d.log.Error("explicit proxy stopped", "error", err)
+		p.d.log.Error("explicit proxy stopped", "err", err)
 	}
 }
 

@@ -141,7 +141,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 	switch {
 	case old != nil && old.attached && slices.Equal(old.addrs, addrs):
 		if err := d.dp.Update(s.ID, c.policy); err != nil {
-			d.log.Error("policy update failed; the previous policy stays in force", "sandbox_id", s.ID, "error", err)
+			d.log.Error("policy update failed; the previous policy stays in force", "sandbox_id", s.ID, "err", err)
 			d.metrics.errors.WithLabelValues("update").Inc()
 			return
 		}
@@ -159,7 +159,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 		}
 		if err != nil {
 			if old == nil || old.attached {
-				d.log.Error("attach failed; retrying", "sandbox_id", s.ID, "error", err)
+				d.log.Error("attach failed; retrying", "sandbox_id", s.ID, "err", err)
 			}
 			d.metrics.errors.WithLabelValues("attach").Inc()
 		} else {
@@ -216,7 +216,7 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 	// sandbox, and sandboxes under one named policy share the compiled result.
 	dec, err := policies.Load("policy", doc, opts)
 	if err != nil {
-		d.log.Error("sandbox policy does not compile; denying all egress", "sandbox_id", s.ID, "error", err)
+		d.log.Error("sandbox policy does not compile; denying all egress", "sandbox_id", s.ID, "err", err)
 		d.metrics.errors.WithLabelValues("policy").Inc()
 		dec, _ = policies.Load(s.ID, []byte(`{"defaultAction":"deny","egress":[]}`), opts)
 	}
@@ -257,7 +257,7 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 		switch {
 		case !allowed:
 			if err := d.dp.Forget(sb.view.ID, a); err != nil && !errors.Is(err, datapath.ErrUnknownSandbox) {
-				d.log.Warn("forget failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+				d.log.Warn("forget failed", "sandbox_id", sb.view.ID, "addr", a, "err", err)
 			}
 			delete(sb.learned, a)
 		case narrowed:
@@ -268,7 +268,7 @@ func (d *Daemon) forgetDenied(sb *sandbox) {
 				grants = nil
 			}
 			if err := d.dp.Narrow(sb.view.ID, a, grants, l.until.Sub(now)); err != nil {
-				d.log.Warn("narrow failed", "sandbox_id", sb.view.ID, "addr", a, "error", err)
+				d.log.Warn("narrow failed", "sandbox_id", sb.view.ID, "addr", a, "err", err)
 				if !errors.Is(err, datapath.ErrUnknownSandbox) {
 					_ = d.dp.Forget(sb.view.ID, a) // fail closed
 				}
@@ -305,7 +305,7 @@ func (d *Daemon) remove(id, why string) {
 		d.log.Info("sandbox detached", "sandbox_id", id, "why", why)
 	case errors.Is(err, datapath.ErrUnknownSandbox):
 	default:
-		d.log.Error("detach failed", "sandbox_id", id, "error", err)
+		d.log.Error("detach failed", "sandbox_id", id, "err", err)
 		d.metrics.errors.WithLabelValues("detach").Inc()
 	}
 }
