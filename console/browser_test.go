@@ -21,6 +21,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/airlockdev/airlock/console"
+	"github.com/airlockdev/airlock/egressd/nftfilter/nfttest"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -180,7 +181,7 @@ func startStack(t *testing.T) (*up.Stack, string) {
 	s, err := up.New(up.Config{
 		Listen: "127.0.0.1:0", StateDir: t.TempDir(), Policies: up.PoliciesConfig{Dir: lib},
 		Gateway: up.GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  up.EgressConfig{Mode: "ebpf", PinRoot: pin, NFTTable: testenv.NFTTable(t), Upstreams: []string{resolver}},
+		Egress:  up.EgressConfig{Mode: "ebpf", PinRoot: pin, NFTTable: nfttest.Table(t), Upstreams: []string{resolver}},
 		Docker:  up.DockerConfig{Network: testNetwork, ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}, nil)
 	if err != nil {

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"runtime"
 	"strconv"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -90,11 +90,11 @@ func (d *Datapath) hookTCX(s *sandbox) error {
 	}
 	progs := []struct {
 		name string
-		prog *ebpf.Program
-		at   ebpf.AttachType
+		prog *bpf.Program
+		at   bpf.AttachType
 	}{
-		{"ingress", d.objs.AirlockFromSbx, ebpf.AttachTCXIngress},
-		{"egress", d.objs.AirlockToSbx, ebpf.AttachTCXEgress},
+		{"ingress", d.objs.AirlockFromSbx, bpf.AttachTCXIngress},
+		{"egress", d.objs.AirlockToSbx, bpf.AttachTCXEgress},
 	}
 	var links []link.Link
 	fail := func(err error) error {
@@ -124,8 +124,8 @@ func (d *Datapath) hookTCX(s *sandbox) error {
 	return nil
 }
 
-func tcFilters(ifindex int, from, to *ebpf.Program) []*netlink.BpfFilter {
-	mk := func(parent uint32, p *ebpf.Program, name string) *netlink.BpfFilter {
+func tcFilters(ifindex int, from, to *bpf.Program) []*netlink.BpfFilter {
+	mk := func(parent uint32, p *bpf.Program, name string) *netlink.BpfFilter {
 		f := &netlink.BpfFilter{
 			FilterAttrs: netlink.FilterAttrs{
 				LinkIndex: ifindex,
@@ -178,7 +178,7 @@ func (d *Datapath) rehook(s *sandbox) error {
 		return d.hookTC(s) // FilterReplace swaps the program atomically
 	}
 	dir := d.linkDir(s)
-	progs := map[string]*ebpf.Program{"ingress": d.objs.AirlockFromSbx, "egress": d.objs.AirlockToSbx}
+	progs := map[string]*bpf.Program{"ingress": d.objs.AirlockFromSbx, "egress": d.objs.AirlockToSbx}
 	var links []link.Link
 	for _, name := range []string{"ingress", "egress"} {
 		l, err := link.LoadPinnedLink(filepath.Join(dir, name), nil)
@@ -234,7 +234,7 @@ func releaseLinks(dir string, names []string, links []link.Link) error {
 		if err := l.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
-		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) &&
+		if err := l.Detach(); err != nil && !errors.Is(err, bpf.ErrNotSupported) &&
 			!errors.Is(err, unix.ENOLINK) && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("detach link: %w", err))
 		}

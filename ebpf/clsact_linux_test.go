@@ -1,7 +1,6 @@
-package egressbpf
+package ebpf
 
 import (
-	"github.com/vishvananda/netlink"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"

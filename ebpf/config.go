@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"log/slog"
@@ -51,7 +51,8 @@ type Config struct {
 	// Idle timeouts of established flows; defaults 1h (TCP), 2m (UDP), 30s (other).
 	TCPIdle, UDPIdle, OtherIdle time.Duration
 	// L7Mark and L7MarkMask are the packet mark given to TCP 80/443 of sandboxes in
-	// L7 mode (the redirect rule matches it); default 0x1a170000/0xffff0000.
+	// L7 mode (the redirect rule matches it); default datapath.DefaultL7Mark and
+	// DefaultL7MarkMask.
 	L7Mark, L7MarkMask uint32
 	// FlowWindow groups packets into flows: a denied (or, with Policy.CountFlows,
 	// allowed) packet of a 5-tuple whose last one is less than this old belongs to the
@@ -62,12 +63,36 @@ type Config struct {
 	Logger      *slog.Logger
 }
 
-// HasPinnedState reports whether cfg's pin root holds sandbox state pinned by a
-// previous run (the meta_by_idx map), which New would adopt.
-func HasPinnedState(cfg Config) bool {
-	cfg.defaults()
-	_, err := os.Stat(filepath.Join(cfg.PinRoot, "maps", "meta_by_idx"))
+// Open implements enforcer.EBPF, the way egressd gets this backend from the
+// composition root: New(c) with c.NetNS replaced by netns when that is not empty, and
+// c.Logger defaulting to log. Errors as New.
+func (c Config) Open(netns string, log *slog.Logger) (datapath.Datapath, error) {
+	if netns != "" {
+		c.NetNS = netns
+	}
+	if c.Logger == nil {
+		c.Logger = log
+	}
+	d, err := New(c)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return d, nil
+}
+
+// HasState implements enforcer.EBPF: whether c's pin root holds sandbox state pinned
+// by a previous run (the meta_by_idx map), which New would adopt. It only stats a file.
+func (c Config) HasState() bool {
+	c.defaults()
+	_, err := os.Stat(filepath.Join(c.PinRoot, "maps", "meta_by_idx"))
 	return err == nil
+}
+
+// RedirectMark implements enforcer.EBPF: the mark and mask c gives TCP 80/443 of
+// sandboxes in L7 mode (L7Mark, L7MarkMask, defaults applied).
+func (c Config) RedirectMark() (mark, mask uint32) {
+	c.defaults()
+	return c.L7Mark, c.L7MarkMask
 }
 
 func (c *Config) defaults() {
@@ -84,7 +109,7 @@ func (c *Config) defaults() {
 		c.OtherIdle = 30 * time.Second
 	}
 	if c.L7Mark == 0 {
-		c.L7Mark, c.L7MarkMask = DefaultL7Mark, DefaultL7MarkMask
+		c.L7Mark, c.L7MarkMask = datapath.DefaultL7Mark, datapath.DefaultL7MarkMask
 	}
 	if c.FlowWindow <= 0 {
 		c.FlowWindow = datapath.DefaultFlowWindow
@@ -96,9 +121,3 @@ func (c *Config) defaults() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
-
-// Default L7 mark, shared with the nftables redirect chain.
-const (
-	DefaultL7Mark     = 0x1a170000
-	DefaultL7MarkMask = 0xffff0000
-)

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
@@ -30,14 +30,14 @@ const evfSocket = 1
 // (KindDrop) or flows (KindFlow, counted with Policy.CountFlows), read, not removed:
 // the kernel starts the next flow of the 5-tuple over it.
 func (d *Datapath) FlowCount(e datapath.Event) (datapath.FlowCount, bool) {
-	d.mu.Lock()
-	s, ok := d.byID[e.Sandbox]
+	d.sbx.Lock()
+	s, ok := d.sbx.Lookup(e.Sandbox)
 	var idx, gen uint32
 	var counting bool
 	if ok {
 		idx, gen, counting = s.idx, s.gen, s.policy.CountFlows
 	}
-	d.mu.Unlock()
+	d.sbx.Unlock()
 	if !ok {
 		return datapath.FlowCount{}, false
 	}
@@ -151,9 +151,9 @@ func (d *Datapath) Stats() (datapath.Stats, error) {
 		return st, fmt.Errorf("list flows: %w", err)
 	}
 
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, s := range d.byID {
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	for _, s := range d.sbx.All() {
 		ss := datapath.SandboxStats{Rules: s.nRules, Flows: flows[s.idx]}
 		var per []airlockSbxCounters
 		if err := d.objs.SbxStats.Lookup(s.idx, &per); err == nil {
@@ -169,7 +169,7 @@ func (d *Datapath) Stats() (datapath.Stats, error) {
 	return st, nil
 }
 
-func countEntries(m *ebpf.Map) int {
+func countEntries(m *bpf.Map) int {
 	if m == nil {
 		return 0
 	}

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"crypto/sha256"
@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 )
 
 // Pinned state outlives the process, so a new build may find maps pinned by an older
@@ -22,7 +22,7 @@ const layoutPrefix = "layout_"
 
 // layoutFingerprint hashes what the pinned maps' compatibility depends on: each map's
 // name, type, key and value sizes, capacity and flags, and its inner map's.
-func layoutFingerprint(spec *ebpf.CollectionSpec) string {
+func layoutFingerprint(spec *bpf.CollectionSpec) string {
 	names := make([]string, 0, len(spec.Maps))
 	for n := range spec.Maps {
 		names = append(names, n)
@@ -31,7 +31,7 @@ func layoutFingerprint(spec *ebpf.CollectionSpec) string {
 	h := sha256.New()
 	for _, n := range names {
 		m := spec.Maps[n]
-		if m.Pinning != ebpf.PinByName {
+		if m.Pinning != bpf.PinByName {
 			continue
 		}
 		fmt.Fprintf(h, "%s %s %d %d %d %d;", n, m.Type, m.KeySize, m.ValueSize, m.MaxEntries, m.Flags)
@@ -55,7 +55,7 @@ func checkLayout(root, fp string, log interface{ Warn(string, ...any) }) error {
 		return nil
 	}
 	attached := 0
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "cfg_by_ifindex"), nil); err == nil {
+	if m, err := bpf.LoadPinnedMap(filepath.Join(dir, "cfg_by_ifindex"), nil); err == nil {
 		k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
 		for it := m.Iterate(); it.Next(k, v); {
 			attached++
@@ -91,7 +91,7 @@ func pinLayout(root, fp string) error {
 	if _, err := os.Stat(path); err == nil {
 		return nil
 	}
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "airlock_layout", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	m, err := bpf.NewMap(&bpf.MapSpec{Name: "airlock_layout", Type: bpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
 		return fmt.Errorf("layout marker: %w", err)
 	}

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"encoding/binary"
@@ -8,12 +8,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
@@ -31,12 +30,12 @@ type Datapath struct {
 	objs airlockObjects
 	ns   netnsRef
 
-	mu sync.Mutex
+	// sbx is the attached set (by id); its lock also guards byIdx, the slots and the
+	// writes to the maps that are not per-entry atomic.
+	sbx datapath.AttachedSet[*sandbox]
 	// learnMu serialises Learn's read-modify-write of learned grants.
 	learnMu sync.Mutex
-	byID    map[string]*sandbox
 	byIdx   map[uint32]*sandbox
-	closed  bool
 	// warm are free indexes whose inner maps are installed and empty, warming those
 	// the warmer is building (slots_linux.go).
 	warm     map[uint32]*slot
@@ -44,7 +43,7 @@ type Datapath struct {
 	warmKick chan struct{}
 	warmDone chan struct{}
 
-	innerSpecs struct{ rules4, rules6, learned *ebpf.MapSpec }
+	innerSpecs struct{ rules4, rules6, learned *bpf.MapSpec }
 
 	events     chan datapath.Event
 	rd         *ringbuf.Reader
@@ -65,7 +64,7 @@ type sandbox struct {
 	cfg     airlockSbxCfg
 	policy  datapath.Policy
 	known   bool // policy known (false for adopted sandboxes until Attach/Update)
-	learned *ebpf.Map
+	learned *bpf.Map
 	// slot holds the index's inner maps (learned is slot.learned); nil for adopted
 	// sandboxes, whose maps are removed at detach.
 	slot   *slot
@@ -114,7 +113,6 @@ func New(cfg Config) (*Datapath, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		ns:         netnsRef{path: cfg.NetNS},
-		byID:       map[string]*sandbox{},
 		byIdx:      map[uint32]*sandbox{},
 		warm:       map[uint32]*slot{},
 		warming:    map[uint32]bool{},
@@ -126,12 +124,12 @@ func New(cfg Config) (*Datapath, error) {
 	d.innerSpecs.rules4 = spec.Maps["rules4_of"].InnerMap
 	d.innerSpecs.rules6 = spec.Maps["rules6_of"].InnerMap
 	d.innerSpecs.learned = spec.Maps["learned_of"].InnerMap
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
+	opts := &bpf.CollectionOptions{Maps: bpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
+		if errors.Is(err, bpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("pinned maps under %s are from an incompatible version (detach all sandboxes and remove the directory): %w", cfg.PinRoot, err)
 		}
-		if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, bpf.ErrNotSupported) {
 			return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("load programs: %w", err)
@@ -169,7 +167,7 @@ func (d *Datapath) pinPrograms() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	progs := map[string]*ebpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx}
+	progs := map[string]*bpf.Program{"from_sbx": d.objs.AirlockFromSbx, "to_sbx": d.objs.AirlockToSbx}
 	for _, p := range d.sockProgs() {
 		progs[p.name] = p.prog
 	}
@@ -213,7 +211,7 @@ func (d *Datapath) adopt() error {
 		}
 		var id uint32
 		if err := d.objs.LearnedOf.Lookup(s.idx, &id); err == nil {
-			if m, err := ebpf.NewMapFromID(ebpf.MapID(id)); err == nil {
+			if m, err := bpf.NewMapFromID(bpf.MapID(id)); err == nil {
 				s.learned = m
 			}
 		}
@@ -226,7 +224,7 @@ func (d *Datapath) adopt() error {
 		if err := d.rehookCgroup(s); err != nil {
 			d.log.Warn("adopted sandbox socket hooks could not be refreshed", "sandbox_id", s.id, "err", err)
 		}
-		d.byID[s.id] = s
+		d.sbx.Add(s.id, s)
 		d.byIdx[s.idx] = s
 		d.idCache.Store(cacheKey(s.idx, s.gen), s.id)
 		d.log.Info("adopted sandbox", "sandbox_id", s.id, "ifindex", s.ifindex, "attach", s.mode.String())
@@ -235,16 +233,7 @@ func (d *Datapath) adopt() error {
 }
 
 // Attached implements datapath.Datapath.
-func (d *Datapath) Attached() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ids := make([]string, 0, len(d.byID))
-	for id := range d.byID {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (d *Datapath) Attached() []string { return d.sbx.Attached() }
 
 // Events implements datapath.Datapath.
 func (d *Datapath) Events() <-chan datapath.Event { return d.events }
@@ -252,14 +241,13 @@ func (d *Datapath) Events() <-chan datapath.Event { return d.events }
 // Close implements datapath.Datapath: it stops the event reader and closes every
 // handle; pinned links and maps keep enforcing.
 func (d *Datapath) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	d.sbx.Lock()
+	if !d.sbx.Close() {
+		d.sbx.Unlock()
 		return nil
 	}
-	d.closed = true
 	close(d.warmKick)
-	d.mu.Unlock()
+	d.sbx.Unlock()
 	<-d.warmDone
 	var errs []error
 	if d.rd != nil {
@@ -271,9 +259,9 @@ func (d *Datapath) Close() error {
 }
 
 func (d *Datapath) closeHandles() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, s := range d.byID {
+	d.sbx.Lock()
+	defer d.sbx.Unlock()
+	for _, s := range d.sbx.All() {
 		for _, l := range append(s.links, s.sockLinks...) {
 			l.Close()
 		}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package egressbpf
+package ebpf
 
 import (
 	"fmt"

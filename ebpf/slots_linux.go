@@ -1,11 +1,11 @@
-package egressbpf
+package ebpf
 
 import (
 	"errors"
 	"fmt"
 	"sync"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 )
@@ -22,10 +22,10 @@ import (
 const warmSlots = 64
 
 // slot is one index's installed inner maps, empty while free.
-type slot struct{ rules4, rules6, learned *ebpf.Map }
+type slot struct{ rules4, rules6, learned *bpf.Map }
 
 func (sl *slot) close() {
-	for _, m := range []*ebpf.Map{sl.rules4, sl.rules6, sl.learned} {
+	for _, m := range []*bpf.Map{sl.rules4, sl.rules6, sl.learned} {
 		if m != nil {
 			m.Close()
 		}
@@ -37,9 +37,9 @@ func (sl *slot) close() {
 func (d *Datapath) newSlot(idx uint32) (*slot, error) {
 	sl := &slot{}
 	var err error
-	if sl.rules4, err = ebpf.NewMap(d.innerSpecs.rules4); err == nil {
-		if sl.rules6, err = ebpf.NewMap(d.innerSpecs.rules6); err == nil {
-			sl.learned, err = ebpf.NewMap(d.innerSpecs.learned)
+	if sl.rules4, err = bpf.NewMap(d.innerSpecs.rules4); err == nil {
+		if sl.rules6, err = bpf.NewMap(d.innerSpecs.rules6); err == nil {
+			sl.learned, err = bpf.NewMap(d.innerSpecs.learned)
 		}
 	}
 	if err != nil {
@@ -48,7 +48,7 @@ func (d *Datapath) newSlot(idx uint32) (*slot, error) {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
-	for i, p := range []struct{ outer, inner *ebpf.Map }{
+	for i, p := range []struct{ outer, inner *bpf.Map }{
 		{d.objs.Rules4Of, sl.rules4}, {d.objs.Rules6Of, sl.rules6}, {d.objs.LearnedOf, sl.learned},
 	} {
 		wg.Go(func() { errs[i] = p.outer.Put(idx, p.inner) })
@@ -62,7 +62,7 @@ func (d *Datapath) newSlot(idx uint32) (*slot, error) {
 }
 
 // takeSlot returns the slot for a new sandbox and its index: the lowest warm one, or a
-// new slot on the lowest free index (slow path). d.mu is held.
+// new slot on the lowest free index (slow path). d.sbx's lock is held.
 func (d *Datapath) takeSlot() (uint32, *slot, error) {
 	best, found := uint32(0), false
 	for idx := range d.warm {
@@ -88,7 +88,7 @@ func (d *Datapath) takeSlot() (uint32, *slot, error) {
 }
 
 // releaseSlot empties a detached sandbox's slot and keeps it warm; a slot that cannot
-// be emptied is removed from the outer maps. d.mu is held.
+// be emptied is removed from the outer maps. d.sbx's lock is held.
 func (d *Datapath) releaseSlot(idx uint32, sl *slot) error {
 	if err := errors.Join(clearMap(sl.rules4), clearMap(sl.rules6), clearMap(sl.learned)); err == nil {
 		if len(d.warm) < 2*warmSlots {
@@ -103,8 +103,8 @@ func (d *Datapath) releaseSlot(idx uint32, sl *slot) error {
 // dropSlot removes idx's inner maps from the outer maps.
 func (d *Datapath) dropSlot(idx uint32) error {
 	var errs []error
-	for _, m := range []*ebpf.Map{d.objs.Rules4Of, d.objs.Rules6Of, d.objs.LearnedOf} {
-		if err := m.Delete(idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	for _, m := range []*bpf.Map{d.objs.Rules4Of, d.objs.Rules6Of, d.objs.LearnedOf} {
+		if err := m.Delete(idx); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -112,7 +112,7 @@ func (d *Datapath) dropSlot(idx uint32) error {
 }
 
 // clearMap deletes every entry of m.
-func clearMap(m *ebpf.Map) error {
+func clearMap(m *bpf.Map) error {
 	var keys [][]byte
 	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
 	it := m.Iterate()
@@ -123,17 +123,17 @@ func clearMap(m *ebpf.Map) error {
 		return err
 	}
 	for _, k := range keys {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(k); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 			return err
 		}
 	}
 	return nil
 }
 
-// kickWarmer asks the warmer for a round without blocking. d.mu is held (or d is
+// kickWarmer asks the warmer for a round without blocking. d.sbx's lock is held (or d is
 // not shared yet).
 func (d *Datapath) kickWarmer() {
-	if d.closed {
+	if d.sbx.Closed() {
 		return
 	}
 	select {
@@ -146,9 +146,9 @@ func (d *Datapath) kickWarmer() {
 func (d *Datapath) warmer() {
 	defer close(d.warmDone)
 	for range d.warmKick {
-		d.mu.Lock()
-		if d.closed {
-			d.mu.Unlock()
+		d.sbx.Lock()
+		if d.sbx.Closed() {
+			d.sbx.Unlock()
 			return
 		}
 		var want []uint32
@@ -160,7 +160,7 @@ func (d *Datapath) warmer() {
 				d.warming[idx] = true
 			}
 		}
-		d.mu.Unlock()
+		d.sbx.Unlock()
 		slots := make([]*slot, len(want))
 		var wg sync.WaitGroup
 		for i, idx := range want {
@@ -173,13 +173,13 @@ func (d *Datapath) warmer() {
 			})
 		}
 		wg.Wait()
-		d.mu.Lock()
+		d.sbx.Lock()
 		for i, idx := range want {
 			delete(d.warming, idx)
 			if slots[i] != nil {
 				d.warm[idx] = slots[i]
 			}
 		}
-		d.mu.Unlock()
+		d.sbx.Unlock()
 	}
 }

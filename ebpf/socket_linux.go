@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -19,18 +19,18 @@ import (
 // sockProgs lists the socket programs and where each attaches.
 func (d *Datapath) sockProgs() []struct {
 	name string
-	prog *ebpf.Program
-	at   ebpf.AttachType
+	prog *bpf.Program
+	at   bpf.AttachType
 } {
 	return []struct {
 		name string
-		prog *ebpf.Program
-		at   ebpf.AttachType
+		prog *bpf.Program
+		at   bpf.AttachType
 	}{
-		{"cgroup_connect4", d.objs.AirlockConnect4, ebpf.AttachCGroupInet4Connect},
-		{"cgroup_connect6", d.objs.AirlockConnect6, ebpf.AttachCGroupInet6Connect},
-		{"cgroup_sendmsg4", d.objs.AirlockSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
-		{"cgroup_sendmsg6", d.objs.AirlockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{"cgroup_connect4", d.objs.AirlockConnect4, bpf.AttachCGroupInet4Connect},
+		{"cgroup_connect6", d.objs.AirlockConnect6, bpf.AttachCGroupInet6Connect},
+		{"cgroup_sendmsg4", d.objs.AirlockSendmsg4, bpf.AttachCGroupUDP4Sendmsg},
+		{"cgroup_sendmsg6", d.objs.AirlockSendmsg6, bpf.AttachCGroupUDP6Sendmsg},
 	}
 }
 
@@ -116,7 +116,7 @@ func (d *Datapath) unhookCgroup(s *sandbox) error {
 	if s.cgroupID != 0 {
 		var cur uint32
 		if d.objs.IfindexByCgroup.Lookup(s.cgroupID, &cur) == nil && cur == uint32(s.ifindex) {
-			if err := d.objs.IfindexByCgroup.Delete(s.cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := d.objs.IfindexByCgroup.Delete(s.cgroupID); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 				errs = append(errs, err)
 			}
 		}

@@ -1,4 +1,4 @@
-package egressbpf
+package ebpf
 
 import (
 	"encoding/binary"
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
+	bpf "github.com/cilium/ebpf"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
@@ -138,7 +138,7 @@ func newVerdictEnv(t *testing.T, p datapath.Policy) *verdictEnv {
 
 // run runs prog on the packet as if it arrived on the sandbox's veth and returns the
 // TC verdict and the mark the program left.
-func (e *verdictEnv) run(t *testing.T, prog *ebpf.Program, p pkt) (uint32, uint32) {
+func (e *verdictEnv) run(t *testing.T, prog *bpf.Program, p pkt) (uint32, uint32) {
 	t.Helper()
 	var rc uint32
 	var out struct {
@@ -147,7 +147,7 @@ func (e *verdictEnv) run(t *testing.T, prog *ebpf.Program, p pkt) (uint32, uint3
 	}
 	err := e.ns.Do(func() error {
 		var err error
-		rc, err = prog.Run(&ebpf.RunOptions{
+		rc, err = prog.Run(&bpf.RunOptions{
 			Data:       p.bytes(),
 			Context:    skbCtx{Ifindex: uint32(e.idx)},
 			ContextOut: &out,
@@ -246,7 +246,7 @@ func TestVerdicts(t *testing.T) {
 		var rc uint32
 		e.ns.Do(func() error {
 			var err error
-			rc, err = e.d.objs.AirlockFromSbx.Run(&ebpf.RunOptions{Data: b, Context: skbCtx{Ifindex: uint32(e.idx)}})
+			rc, err = e.d.objs.AirlockFromSbx.Run(&bpf.RunOptions{Data: b, Context: skbCtx{Ifindex: uint32(e.idx)}})
 			return err
 		})
 		if rc != tcActOK {
@@ -344,7 +344,7 @@ func TestPolicyUpdate(t *testing.T) {
 		t.Fatalf("established flow to a newly denied destination: %d", got)
 	}
 	got, mark := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 443))
-	if got != tcActOK || mark&DefaultL7MarkMask != DefaultL7Mark {
+	if got != tcActOK || mark&datapath.DefaultL7MarkMask != datapath.DefaultL7Mark {
 		t.Fatalf("l7: verdict %d mark %#x", got, mark)
 	}
 	if got, _ := e.run(t, e.d.objs.AirlockFromSbx, tcp("10.77.0.2", "198.18.3.1", 42001, 22)); got != tcActShot {

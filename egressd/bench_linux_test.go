@@ -14,7 +14,6 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/airlockdev/airlock/dnsfilter"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
@@ -38,7 +37,7 @@ func TestBenchDNSLearning(t *testing.T) {
 	testenv.NeedBench(t)
 	testenv.NeedBPF(t)
 	tp := dt.NewTopology(t)
-	dp, err := enforcer.New(enforcer.Config{Mode: enforcer.ModeEBPF, NetNS: tp.Host.Path(), EBPF: egressbpf.Config{PinRoot: pinRoot(t)}})
+	dp, err := enforcer.New(enforcer.Config{Mode: enforcer.ModeEBPF, NetNS: tp.Host.Path(), EBPF: EBPFBackend(pinRoot(t))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,10 +25,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/airlockdev/airlock/audit"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/egressd/nftfilter/nfttest"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/watch"
@@ -343,7 +343,7 @@ func kubernetesPods(t *testing.T, mode enforcer.Mode) {
 	t.Cleanup(func() { exec.Command("ip", "link", "del", dnsDev).Run() })
 	d, err := New(Config{
 		Watch:        watch.ClientConfig{URL: srv.URL + "/internal/v1/watch"},
-		Enforcer:     enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot(t)}, NFT: nftfilter.Config{Table: testenv.NFTTable(t)}},
+		Enforcer:     enforcer.Config{Mode: mode, EBPF: EBPFBackend(pinRoot(t)), NFT: nftfilter.Config{Table: nfttest.Table(t)}},
 		LocalDNS:     k8sLocalDNS,
 		DNSInterface: dnsDev,
 		Upstreams:    []string{dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"ok.k8s.test.": netip.MustParseAddr("192.0.2.77")}, 60))},

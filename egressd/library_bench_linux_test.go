@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/internal/benchreport"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -171,7 +170,7 @@ func TestBenchNamedPolicyPropagation(t *testing.T) {
 
 	d, err := New(Config{
 		Watch:     watch.ClientConfig{URL: api.URL + "/internal/v1/watch"},
-		Enforcer:  enforcer.Config{Mode: enforcer.ModeEBPF, EBPF: egressbpf.Config{PinRoot: pinRoot(t)}},
+		Enforcer:  enforcer.Config{Mode: enforcer.ModeEBPF, EBPF: EBPFBackend(pinRoot(t))},
 		DNSListen: "127.0.0.1:0",
 		Resolver:  netip.MustParseAddr("127.0.0.1"),
 		Upstreams: []string{"127.0.0.1:1"},

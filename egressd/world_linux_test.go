@@ -24,10 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/egressd/nftfilter/nfttest"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -78,7 +78,7 @@ type world struct {
 func newWorld(t *testing.T, opts ...func(*lctest.Options)) *world {
 	testenv.NeedRoot(t)
 	testenv.NeedBPF(t)
-	w := &world{nftTable: testenv.NFTTable(t)}
+	w := &world{nftTable: nfttest.Table(t)}
 	// Like airlock up: a sandbox's entrypoint is released only once the egressd under
 	// test enforces its policy.
 	gate := func(id string) bool {
@@ -215,7 +215,7 @@ func (w *world) daemon(t *testing.T, mode enforcer.Mode, pinRoot string, opts ..
 	ov.DenyAddrs(w.gw, w.gw6)
 	cfg := Config{
 		Watch:     watch.ClientConfig{URL: w.h.HTTP.URL + "/internal/v1/watch"},
-		Enforcer:  enforcer.Config{Mode: mode, EBPF: egressbpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: w.nftTable}},
+		Enforcer:  enforcer.Config{Mode: mode, EBPF: EBPFBackend(pinRoot), NFT: nftfilter.Config{Table: w.nftTable}},
 		DNSListen: netip.AddrPortFrom(w.gw, 53).String(),
 		Upstreams: []string{w.upstream},
 		Overlay:   ov,
@@ -399,6 +399,11 @@ func (w *world) waitAudit(t *testing.T, id, what string, pred func(audit.Record)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// EBPFBackend returns the eBPF backend pinned under pinRoot. backend_linux_test.go
+// (package egressd_test) sets it from internal/ebpftest: no package under egressd/
+// imports ebpf/, test packages included, so the tests here see only enforcer.EBPF.
+var EBPFBackend func(pinRoot string) enforcer.EBPF
 
 func pinRoot(t *testing.T) string {
 	var b [4]byte

@@ -20,6 +20,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/vishvananda/netns"
 
+	"github.com/airlockdev/airlock/egressd/nftfilter/nfttest"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -41,7 +42,7 @@ func TestDownPurge(t *testing.T) {
 	pinRoot := fmt.Sprintf("/sys/fs/bpf/airlock-downtest-%d", os.Getpid())
 	const network = "altest-down0"
 	t.Cleanup(func() { os.RemoveAll(pinRoot); lctest.RemoveNetwork(network) })
-	table := testenv.NFTTable(t)
+	table := nfttest.Table(t)
 	api, gw := freeAddr(t), freeAddr(t)
 	state := filepath.Join(dir, "state")
 	cfg := filepath.Join(dir, "airlock.yaml")

@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlockdev/airlock/audit"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
@@ -96,7 +96,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg := egressd.Config{
 				Watch:        watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
-				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: egressbpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: nftTable}},
+				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: ebpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: nftTable}},
 				DNSListen:    dnsListen,
 				Upstreams:    upstreams,
 				Overlay:      ov,
@@ -167,7 +167,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 	f.StringVar(&resolver, "resolver", "", "address sandboxes send DNS to (default the --dns-listen host)")
 	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
 	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
-	f.StringVar(&pinRoot, "pin-root", egressbpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
+	f.StringVar(&pinRoot, "pin-root", ebpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
 	f.StringVar(&nftTable, "nft-table", nftfilter.TableName, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root)")
 	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
 	f.Uint16Var(&proxyPort, "proxy-port", 0, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off)")

@@ -101,7 +101,6 @@ type Datapath interface {
 	Close() error
 }
 
-// Backend names a datapath implementation.
 // PolicyUpdate is one sandbox's new policy, for BatchUpdater.
 type PolicyUpdate struct {
 	ID     string
@@ -144,11 +143,20 @@ type BatchUpdater interface {
 	UpdateMany(ups []PolicyUpdate) (errs []error)
 }
 
+// Backend names a datapath implementation.
 type Backend string
 
 const (
 	BackendEBPF     Backend = "ebpf"
 	BackendNFTables Backend = "nftables"
+)
+
+// Default L7 mark: both backends give it (under the mask) to TCP 80/443 of sandboxes in
+// L7 mode (Policy.L7), and the nftables l7_redirect chain sends packets carrying it to
+// the local proxy. Bits 16-31 of skb->mark; nothing else on the host may use them.
+const (
+	DefaultL7Mark     = 0x1a170000
+	DefaultL7MarkMask = 0xffff0000
 )
 
 // ProtoPorts is one grant of a learned address: a protocol and a port range.

@@ -2,7 +2,6 @@ package enforcer
 
 import (
 	"fmt"
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"net"
 	"net/netip"
 	"os"
@@ -161,7 +160,7 @@ func TestBenchSandboxes500(t *testing.T) {
 			return nil
 		})
 		e := &env{mode: mode, root: pinRoot(t)}
-		dp, err := New(Config{Mode: mode, NetNS: ns.Path(), EBPF: egressbpf.Config{PinRoot: e.root}})
+		dp, err := New(Config{Mode: mode, NetNS: ns.Path(), EBPF: EBPFBackend(e.root)})
 		if err != nil {
 			t.Fatal(err)
 		}

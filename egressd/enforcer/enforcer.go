@@ -11,6 +11,10 @@
 // running sandbox would cut its open connections (neither backend knows the flows the
 // other saw), and leaving the other backend's filter in place unmanaged would keep
 // enforcing a stale policy on top of the new one.
+//
+// The package never imports the eBPF backend (ebpf/, which depends on egressd/datapath):
+// the composition root hands it in as Config.EBPF (an ebpf.Config), so egressd depends
+// only on the datapath contract.
 package enforcer
 
 import (
@@ -18,11 +22,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
 )
@@ -40,6 +42,25 @@ const (
 // Config.NFT.LogGroup says otherwise.
 const DefaultLogGroup = 161
 
+// EBPF opens the eBPF backend. ebpf.Config implements it; the composition root
+// (cmd/airlock, internal/up) passes one, so that this package and egressd never import
+// ebpf/.
+type EBPF interface {
+	// Open loads the backend and adopts the sandboxes a previous run attached. netns,
+	// when not empty, replaces the backend's own network namespace (the path of the
+	// one holding the sandboxes' host-side veths); log is used when the backend has no
+	// logger of its own. Errors wrap datapath.ErrUnavailable when the kernel or the
+	// privileges do not allow eBPF here.
+	Open(netns string, log *slog.Logger) (datapath.Datapath, error)
+	// HasState reports whether a previous run left sandbox state that Open would
+	// adopt. It reads the filesystem only, loads nothing.
+	HasState() bool
+	// RedirectMark returns the packet mark and mask the backend gives TCP 80/443 of
+	// sandboxes in L7 mode: the nftables backend gives the same and the l7_redirect
+	// chain matches it.
+	RedirectMark() (mark, mask uint32)
+}
+
 // Config configures the datapath.
 type Config struct {
 	// Mode is auto (default), ebpf or nftables.
@@ -47,8 +68,10 @@ type Config struct {
 	// NetNS is the network namespace of the veths ("" = the caller's); it overrides
 	// the backends' own NetNS.
 	NetNS string
-	EBPF  egressbpf.Config
-	NFT   nftfilter.Config
+	// EBPF is the eBPF backend (an ebpf.Config); nil means none: auto mode uses
+	// nftables, ebpf mode fails with datapath.ErrUnavailable.
+	EBPF EBPF
+	NFT  nftfilter.Config
 	// L7ProxyPort, when set, installs the l7_redirect chain sending marked TCP
 	// (sandboxes in L7 mode, TCP 80/443) to this local port.
 	L7ProxyPort uint16
@@ -65,10 +88,13 @@ func New(cfg Config) (datapath.Datapath, error) {
 		cfg.Mode = ModeAuto
 	}
 	if cfg.NetNS != "" {
-		cfg.EBPF.NetNS, cfg.NFT.NetNS = cfg.NetNS, cfg.NetNS
+		cfg.NFT.NetNS = cfg.NetNS
 	}
-	if cfg.EBPF.Logger == nil {
-		cfg.EBPF.Logger = cfg.Logger.With("backend", "ebpf")
+	openEBPF := func() (datapath.Datapath, error) {
+		if cfg.EBPF == nil {
+			return nil, fmt.Errorf("%w: no eBPF backend configured", datapath.ErrUnavailable)
+		}
+		return cfg.EBPF.Open(cfg.NetNS, cfg.Logger.With("backend", "ebpf"))
 	}
 	// Checked here, not only by nftfilter.New: in auto mode its error would only turn
 	// the nftables fallback off.
@@ -82,9 +108,9 @@ func New(cfg Config) (datapath.Datapath, error) {
 		cfg.NFT.Logger = cfg.Logger.With("backend", "nftables")
 	}
 	if cfg.L7ProxyPort != 0 {
-		mark, mask := cfg.EBPF.L7Mark, cfg.EBPF.L7MarkMask
-		if mark == 0 {
-			mark, mask = egressbpf.DefaultL7Mark, egressbpf.DefaultL7MarkMask
+		mark, mask := uint32(datapath.DefaultL7Mark), uint32(datapath.DefaultL7MarkMask)
+		if cfg.EBPF != nil {
+			mark, mask = cfg.EBPF.RedirectMark()
 		}
 		cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
 		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Table: cfg.NFT.Table, Port: cfg.L7ProxyPort, Mark: mark, Mask: mask}); err != nil {
@@ -93,7 +119,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 	}
 	switch cfg.Mode {
 	case ModeEBPF:
-		bpf, err := egressbpf.New(cfg.EBPF)
+		bpf, err := openEBPF()
 		if err != nil {
 			return nil, err
 		}
@@ -109,10 +135,10 @@ func New(cfg Config) (datapath.Datapath, error) {
 			return nil, err
 		}
 		return takeOver(nft, cfg, func() (datapath.Datapath, error) {
-			if !egressbpf.HasPinnedState(cfg.EBPF) {
+			if cfg.EBPF == nil || !cfg.EBPF.HasState() {
 				return nil, nil
 			}
-			return egressbpf.New(cfg.EBPF)
+			return openEBPF()
 		})
 	case ModeAuto:
 	default:
@@ -123,7 +149,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 		nft = nil
 		cfg.Logger.Warn("nftables backend unavailable", "err", err)
 	}
-	bpf, err := egressbpf.New(cfg.EBPF)
+	bpf, err := openEBPF()
 	if err != nil {
 		if nft == nil {
 			return nil, fmt.Errorf("no datapath backend: %w", err)
@@ -167,21 +193,20 @@ type fallback struct {
 	auto               bool
 	log                *slog.Logger
 
-	mu    sync.Mutex
-	owner map[string]datapath.Datapath
+	// owner is the attached set: the backend that enforces each sandbox.
+	owner datapath.AttachedSet[datapath.Datapath]
 
 	events chan datapath.Event
 	wg     sync.WaitGroup
 }
 
 func newFallback(primary, secondary datapath.Datapath, auto bool, log *slog.Logger) *fallback {
-	f := &fallback{primary: primary, secondary: secondary, auto: auto, log: log, owner: map[string]datapath.Datapath{},
-		events: make(chan datapath.Event, 4096)}
+	f := &fallback{primary: primary, secondary: secondary, auto: auto, log: log, events: make(chan datapath.Event, 4096)}
 	for _, id := range secondary.Attached() {
-		f.owner[id] = secondary
+		f.owner.Add(id, secondary)
 	}
 	for _, id := range primary.Attached() {
-		f.owner[id] = primary
+		f.owner.Add(id, primary)
 	}
 	for _, b := range []datapath.Datapath{primary, secondary} {
 		f.wg.Go(func() {
@@ -197,14 +222,14 @@ func newFallback(primary, secondary datapath.Datapath, auto bool, log *slog.Logg
 func (f *fallback) Backend() datapath.Backend { return f.primary.Backend() }
 
 func (f *fallback) Attach(spec datapath.Spec) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if b, ok := f.owner[spec.ID]; ok {
+	f.owner.Lock()
+	defer f.owner.Unlock()
+	if b, ok := f.owner.Lookup(spec.ID); ok {
 		return b.Attach(spec)
 	}
 	err := f.primary.Attach(spec)
 	if err == nil {
-		f.owner[spec.ID] = f.primary
+		f.owner.Add(spec.ID, f.primary)
 		return nil
 	}
 	if !f.auto || errors.Is(err, datapath.ErrInvalidSpec) {
@@ -214,18 +239,14 @@ func (f *fallback) Attach(spec datapath.Spec) error {
 	if err2 := f.secondary.Attach(spec); err2 != nil {
 		return errors.Join(err, err2)
 	}
-	f.owner[spec.ID] = f.secondary
+	f.owner.Add(spec.ID, f.secondary)
 	return nil
 }
 
 func (f *fallback) get(id string) (datapath.Datapath, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	b, ok := f.owner[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	return b, nil
+	f.owner.Lock()
+	defer f.owner.Unlock()
+	return f.owner.Get(id)
 }
 
 // FlowCount implements datapath.FlowCounter for the sandboxes of a backend that
@@ -278,6 +299,10 @@ func (f *fallback) Forget(id string, addr netip.Addr) error {
 	return b.Forget(id, addr)
 }
 
+// Detach detaches id from the backend that enforces it. Unlike a backend's Detach
+// (datapath.AttachedSet.Detach) the set's lock is not held meanwhile: the backend
+// serialises its own work, and routing the other sandboxes' calls (Learn on the DNS
+// answer path) need not wait for it.
 func (f *fallback) Detach(id string) error {
 	b, err := f.get(id)
 	if err != nil {
@@ -286,22 +311,13 @@ func (f *fallback) Detach(id string) error {
 	if err := b.Detach(id); err != nil {
 		return err
 	}
-	f.mu.Lock()
-	delete(f.owner, id)
-	f.mu.Unlock()
+	f.owner.Lock()
+	f.owner.Remove(id)
+	f.owner.Unlock()
 	return nil
 }
 
-func (f *fallback) Attached() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ids := make([]string, 0, len(f.owner))
-	for id := range f.owner {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+func (f *fallback) Attached() []string { return f.owner.Attached() }
 
 func (f *fallback) Events() <-chan datapath.Event { return f.events }
 

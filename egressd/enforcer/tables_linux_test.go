@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
@@ -27,7 +26,7 @@ func TestTablesSeparateInstances(t *testing.T) {
 	})
 	open := func(mode Mode, table string) datapath.Datapath {
 		t.Helper()
-		dp, err := New(Config{Mode: mode, NetNS: e.tp.Host.Path(), EBPF: egressbpf.Config{PinRoot: pinRoot(t)},
+		dp, err := New(Config{Mode: mode, NetNS: e.tp.Host.Path(), EBPF: EBPFBackend(pinRoot(t)),
 			NFT: nftfilter.Config{Table: table}})
 		if err != nil {
 			t.Fatalf("New(%s, table %s): %v", mode, table, err)

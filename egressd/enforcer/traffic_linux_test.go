@@ -20,7 +20,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
@@ -55,6 +54,12 @@ type env struct {
 	dp   datapath.Datapath
 }
 
+// EBPFBackend returns the eBPF backend pinned under pinRoot. backend_linux_test.go
+// (package enforcer_test) sets it from internal/ebpftest: no package under egressd/
+// imports ebpf/, test packages included, so the tests here see only the EBPF
+// interface.
+var EBPFBackend func(pinRoot string) EBPF
+
 func pinRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/sys/fs/bpf", "airlock-test-")
@@ -79,7 +84,7 @@ func (e *env) config() Config {
 	return Config{
 		Mode:  e.mode,
 		NetNS: e.tp.Host.Path(),
-		EBPF:  egressbpf.Config{PinRoot: e.root},
+		EBPF:  EBPFBackend(e.root),
 		NFT:   nftfilter.Config{LogGroup: nflogGr},
 	}
 }
@@ -411,7 +416,7 @@ const childEnv = "AIRLOCK_DATAPATH_CHILD"
 func childMain() {
 	a := strings.Split(os.Getenv(childEnv), ",") // mode,netns,root,ifindex,ifname,id
 	ifindex, _ := strconv.Atoi(a[3])
-	cfg := Config{Mode: Mode(a[0]), NetNS: a[1], EBPF: egressbpf.Config{PinRoot: a[2]}}
+	cfg := Config{Mode: Mode(a[0]), NetNS: a[1], EBPF: EBPFBackend(a[2])}
 	dp, err := New(cfg)
 	if err != nil {
 		fmt.Println("error", err)

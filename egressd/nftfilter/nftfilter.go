@@ -12,9 +12,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,7 +71,7 @@ type Config struct {
 	// FlowIdle is how long a flow lives without packets; default 1h.
 	FlowIdle time.Duration
 	// L7Mark and L7MarkMask are the mark given to TCP 80/443 of L7 sandboxes; default
-	// 0x1a170000/0xffff0000 (the same as the eBPF backend).
+	// datapath.DefaultL7Mark/DefaultL7MarkMask (the same as the eBPF backend).
 	L7Mark, L7MarkMask uint32
 	// LogGroup is the NFLOG group events are sent to; 0 disables events.
 	LogGroup uint16
@@ -88,7 +86,7 @@ func (c *Config) defaults() {
 		c.FlowIdle = time.Hour
 	}
 	if c.L7Mark == 0 {
-		c.L7Mark, c.L7MarkMask = 0x1a170000, 0xffff0000
+		c.L7Mark, c.L7MarkMask = datapath.DefaultL7Mark, datapath.DefaultL7MarkMask
 	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 4096
@@ -108,9 +106,8 @@ type Filter struct {
 	// ndTable holds each sandbox's pre-chain (netdev family, see hostChain).
 	ndTable *nftables.Table
 
-	mu     sync.Mutex
-	sbx    map[string]*sandbox
-	closed bool
+	// sbx is the attached set; its lock also serialises the writes on conn.
+	sbx datapath.AttachedSet[*sandbox]
 
 	events    chan datapath.Event
 	lostLocal atomic.Uint64
@@ -136,7 +133,7 @@ func New(cfg Config) (*Filter, error) {
 	if err := CheckTableName(cfg.Table); err != nil {
 		return nil, err
 	}
-	f := &Filter{cfg: cfg, log: cfg.Logger, sbx: map[string]*sandbox{}, events: make(chan datapath.Event, cfg.EventBuffer)}
+	f := &Filter{cfg: cfg, log: cfg.Logger, events: make(chan datapath.Event, cfg.EventBuffer)}
 	// A large socket send buffer lets UpdateMany send one transaction for many chains
 	// (the default, about 200 KiB, holds the rules of a few sandboxes only).
 	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(bigSendBuffer)}
@@ -177,7 +174,7 @@ func New(cfg Config) (*Filter, error) {
 		if rules, err := conn.GetRules(f.table, c); err == nil && len(rules) > 0 {
 			s.ifname = strings.TrimPrefix(string(rules[0].UserData), ifnameTag)
 		}
-		f.sbx[id] = s
+		f.sbx.Add(id, s)
 		f.log.Info("adopted sandbox", "sandbox_id", id, "ifname", s.ifname)
 	}
 	if cfg.LogGroup != 0 {
@@ -197,549 +194,6 @@ func New(cfg Config) (*Filter, error) {
 // Backend implements datapath.Datapath.
 func (f *Filter) Backend() datapath.Backend { return datapath.BackendNFTables }
 
-func (f *Filter) set(name string, key nftables.SetDatatype) *nftables.Set {
-	return &nftables.Set{Table: f.table, Name: name, KeyType: key}
-}
-
-// grantSetDef is the definition of the sandbox's port-restricted learned grants.
-func (f *Filter) grantSetDef(fm fam, id string) *nftables.Set {
-	t, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService)
-	return &nftables.Set{Table: f.table, Name: grantSet(fm, id), KeyType: t, Concatenation: true,
-		Interval: true, HasTimeout: true, Size: datapath.MaxLearnedPerSbx}
-}
-
-// sandboxSets returns the sandbox's sets with their definitions.
-func (f *Filter) sandboxSets(id string) []*nftables.Set {
-	var out []*nftables.Set
-	for _, fm := range []fam{v4, v6} {
-		addr := nftables.TypeIPAddr
-		if fm == v6 {
-			addr = nftables.TypeIP6Addr
-		}
-		flowType, _ := nftables.ConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
-		out = append(out, f.grantSetDef(fm, id),
-			&nftables.Set{Table: f.table, Name: srcSet(fm, id), KeyType: addr},
-			&nftables.Set{Table: f.table, Name: resSet(fm, id), KeyType: addr},
-			&nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addr, HasTimeout: true, Size: datapath.MaxLearnedPerSbx},
-			&nftables.Set{Table: f.table, Name: flowSet(fm, id), KeyType: flowType, Concatenation: true, HasTimeout: true, Dynamic: true, Timeout: f.cfg.FlowIdle, Size: 65535},
-			&nftables.Set{Table: f.table, Name: inSet(fm, id), KeyType: flowType, Concatenation: true, HasTimeout: true, Dynamic: true, Timeout: f.cfg.FlowIdle, Size: 65535},
-		)
-	}
-	return out
-}
-
-func addrElems(addrs []netip.Addr, is4 bool) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, a := range addrs {
-		if a.Is4() == is4 {
-			out = append(out, nftables.SetElement{Key: a.AsSlice()})
-		}
-	}
-	return out
-}
-
-// Attach implements datapath.Datapath: the chain, sets and counters are created in
-// one netlink transaction (all or nothing).
-func (f *Filter) Attach(spec datapath.Spec) error {
-	spec, err := datapath.ValidateSpec(spec)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return fmt.Errorf("%w: closed", datapath.ErrUnavailable)
-	}
-	for _, o := range f.sbx {
-		if o.id != spec.ID && o.ifname == spec.HostIfname {
-			return fmt.Errorf("%w: %s already belongs to sandbox %s", datapath.ErrInvalidSpec, spec.HostIfname, o.id)
-		}
-	}
-	if s, ok := f.sbx[spec.ID]; ok && s.ifname != spec.HostIfname {
-		if err := f.detach(s); err != nil {
-			return err
-		}
-	}
-	id := spec.ID
-	chain := &nftables.Chain{
-		Name: chainName(id), Table: f.table, Type: nftables.ChainTypeFilter,
-		Hooknum:  nftables.ChainHookRef(5), // NF_INET_INGRESS
-		Priority: nftables.ChainPriorityRef(-500), Device: spec.HostIfname,
-		Policy: ptr(nftables.ChainPolicyDrop),
-	}
-	s, existing := f.sbx[id]
-	if existing {
-		// In place: refill address sets and the chain in one transaction.
-		for _, fm := range []fam{v4, v6} {
-			for _, name := range []string{srcSet(fm, id), resSet(fm, id)} {
-				st := f.set(name, addrType(fm))
-				f.conn.FlushSet(st)
-				elems := addrElems(spec.Addrs, fm == v4)
-				if strings.HasPrefix(name, "res") {
-					elems = addrElems(spec.Resolvers, fm == v4)
-				}
-				if len(elems) > 0 {
-					if err := f.conn.SetAddElements(st, elems); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		// Sets added by a later version (inbound flows) are created when missing.
-		for _, st := range f.sandboxSets(id) {
-			if strings.HasPrefix(st.Name, "in") {
-				if err := f.conn.AddSet(st, nil); err != nil {
-					return fmt.Errorf("set %s: %w", st.Name, err)
-				}
-			}
-		}
-		f.conn.FlushChain(chain)
-	} else {
-		for _, st := range f.sandboxSets(id) {
-			var elems []nftables.SetElement
-			switch {
-			case strings.HasPrefix(st.Name, "src"):
-				elems = addrElems(spec.Addrs, st.KeyType == nftables.TypeIPAddr)
-			case strings.HasPrefix(st.Name, "res"):
-				elems = addrElems(spec.Resolvers, st.KeyType == nftables.TypeIPAddr)
-			}
-			if err := f.conn.AddSet(st, elems); err != nil {
-				return fmt.Errorf("set %s: %w", st.Name, err)
-			}
-		}
-		f.conn.AddObj(&nftables.CounterObj{Table: f.table, Name: dropCounter(id)})
-		f.conn.AddObj(&nftables.CounterObj{Table: f.table, Name: flowCounter(id)})
-		f.conn.AddChain(chain)
-	}
-	f.addRules(chain, id, spec.HostIfname, spec.Policy)
-	hc := f.hostChain(id, spec.HostIfname)
-	f.conn.AddChain(hc)
-	f.conn.FlushChain(hc)
-	f.conn.AddRule(&nftables.Rule{Table: f.ndTable, Chain: hc, Exprs: asHostPacket()})
-	if err := f.conn.Flush(); err != nil {
-		return fmt.Errorf("attach %s on %s: %w", id, spec.HostIfname, err)
-	}
-	if !existing {
-		s = &sandbox{id: id}
-		f.sbx[id] = s
-	}
-	s.ifname, s.policy, s.known = spec.HostIfname, spec.Policy, true
-	if existing {
-		return f.cutFlows(s, netip.Addr{})
-	}
-	return nil
-}
-
-// hostChain is the sandbox's pre-chain: a netdev ingress chain on the host veth, before
-// the inet chain, that marks the sandbox's packets as addressed to this host. They are
-// addressed to the bridge's MAC, which is not the veth's, so the kernel marked them for
-// another host, and icmp_send answers only packets for this host: without the mark a
-// denied UDP datagram would get no ICMP administratively prohibited (the inet ingress
-// hook cannot set the packet type). The bridge forwards by MAC, not by packet type.
-// Without the pre-chain, denials stay silent drops (fail closed).
-func (f *Filter) hostChain(id, ifname string) *nftables.Chain {
-	return &nftables.Chain{
-		Name: chainName(id), Table: f.ndTable, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityRef(-600),
-		Device: ifname, Policy: ptr(nftables.ChainPolicyAccept),
-	}
-}
-
-// ifnameTag prefixes the first rule's user data, which records the hook device.
-const ifnameTag = "airlock-ifname="
-
-func (f *Filter) addRules(chain *nftables.Chain, id, ifname string, p datapath.Policy) {
-	for i, r := range f.chainRules(id, p) {
-		rule := &nftables.Rule{Table: f.table, Chain: chain, Exprs: r}
-		if i == 0 {
-			rule.UserData = []byte(ifnameTag + ifname)
-		}
-		f.conn.AddRule(rule)
-	}
-}
-
-func addrType(fm fam) nftables.SetDatatype {
-	if fm == v4 {
-		return nftables.TypeIPAddr
-	}
-	return nftables.TypeIP6Addr
-}
-
-func ptr[T any](v T) *T { return &v }
-
-// Update implements datapath.Datapath: the chain is flushed and refilled in one
-// transaction, so packets see the old or the new rules.
-func (f *Filter) Update(id string, p datapath.Policy) error {
-	p, err := datapath.ValidatePolicy(p)
-	if err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	f.refill(s, p)
-	if err := f.conn.Flush(); err != nil {
-		return fmt.Errorf("update %s: %w", id, err)
-	}
-	s.policy, s.known = p, true
-	return f.cutFlows(s, netip.Addr{})
-}
-
-// refill queues the flush and refill of s's chain for p (sent by the next Flush).
-func (f *Filter) refill(s *sandbox, p datapath.Policy) {
-	chain := &nftables.Chain{Name: chainName(s.id), Table: f.table}
-	f.conn.FlushChain(chain)
-	f.addRules(chain, s.id, s.ifname, p)
-}
-
-// UpdateMany implements datapath.BatchUpdater: every chain is flushed and refilled in
-// one netlink transaction, which the kernel validates once (one by one, each update
-// validates the whole table). When the transaction fails nothing of it applied, and
-// the updates are retried one by one so that each gets its own error.
-func (f *Filter) UpdateMany(ups []datapath.PolicyUpdate) []error {
-	errs := make([]error, len(ups))
-	type item struct {
-		i int
-		s *sandbox
-		p datapath.Policy
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var items []item
-	for _, u := range datapath.LatestUpdates(ups, errs) {
-		i, p := u.Index, u.Policy
-		s, ok := f.sbx[u.ID]
-		if !ok {
-			errs[i] = fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, u.ID)
-			continue
-		}
-		f.refill(s, p)
-		items = append(items, item{i, s, p})
-	}
-	if len(items) == 0 {
-		return errs
-	}
-	if err := f.conn.Flush(); err != nil {
-		for _, it := range items {
-			f.refill(it.s, it.p)
-			if err := f.conn.Flush(); err != nil {
-				errs[it.i] = fmt.Errorf("update %s: %w", it.s.id, err)
-				continue
-			}
-			it.s.policy, it.s.known = it.p, true
-			errs[it.i] = f.cutFlows(it.s, netip.Addr{})
-		}
-		return errs
-	}
-	for _, it := range items {
-		it.s.policy, it.s.known = it.p, true
-		errs[it.i] = f.cutFlows(it.s, netip.Addr{})
-	}
-	return errs
-}
-
-// Learn implements datapath.Datapath: set-element adds in one netlink transaction, to
-// the learn set (every port) or the grant set (interval elements of daddr . l4proto .
-// dport). Adding a live element again resets its timeout in the kernel, so a ttl that
-// would end before the expiry this process last wrote is skipped (after an adoption,
-// the first Learn of a grant sets its expiry).
-func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
-	addr = addr.Unmap()
-	if !addr.IsValid() || ttl <= 0 {
-		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
-	}
-	grants, err := datapath.ValidateGrants(ports)
-	if err != nil {
-		return err
-	}
-	if grants == nil {
-		grants = []datapath.ProtoPorts{datapath.EveryPort}
-	}
-	if ttl < time.Millisecond {
-		ttl = time.Millisecond
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	now := time.Now()
-	if s.expiry == nil || len(s.expiry) > 2*datapath.MaxLearnedPerSbx {
-		s.expiry = pruneExpired(s.expiry, now)
-	}
-	live := 0
-	for _, exp := range s.expiry[addr] {
-		if exp.After(now) {
-			live++
-		}
-	}
-	fm := v4
-	if addr.Is6() {
-		fm = v6
-	}
-	var every, restricted []nftables.SetElement
-	var added []datapath.ProtoPorts
-	for _, g := range grants {
-		exp, known := s.expiry[addr][g]
-		if known && exp.After(now.Add(ttl)) {
-			continue
-		}
-		if !known || !exp.After(now) {
-			if live++; live > datapath.MaxLearnedGrants {
-				return fmt.Errorf("%w: sandbox %s: %s has %d live grants", datapath.ErrFull, id, addr, datapath.MaxLearnedGrants)
-			}
-		}
-		added = append(added, g)
-		if g == datapath.EveryPort {
-			every = append(every, nftables.SetElement{Key: addr.AsSlice(), Timeout: ttl})
-		} else {
-			restricted = append(restricted, grantElem(addr, g, ttl))
-		}
-	}
-	if len(added) == 0 {
-		return nil
-	}
-	if len(every) > 0 {
-		st := &nftables.Set{Table: f.table, Name: learnSet(fm, id), KeyType: addrType(fm), HasTimeout: true}
-		if err := f.conn.SetAddElements(st, every); err != nil {
-			return err
-		}
-	}
-	if len(restricted) > 0 {
-		if err := f.conn.SetAddElements(f.grantSetDef(fm, id), restricted); err != nil {
-			return err
-		}
-	}
-	if err := f.conn.Flush(); err != nil {
-		if strings.Contains(err.Error(), "no space") {
-			return fmt.Errorf("%w: sandbox %s learned set", datapath.ErrFull, id)
-		}
-		return fmt.Errorf("learn %s: %w", addr, err)
-	}
-	if s.expiry[addr] == nil {
-		s.expiry[addr] = map[datapath.ProtoPorts]time.Time{}
-	}
-	for _, g := range added {
-		s.expiry[addr][g] = now.Add(ttl)
-	}
-	return nil
-}
-
-func pruneExpired(m map[netip.Addr]map[datapath.ProtoPorts]time.Time, now time.Time) map[netip.Addr]map[datapath.ProtoPorts]time.Time {
-	out := make(map[netip.Addr]map[datapath.ProtoPorts]time.Time, len(m))
-	for a, gs := range m {
-		for g, t := range gs {
-			if t.After(now) {
-				if out[a] == nil {
-					out[a] = map[datapath.ProtoPorts]time.Time{}
-				}
-				out[a][g] = t
-			}
-		}
-	}
-	return out
-}
-
-// grants lists the sandbox's port-restricted learned grants of family fm by address.
-func (f *Filter) grants(fm fam, id string) (map[netip.Addr][]datapath.ProtoPorts, []nftables.SetElement, error) {
-	elems, err := f.conn.GetSetElements(f.grantSetDef(fm, id))
-	if err != nil {
-		return nil, nil, fmt.Errorf("list learned grants: %w", err)
-	}
-	out := map[netip.Addr][]datapath.ProtoPorts{}
-	for _, e := range elems {
-		if a, g, ok := grantFromElem(fm, e); ok {
-			out[a] = append(out[a], g)
-		}
-	}
-	return out, elems, nil
-}
-
-// Forget implements datapath.Datapath.
-func (f *Filter) Forget(id string, addr netip.Addr) error {
-	addr = addr.Unmap()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	if err := f.unlearn(s, addr); err != nil {
-		return err
-	}
-	return f.cutFlows(s, addr)
-}
-
-// Narrow implements datapath.Datapath: the address's learned elements are replaced
-// (for the moment between, established flows still pass on the flow sets), then the
-// flows to it are checked against the new grants.
-func (f *Filter) Narrow(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
-	addr = addr.Unmap()
-	f.mu.Lock()
-	s, ok := f.sbx[id]
-	var err error
-	if ok {
-		err = f.unlearn(s, addr)
-	}
-	f.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	if err != nil {
-		return err
-	}
-	if err := f.Learn(id, addr, ports, ttl); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if s, ok = f.sbx[id]; !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	return f.cutFlows(s, addr)
-}
-
-// unlearn removes addr's learned and grant elements of s (flows stay). f.mu is held.
-func (f *Filter) unlearn(s *sandbox, addr netip.Addr) error {
-	id := s.id
-	fm := v4
-	if addr.Is6() {
-		fm = v6
-	}
-	delete(s.expiry, addr)
-	_, gelems, err := f.grants(fm, id)
-	if err != nil {
-		return err
-	}
-	var gdel []nftables.SetElement
-	for _, e := range gelems {
-		if a, _, ok := grantFromElem(fm, e); ok && a == addr {
-			gdel = append(gdel, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
-		}
-	}
-	if len(gdel) > 0 {
-		if err := f.conn.SetDeleteElements(f.grantSetDef(fm, id), gdel); err != nil {
-			return err
-		}
-		if err := f.conn.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("forget %s: %w", addr, err)
-		}
-	}
-	st := f.set(learnSet(fm, id), addrType(fm))
-	elems, err := f.conn.GetSetElements(st)
-	if err != nil {
-		return fmt.Errorf("list learned: %w", err)
-	}
-	if slices.ContainsFunc(elems, func(e nftables.SetElement) bool { return fm.addrFromKey(e.Key) == addr }) {
-		if err := f.conn.SetDeleteElements(st, []nftables.SetElement{{Key: addr.AsSlice()}}); err != nil {
-			return err
-		}
-		if err := f.conn.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("forget %s: %w", addr, err)
-		}
-	}
-	return nil
-}
-
-// cutFlows deletes the flows the sandbox's policy no longer allows (only those to
-// only, when valid). Flows of inbound connections are kept.
-func (f *Filter) cutFlows(s *sandbox, only netip.Addr) error {
-	if !s.known || s.policy.Report {
-		return nil
-	}
-	for _, fm := range []fam{v4, v6} {
-		learned := map[netip.Addr]bool{}
-		ls, err := f.conn.GetSetElements(f.set(learnSet(fm, s.id), addrType(fm)))
-		if err != nil {
-			return fmt.Errorf("list learned: %w", err)
-		}
-		for _, e := range ls {
-			learned[fm.addrFromKey(e.Key)] = true
-		}
-		grants, _, err := f.grants(fm, s.id)
-		if err != nil {
-			return err
-		}
-		flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
-		st := &nftables.Set{Table: f.table, Name: flowSet(fm, s.id), KeyType: flowType, Concatenation: true}
-		flows, err := f.conn.GetSetElements(st)
-		if err != nil {
-			return fmt.Errorf("list flows: %w", err)
-		}
-		var dead []nftables.SetElement
-		al := int(fm.addrLen)
-		for _, e := range flows {
-			if len(e.Key) < al+12 {
-				continue
-			}
-			dst := fm.addrFromKey(e.Key)
-			proto := datapath.Proto(e.Key[al])
-			port := uint16(e.Key[al+4])<<8 | uint16(e.Key[al+5])
-			if only.IsValid() && dst != only {
-				continue
-			}
-			granted := learned[dst] || datapath.GrantsAllow(grants[dst], proto, port, false)
-			if !datapath.Allows(s.policy, dst, proto, port, granted) {
-				dead = append(dead, nftables.SetElement{Key: e.Key})
-			}
-		}
-		if len(dead) == 0 {
-			continue
-		}
-		if err := f.conn.SetDeleteElements(st, dead); err != nil {
-			return err
-		}
-		if err := f.conn.Flush(); err != nil {
-			return fmt.Errorf("cut flows: %w", err)
-		}
-	}
-	return nil
-}
-
-// Detach implements datapath.Datapath: chain, sets and counters go in one transaction.
-func (f *Filter) Detach(id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sbx[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", datapath.ErrUnknownSandbox, id)
-	}
-	return f.detach(s)
-}
-
-func (f *Filter) detach(s *sandbox) error {
-	// The pre-chain first, on its own: it may be gone with its device.
-	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.ndTable})
-	_ = f.conn.Flush()
-	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.table})
-	for _, st := range f.sandboxSets(s.id) {
-		f.conn.DelSet(st)
-	}
-	f.conn.DeleteObject(&nftables.CounterObj{Table: f.table, Name: dropCounter(s.id)})
-	f.conn.DeleteObject(&nftables.CounterObj{Table: f.table, Name: flowCounter(s.id)})
-	if err := f.conn.Flush(); err != nil {
-		return fmt.Errorf("detach %s: %w", s.id, err)
-	}
-	delete(f.sbx, s.id)
-	return nil
-}
-
-// Attached implements datapath.Datapath.
-func (f *Filter) Attached() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ids := make([]string, 0, len(f.sbx))
-	for id := range f.sbx {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
 // Events implements datapath.Datapath. Without a LogGroup the channel is closed.
 func (f *Filter) Events() <-chan datapath.Event { return f.events }
 
@@ -753,13 +207,12 @@ func (f *Filter) deliver(e datapath.Event) {
 
 // Close implements datapath.Datapath; the table stays and keeps enforcing.
 func (f *Filter) Close() error {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
+	f.sbx.Lock()
+	open := f.sbx.Close()
+	f.sbx.Unlock()
+	if !open {
 		return nil
 	}
-	f.closed = true
-	f.mu.Unlock()
 	var errs []error
 	if f.nflog != nil {
 		errs = append(errs, f.nflog.Close())
@@ -784,8 +237,8 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 	if f.nflog != nil {
 		st.EventsLost += f.nflog.lost.Load()
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.sbx.Lock()
+	defer f.sbx.Unlock()
 	objs, err := f.conn.GetObjects(f.table)
 	if err != nil {
 		return st, fmt.Errorf("list counters: %w", err)
@@ -796,7 +249,7 @@ func (f *Filter) Stats() (datapath.Stats, error) {
 			counters[c.Name] = c.Packets
 		}
 	}
-	for id, s := range f.sbx {
+	for id, s := range f.sbx.All() {
 		ss := datapath.SandboxStats{Dropped: counters[dropCounter(id)], FlowsNew: counters[flowCounter(id)], Rules: len(s.policy.Rules)}
 		for _, fm := range []fam{v4, v6} {
 			if ls, err := f.conn.GetSetElements(f.set(learnSet(fm, id), addrType(fm))); err == nil {

@@ -15,8 +15,6 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,8 +24,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/airlockdev/airlock/egressd/nftfilter"
 )
 
 // RequirePrivileged reports whether AIRLOCK_REQUIRE_PRIVILEGED=1 is set.
@@ -162,24 +158,6 @@ func NeedBench(t testing.TB) {
 	if !Bench() {
 		t.Skip("benchmark: run with `make bench` (AIRLOCK_BENCH=1)")
 	}
-}
-
-// NFTTable returns a name for the nftables tables of one egressd the test starts in
-// the host's network namespace, unique to the test, and removes those tables at
-// cleanup. Tests of several packages run at once, and an egressd adopts (and detaches,
-// as not its own) every sandbox it finds in its tables: each test's egressd needs its
-// own, as it needs its own eBPF pin root.
-func NFTTable(t testing.TB) string {
-	t.Helper()
-	var b [4]byte
-	rand.Read(b[:])
-	name := "airlock_t" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		if _, err := nftfilter.RemoveTable("", name); err != nil {
-			t.Logf("removing the test's nftables tables %s: %v", name, err)
-		}
-	})
-	return name
 }
 
 func unixDialer(sock string) func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -14,7 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/internal/doctor"
 	"github.com/airlockdev/airlock/policies/library"
 	"github.com/airlockdev/airlock/sandboximage"
@@ -342,7 +342,7 @@ func (c Config) Resolved() (Config, error) {
 		c.Docker.Network = "airlock0"
 	}
 	if c.Egress.PinRoot == "" {
-		c.Egress.PinRoot = egressbpf.DefaultPinRoot
+		c.Egress.PinRoot = ebpf.DefaultPinRoot
 	}
 	return c, nil
 }

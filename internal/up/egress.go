@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	egressbpf "github.com/airlockdev/airlock/ebpf"
+	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
@@ -125,7 +125,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		Vault:         credVault,
 		UpstreamCAPEM: upstreamCA,
 		Watch:         watch.ClientConfig{URL: "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch", Header: hdr, Log: s.log.With("component", "egress-watch")},
-		Enforcer:      enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: egressbpf.Config{PinRoot: e.PinRoot}, NFT: nftfilter.Config{Table: e.NFTTable}},
+		Enforcer:      enforcer.Config{Mode: enforcer.Mode(e.Mode), EBPF: ebpf.Config{PinRoot: e.PinRoot}, NFT: nftfilter.Config{Table: e.NFTTable}},
 		DNSListen:     netip.AddrPortFrom(gw, 53).String(),
 		L7Port:        uint16(max(e.L7Port, 0)),
 		ProxyPort:     uint16(e.ProxyPort),

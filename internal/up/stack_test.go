@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/nftfilter/nfttest"
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
@@ -84,7 +85,7 @@ func TestStackThroughGateway(t *testing.T) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: dir,
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), NFTTable: testenv.NFTTable(t),
+		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), NFTTable: nfttest.Table(t),
 			Upstreams: []string{fakeResolver(t)}, ProxyPort: 13128},
 		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
@@ -329,7 +330,7 @@ func startTestStack(t *testing.T, mut func(*Config)) (*Stack, *sdk.Client) {
 			cfg.Egress.PinRoot = testPinRoot(t)
 		}
 		if cfg.Egress.NFTTable == "" {
-			cfg.Egress.NFTTable = testenv.NFTTable(t)
+			cfg.Egress.NFTTable = nfttest.Table(t)
 		}
 		if cfg.Egress.Upstreams == nil {
 			cfg.Egress.Upstreams = []string{fakeResolver(t)}

@@ -1,6 +1,7 @@
 // Package cgroupv2 finds cgroup v2 directories: where the unified hierarchy is mounted
 // (/sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a hybrid one) and which
-// directory a process belongs to. eBPF socket programs attach to these directories.
+// directory a process belongs to. eBPF socket programs attach to these directories:
+// egressd finds each sandbox's (datapath.Spec.Cgroup) with OfPid.
 package cgroupv2
 
 import (

@@ -1,0 +1,10 @@
+package egressd_test
+
+import (
+	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/internal/ebpftest"
+)
+
+// This external test package is the composition root of the test binary: it hands the
+// in-package tests the eBPF backend, which no package under egressd/ imports.
+func init() { egressd.EBPFBackend = ebpftest.Backend }
