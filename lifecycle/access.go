@@ -10,6 +10,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Access token headers. Every sandbox has an access token; endpoints of its token ports
@@ -49,7 +50,7 @@ func (rec *record) secure() bool { return rec.SecureAccess != nil && *rec.Secure
 // secureAccess): token on the control ports (execd, the egress API) and on every port
 // of a secure sandbox, else the operator's DefaultAccess.
 func (s *Server) portMode(secure bool, port int) watch.AccessMode {
-	if secure || port == s.cfg.ExecdPort || port == EgressPort {
+	if secure || port == s.cfg.ExecdPort || port == opensandbox.EgressAPIPort {
 		return watch.Token
 	}
 	return s.cfg.DefaultAccess
@@ -60,7 +61,7 @@ func (s *Server) portMode(secure bool, port int) watch.AccessMode {
 func (s *Server) access(rec *record) watch.Access {
 	a := watch.Access{
 		Mode:  s.cfg.DefaultAccess,
-		Ports: map[int]watch.AccessMode{s.cfg.ExecdPort: watch.Token, EgressPort: watch.Token},
+		Ports: map[int]watch.AccessMode{s.cfg.ExecdPort: watch.Token, opensandbox.EgressAPIPort: watch.Token},
 	}
 	if rec.secure() {
 		a.Mode = watch.Token

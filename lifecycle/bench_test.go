@@ -19,6 +19,7 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 )
 
 // pingUntilOK polls url every 5 ms until it answers 200 (at most 60 s).
@@ -203,7 +204,7 @@ func TestBenchIdleSandboxes(t *testing.T) {
 	// Stop the server to open its store and count the records.
 	_ = p.cmd.Process.Signal(os.Interrupt)
 	_ = p.cmd.Wait()
-	st, err := lifecycle.OpenStore(filepath.Join(dir, "state", "lifecycle.db"))
+	st, err := boltstore.Open(filepath.Join(dir, "state", "lifecycle.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,9 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 )
-
-// EgressPort is the sandbox port of the OpenSandbox egress API (egress-api.yaml):
-// lifecycle answers its /policy itself, there is no sidecar.
-const EgressPort = 18080
 
 // PolicyResponse is the answer of Airlock's own policy API
 // (GET/PUT/PATCH/DELETE /v1/sandboxes/{id}/policy).
@@ -128,7 +125,7 @@ func (s *Server) awaitPolicy(ctx context.Context, id string, v uint64) {
 	}
 	s.mu.Lock()
 	e, ok := s.sbx[id]
-	running := ok && e.rec.Status.State == Running
+	running := ok && e.rec.Status.State == opensandbox.Running
 	s.mu.Unlock()
 	if !running {
 		return

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // PoolSpec declares a warm pool: Size sandboxes of Image with ResourceLimits are
@@ -148,7 +149,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	}
 	s.mu.Lock()
 	rec.Status = Status{}
-	err = s.setStatusLocked(rec, Running, "ready", "claimed from warm pool "+p.spec.Name)
+	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	if err == nil {
 		s.sbx[rec.ID] = &entry{rec: rec}
 	}
@@ -285,7 +286,7 @@ func (s *Server) warmOne(p *pool) (*record, error) {
 		ResourceLimits: maps.Clone(p.spec.ResourceLimits), CreatedAt: time.Now().UTC(),
 		Policy: poolDenyAll, PolicyVersion: 1, AccessToken: newAccessToken(), SecureAccess: &no,
 		Address: inst.Address, Address6: inst.Address6, Pid: inst.Pid, DeleteVolumes: inst.DeleteVolumes,
-		Status: Status{State: Pending, Reason: "warming", Message: "warm pool member", LastTransitionAt: time.Now().UTC()},
+		Status: Status{State: opensandbox.Pending, Reason: "warming", Message: "warm pool member", LastTransitionAt: time.Now().UTC()},
 	}
 	s.mu.Lock()
 	err = s.commitLocked(rec)

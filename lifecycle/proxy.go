@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // strippedHeaders never reach a sandbox through the proxy: they are the platform's
@@ -76,7 +78,7 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	e, ok := s.sbx[id]
-	var st State
+	var st opensandbox.State
 	var addr netip.Addr
 	sb := proxySandbox{found: ok}
 	if ok {
@@ -93,15 +95,15 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
 		return
 	}
-	if st == Pending {
+	if st == opensandbox.Pending {
 		// Not before its egress is enforced: a connection opened before the datapath
 		// attached would have its replies dropped once it has (they belong to no flow
 		// the filter saw start). execd holds such requests anyway.
 		st, addr = s.awaitStarted(r.Context(), id)
 	}
 	switch st {
-	case Running, Resuming:
-	case Paused, Pausing:
+	case opensandbox.Running, opensandbox.Resuming:
+	case opensandbox.Paused, opensandbox.Pausing:
 		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s: resume it first (POST /sandboxes/%s/resume)", ErrInvalidState, id, st, id))
 		return
 	default:
@@ -113,7 +115,7 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prefix := "/sandboxes/" + id + "/proxy/" + r.PathValue("port")
-	if port == EgressPort {
+	if port == opensandbox.EgressAPIPort {
 		s.handleEgressAPI(w, r, id, "/"+r.PathValue("rest"))
 		return
 	}
@@ -138,18 +140,18 @@ const proxyPendingWait = 30 * time.Second
 
 // awaitStarted waits until sandbox id leaves Pending (or proxyPendingWait, or ctx) and
 // returns its state and address then.
-func (s *Server) awaitStarted(ctx context.Context, id string) (State, netip.Addr) {
+func (s *Server) awaitStarted(ctx context.Context, id string) (opensandbox.State, netip.Addr) {
 	deadline := time.Now().Add(proxyPendingWait)
 	for {
 		s.mu.Lock()
 		e, ok := s.sbx[id]
-		var st State = Terminated
+		var st opensandbox.State = opensandbox.Terminated
 		var addr netip.Addr
 		if ok {
 			st, addr = e.rec.Status.State, e.rec.Address
 		}
 		s.mu.Unlock()
-		if st != Pending || time.Now().After(deadline) {
+		if st != opensandbox.Pending || time.Now().After(deadline) {
 			return st, addr
 		}
 		select {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // createTimeout bounds a create's runtime work (an image pull included), independent of
@@ -101,7 +102,7 @@ func (s *Server) commitLocked(rec *record) error {
 
 // setStatusLocked moves rec to state, keeps the previous status in its history,
 // persists and publishes. s.mu is held.
-func (s *Server) setStatusLocked(rec *record, state State, reason, msg string) error {
+func (s *Server) setStatusLocked(rec *record, state opensandbox.State, reason, msg string) error {
 	if rec.Status.State != "" {
 		rec.History = append(rec.History, rec.Status)
 		if n := len(rec.History); n > historyLen {
@@ -115,7 +116,7 @@ func (s *Server) setStatusLocked(rec *record, state State, reason, msg string) e
 
 // setStatus is setStatusLocked taking s.mu; failures to persist are logged (the state is
 // still changed in memory and published).
-func (s *Server) setStatus(rec *record, state State, reason, msg string) {
+func (s *Server) setStatus(rec *record, state opensandbox.State, reason, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.setStatusLocked(rec, state, reason, msg); err != nil {
@@ -247,7 +248,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
 
 	s.mu.Lock()
-	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")
+	err = s.setStatusLocked(rec, opensandbox.Pending, "provisioning", "container started; waiting for execd")
 	if err == nil {
 		s.sbx[id] = &entry{rec: rec}
 	}
@@ -345,14 +346,14 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 		return err
 	}
 	defer e.op.Unlock()
-	s.setStatus(e.rec, Stopping, reason, "removing the container")
+	s.setStatus(e.rec, opensandbox.Stopping, reason, "removing the container")
 	s.mu.Lock()
 	inst := Instance{SandboxID: id, ContainerID: e.rec.ContainerID, DeleteVolumes: append([]string(nil), e.rec.DeleteVolumes...)}
 	s.mu.Unlock()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	if err := s.rt.Remove(rctx, inst); err != nil {
-		s.setStatus(e.rec, Failed, "remove_failed", err.Error())
+		s.setStatus(e.rec, opensandbox.Failed, "remove_failed", err.Error())
 		return fmt.Errorf("removing sandbox %s: %w", id, err)
 	}
 	s.mu.Lock()
@@ -362,7 +363,7 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 	s.hub.Delete(id)
 	s.forgetVault(id)
 	s.proxyTransport.CloseIdleConnections()
-	s.metrics.transition(Terminated)
+	s.metrics.transition(opensandbox.Terminated)
 	s.log.Info("sandbox removed", "sandbox_id", id, "reason", reason)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -372,15 +373,15 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 
 // Pause freezes a Running sandbox (409 otherwise).
 func (s *Server) Pause(ctx context.Context, id string) error {
-	return s.transition(ctx, id, Running, Pausing, Paused, "paused", s.rt.Pause)
+	return s.transition(ctx, id, opensandbox.Running, opensandbox.Pausing, opensandbox.Paused, "paused", s.rt.Pause)
 }
 
 // Resume thaws a Paused sandbox (409 otherwise).
 func (s *Server) Resume(ctx context.Context, id string) error {
-	return s.transition(ctx, id, Paused, Resuming, Running, "resumed", s.rt.Resume)
+	return s.transition(ctx, id, opensandbox.Paused, opensandbox.Resuming, opensandbox.Running, "resumed", s.rt.Resume)
 }
 
-func (s *Server) transition(ctx context.Context, id string, from, via, to State, reason string, do func(context.Context, string) error) error {
+func (s *Server) transition(ctx context.Context, id string, from, via, to opensandbox.State, reason string, do func(context.Context, string) error) error {
 	e, err := s.lockOp(id)
 	if err != nil {
 		return err
@@ -423,7 +424,7 @@ func (s *Server) Renew(id string, at time.Time) (time.Time, error) {
 	switch {
 	case rec.ExpiresAt == nil:
 		return time.Time{}, fmt.Errorf("%w: sandbox %s was created for manual cleanup and has no expiry", ErrInvalidState, id)
-	case rec.Status.State.Terminal() || rec.Status.State == Stopping:
+	case rec.Status.State.Terminal() || rec.Status.State == opensandbox.Stopping:
 		return time.Time{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, id, rec.Status.State)
 	}
 	at = at.UTC()
@@ -484,7 +485,7 @@ func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 	s.mu.Lock()
 	e, ok := s.sbx[er.ID]
 	var token string
-	var state State
+	var state opensandbox.State
 	var secure bool
 	if ok {
 		token, state, secure = e.rec.AccessToken, e.rec.Status.State, e.rec.secure()
@@ -594,7 +595,7 @@ func (s *Server) RenewOnAccess(id string) (at time.Time, ok bool, err error) {
 		return time.Time{}, false, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	rec := e.rec
-	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == Stopping {
+	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == opensandbox.Stopping {
 		return time.Time{}, false, nil
 	}
 	next := time.Now().UTC().Add(time.Duration(rec.RenewOnAccess) * time.Second)

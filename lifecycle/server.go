@@ -28,10 +28,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
-
-// DefaultExecdPort is execd's port in a sandbox (OpenSandbox's execd default).
-const DefaultExecdPort = 44772
 
 // Config configures a Server. Runtime and Store are required.
 type Config struct {
@@ -77,7 +75,7 @@ type Config struct {
 	// without a registry). The sandbox keeps reporting the reference the client asked
 	// for. A reference is resolved once: aliases do not chain.
 	ImageAliases map[string]string
-	// ExecdPort is execd's port inside the sandbox; default DefaultExecdPort.
+	// ExecdPort is execd's port inside the sandbox; default opensandbox.ExecdPort.
 	ExecdPort int
 	// ReadyTimeout is how long a new sandbox may take to answer execd /ping before it is
 	// marked Failed; default 120 s.
@@ -191,7 +189,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Hub = watch.NewHub(0, cfg.Log)
 	}
 	if cfg.ExecdPort == 0 {
-		cfg.ExecdPort = DefaultExecdPort
+		cfg.ExecdPort = opensandbox.ExecdPort
 	}
 	if cfg.PolicyApplyTimeout <= 0 {
 		cfg.PolicyApplyTimeout = 5 * time.Second
