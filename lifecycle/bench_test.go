@@ -20,6 +20,7 @@ import (
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // pingUntilOK polls url every 5 ms until it answers 200 (at most 60 s).
@@ -174,7 +175,7 @@ func TestBenchIdleSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		c.waitState(id, lifecycle.Running)
+		c.waitState(id, opensandbox.Running)
 	}
 	time.Sleep(2 * time.Second) // let the sandboxes settle before measuring memory
 	rss1 := rssKiB(t, pid)

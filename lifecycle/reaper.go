@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/airlockdev/airlock/execd"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
@@ -45,7 +44,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				gated = s.cfg.ReadyGate(id)
 			}
 			if base != "" && gated && s.pingOnce(base+"/ping") {
-				if releaseErr = s.release(base + execd.ReleasePath); releaseErr == nil {
+				if releaseErr = s.release(base + opensandbox.ReleasePath); releaseErr == nil {
 					s.markReady(id, opensandbox.Running, "ready", "execd answers")
 					return
 				}
