@@ -22,6 +22,7 @@ import (
 	"github.com/airlockdev/airlock/internal/benchreport"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/policies/library"
@@ -142,7 +143,7 @@ func TestBenchNamedPolicyPropagation(t *testing.T) {
 	}
 	var current *Daemon
 	var curMu sync.Mutex
-	store, err := lifecycle.OpenStore(filepath.Join(t.TempDir(), "lifecycle.db"))
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "lifecycle.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

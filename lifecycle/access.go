@@ -10,16 +10,16 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
-// Access token headers. Every sandbox has an access token; endpoints of its token ports
-// (execd, the egress API, and every port of a secureAccess sandbox or under
-// Config.DefaultAccess token) list it under AccessTokenHeader, which OpenSandbox SDKs
-// send back with every request (OSEP-0011). AirlockAccessTokenHeader is accepted too.
-const (
-	AccessTokenHeader        = "OpenSandbox-Secure-Access"
-	AirlockAccessTokenHeader = "X-Airlock-Access-Token"
-)
+// AccessTokenHeader is the header under which an endpoint of a token port (execd, the
+// egress API, and every port of a secureAccess sandbox or under Config.DefaultAccess
+// token) lists the sandbox's access token, spelled as OpenSandbox's SDKs expect it in
+// the endpoint's headers; they send it back with every request (OSEP-0011). Requests
+// may carry the token under it (opensandbox.HeaderSecureAccess, its canonical form) or
+// under opensandbox.HeaderAccessToken.
+const AccessTokenHeader = "OpenSandbox-Secure-Access"
 
 // newAccessToken returns a sandbox access token: 256 random bits as 64 hex digits.
 func newAccessToken() string { return randomHex(32) }
@@ -45,68 +45,76 @@ func migrateAccess(rec *record) bool {
 // secure reports whether the sandbox was created with secureAccess.
 func (rec *record) secure() bool { return rec.SecureAccess != nil && *rec.SecureAccess }
 
-// portMode is the admission mode of port of a sandbox (secure: created with
-// secureAccess): token on the control ports (execd, the egress API) and on every port
-// of a secure sandbox, else the operator's DefaultAccess.
-func (s *Server) portMode(secure bool, port int) watch.AccessMode {
-	if secure || port == s.cfg.ExecdPort || port == EgressPort {
-		return watch.Token
-	}
-	return s.cfg.DefaultAccess
+// accessRules decide the admission mode of a sandbox's ports: token on the control
+// ports (execd's, the egress API's) and on every port of a secureAccess sandbox, else
+// the operator's default. The gateway applies the same rules from the watch.
+type accessRules struct {
+	// execdPort is Config.ExecdPort; fallback is Config.DefaultAccess.
+	execdPort int
+	fallback  watch.AccessMode
 }
 
-// access is what the data plane learns of rec's admission rules: the default mode, the
-// control ports always token, and the SHA-256 of the token (never the token).
-func (s *Server) access(rec *record) watch.Access {
-	a := watch.Access{
-		Mode:  s.cfg.DefaultAccess,
-		Ports: map[int]watch.AccessMode{s.cfg.ExecdPort: watch.Token, EgressPort: watch.Token},
+// portMode is the admission mode of port of a sandbox (secure: created with
+// secureAccess).
+func (a accessRules) portMode(secure bool, port int) watch.AccessMode {
+	if secure || port == a.execdPort || port == opensandbox.EgressAPIPort {
+		return watch.Token
+	}
+	return a.fallback
+}
+
+// watchAccess is what the data plane learns of rec's admission rules: the default
+// mode, the control ports always token, and the SHA-256 of the token (never the token).
+func (a accessRules) watchAccess(rec *record) watch.Access {
+	w := watch.Access{
+		Mode:  a.fallback,
+		Ports: map[int]watch.AccessMode{a.execdPort: watch.Token, opensandbox.EgressAPIPort: watch.Token},
 	}
 	if rec.secure() {
-		a.Mode = watch.Token
+		w.Mode = watch.Token
 	}
 	if rec.AccessToken != "" {
 		sum := sha256.Sum256([]byte(rec.AccessToken))
-		a.TokenSHA256 = hex.EncodeToString(sum[:])
+		w.TokenSHA256 = hex.EncodeToString(sum[:])
 	}
-	return a
+	return w
 }
 
-// Server proxy routes: Handler leaves their authentication to admitProxy.
+// Server proxy routes: Handler leaves their authentication to serverProxy.admit.
 const (
 	proxyPattern     = "/sandboxes/{id}/proxy/{port}"
 	proxyRestPattern = "/sandboxes/{id}/proxy/{port}/{rest...}"
 )
 
-// isProxyRoute reports whether r goes to the server proxy (handleProxy). It asks the
-// mux, so it agrees with the dispatch exactly; a path the mux would redirect is not a
-// proxy route (the API key gate applies).
+// isProxyRoute reports whether r goes to the server proxy. It asks the mux, so it
+// agrees with the dispatch exactly; a path the mux would redirect is not a proxy route
+// (the API key gate applies).
 func (s *Server) isProxyRoute(r *http.Request) bool {
 	_, pat := s.mux.Handler(r)
 	return pat == proxyPattern || pat == proxyRestPattern
 }
 
-// proxySandbox is what admitProxy knows of the sandbox a proxy request names.
+// proxySandbox is what the server proxy knows of the sandbox a request names.
 type proxySandbox struct {
 	found  bool
 	token  string
 	secure bool
 }
 
-// admitProxy decides whether r may use the server proxy to port of sandbox id: the API
-// key or GatewayKey admits any sandbox; the sandbox's own access token (header
+// admit decides whether r may use the server proxy to port of sandbox id: the API key
+// or the gateway key admits any sandbox; the sandbox's own access token (header
 // OpenSandbox-Secure-Access or X-Airlock-Access-Token) admits that sandbox only and,
 // when present, decides on its own (a wrong token is refused). With no API key
 // configured (--no-auth) a request without a token passes on public ports only: execd
 // and the egress API always need the token. Refusals wrap ErrAccessDenied (401).
-func (s *Server) admitProxy(r *http.Request, id string, port int, sb proxySandbox) error {
-	key := r.Header.Get("OPEN-SANDBOX-API-KEY")
-	if s.cfg.APIKey != "" && secretEqual(key, s.cfg.APIKey) || s.cfg.GatewayKey != "" && secretEqual(key, s.cfg.GatewayKey) {
+func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbox) error {
+	key := r.Header.Get(opensandbox.HeaderAPIKey)
+	if p.apiKey != "" && secretEqual(key, p.apiKey) || p.gatewayKey != "" && secretEqual(key, p.gatewayKey) {
 		return nil
 	}
-	tok, present := r.Header[http.CanonicalHeaderKey(AirlockAccessTokenHeader)]
+	tok, present := r.Header[opensandbox.HeaderAccessToken]
 	if !present {
-		tok, present = r.Header[http.CanonicalHeaderKey(AccessTokenHeader)]
+		tok, present = r.Header[opensandbox.HeaderSecureAccess]
 	}
 	if present && sb.found {
 		if len(tok) > 0 && sb.token != "" && secretEqual(tok[0], sb.token) {
@@ -114,7 +122,7 @@ func (s *Server) admitProxy(r *http.Request, id string, port int, sb proxySandbo
 		}
 		return fmt.Errorf("%w: the access token does not match sandbox %s", ErrAccessDenied, id)
 	}
-	if s.cfg.APIKey == "" && (!sb.found || s.portMode(sb.secure, port) == watch.Public) {
+	if p.apiKey == "" && (!sb.found || p.rules.portMode(sb.secure, port) == watch.Public) {
 		return nil
 	}
 	return fmt.Errorf("%w: port %d of sandbox %s needs its access token (%s, as GET /sandboxes/%s/endpoints/%d gives in headers) or OPEN-SANDBOX-API-KEY",
@@ -128,20 +136,20 @@ func secretEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
-// auditIngress records a server proxy refusal (source ingress): who, which sandbox and
+// auditRefusal records a server proxy refusal (source ingress): who, which sandbox and
 // port, why; never the credential.
-func (s *Server) auditIngress(r *http.Request, id string, port int, mode watch.AccessMode, err error) {
-	if s.cfg.Audit == nil {
+func (p *serverProxy) auditRefusal(r *http.Request, id string, port int, mode watch.AccessMode, err error) {
+	if p.audit == nil {
 		return
 	}
 	_, body, _ := httpError(err)
-	s.cfg.Audit.Append(audit.Record{
+	p.audit.Append(audit.Record{
 		Time: time.Now().UTC(), SandboxID: id, Source: audit.SourceIngress, Proto: "http",
 		Src: r.RemoteAddr, DstHost: r.Host, DstPort: port, Action: "deny", Reason: body.Message,
 		Rule: "access:" + string(mode),
 		Extra: map[string]any{
 			"route": "server_proxy", "status": http.StatusUnauthorized,
-			"request_id": r.Header.Get("X-Request-ID"), "method": r.Method,
+			"request_id": r.Header.Get(opensandbox.HeaderRequestID), "method": r.Method,
 		},
 	})
 }

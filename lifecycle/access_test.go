@@ -17,6 +17,7 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // memAudit keeps audit records in memory.
@@ -70,7 +71,7 @@ func (c *client) status(method, path string, hdr ...string) int {
 	c.t.Helper()
 	resp, b := c.do(method, path, nil, hdr...)
 	if resp.StatusCode >= 300 {
-		var e lifecycle.ErrorBody
+		var e opensandbox.ErrorBody
 		if err := json.Unmarshal(b, &e); err != nil || e.Code == "" || e.Message == "" {
 			c.t.Fatalf("%s %s: %d with body %q", method, path, resp.StatusCode, b)
 		}
@@ -94,7 +95,7 @@ func TestServerProxyAccess(t *testing.T) {
 	secReq["secureAccess"] = true
 	sec := c.create(secReq)
 	for _, id := range []string{app.ID, other.ID, sec.ID} {
-		c.waitState(id, lifecycle.Running)
+		c.waitState(id, opensandbox.Running)
 	}
 
 	tok := token(t, c.endpoint(app.ID, "44772"))
@@ -117,7 +118,7 @@ func TestServerProxyAccess(t *testing.T) {
 			nil,
 			{lifecycle.AccessTokenHeader, "wrong"},
 			{lifecycle.AccessTokenHeader, otherTok}, // another sandbox's token
-			{"OPEN-SANDBOX-API-KEY", "wrong"},
+			{opensandbox.HeaderAPIKey, "wrong"},
 		} {
 			if st := anon.status("GET", path, hdr...); st != http.StatusUnauthorized {
 				t.Errorf("GET %s with %v: %d, want 401", path, hdr, st)
@@ -126,9 +127,9 @@ func TestServerProxyAccess(t *testing.T) {
 		for _, hdr := range [][]string{
 			{lifecycle.AccessTokenHeader, tok},
 			{"X-Airlock-Access-Token", tok},
-			{"OPEN-SANDBOX-API-KEY", testKey},
-			{"OPEN-SANDBOX-API-KEY", testKey, lifecycle.AccessTokenHeader, "wrong"},
-			{"OPEN-SANDBOX-API-KEY", "stale", lifecycle.AccessTokenHeader, tok},
+			{opensandbox.HeaderAPIKey, testKey},
+			{opensandbox.HeaderAPIKey, testKey, lifecycle.AccessTokenHeader, "wrong"},
+			{opensandbox.HeaderAPIKey, "stale", lifecycle.AccessTokenHeader, tok},
 		} {
 			if st := anon.status("GET", path, hdr...); st != http.StatusOK {
 				t.Errorf("GET %s with a credential %v: %d, want 200", path, hdr[0], st)
@@ -184,7 +185,7 @@ func TestServerProxyNoAuth(t *testing.T) {
 			req := baseReq(h.Image, nil)
 			req["entrypoint"] = []string{"python3", "-c", appServer}
 			sb := c.create(req)
-			c.waitState(sb.ID, lifecycle.Running)
+			c.waitState(sb.ID, opensandbox.Running)
 			tok := token(t, c.endpoint(sb.ID, "44772"))
 			base := "/sandboxes/" + sb.ID + "/proxy/"
 			for _, path := range []string{base + "44772/ping", base + "18080/policy"} {
@@ -232,8 +233,8 @@ func TestAccessTokenAdoption(t *testing.T) {
 	secReq := baseReq(h1.Image, nil)
 	secReq["secureAccess"] = true
 	sec := c.create(secReq)
-	c.waitState(plain.ID, lifecycle.Running)
-	c.waitState(sec.ID, lifecycle.Running)
+	c.waitState(plain.ID, opensandbox.Running)
+	c.waitState(sec.ID, opensandbox.Running)
 	secTok := token(t, c.endpoint(sec.ID, "8000"))
 	h1.Stop()
 
@@ -268,7 +269,7 @@ func TestAccessTokenAdoption(t *testing.T) {
 
 	h2 := lctest.New(t, lctest.Options{APIKey: testKey, StateDir: dir, KeepContainers: true})
 	c2 := newClient(t, h2)
-	c2.waitState(plain.ID, lifecycle.Running)
+	c2.waitState(plain.ID, opensandbox.Running)
 	tok := token(t, c2.endpoint(plain.ID, "44772"))
 	if ep := c2.endpoint(plain.ID, "8000"); len(ep.Headers) != 0 {
 		t.Errorf("adopted plain sandbox became secure-access: %v", ep.Headers)

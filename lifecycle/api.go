@@ -3,35 +3,35 @@ package lifecycle
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
-// State is an OpenSandbox lifecycle state (sandbox-lifecycle.yml, SandboxState).
-type State string
+// Kept for importers outside lifecycle until they use opensandbox; removed after the merge.
+type (
+	State     = opensandbox.State
+	ErrorBody = opensandbox.ErrorBody
+)
 
-// The states a sandbox goes through.
+// Kept for importers outside lifecycle until they use opensandbox; removed after the merge.
 const (
-	Pending    State = "Pending"
-	Running    State = "Running"
-	Pausing    State = "Pausing"
-	Paused     State = "Paused"
-	Resuming   State = "Resuming"
-	Stopping   State = "Stopping"
-	Terminated State = "Terminated"
-	Failed     State = "Failed"
+	Pending          = opensandbox.Pending
+	Running          = opensandbox.Running
+	Pausing          = opensandbox.Pausing
+	Paused           = opensandbox.Paused
+	Resuming         = opensandbox.Resuming
+	Stopping         = opensandbox.Stopping
+	Terminated       = opensandbox.Terminated
+	Failed           = opensandbox.Failed
+	DefaultExecdPort = opensandbox.ExecdPort
 )
-
-// States lists every state, in lifecycle order.
-var States = []State{Pending, Running, Pausing, Paused, Resuming, Stopping, Terminated, Failed}
-
-// Terminal reports whether no further transition (other than removal) happens.
-func (s State) Terminal() bool { return s == Terminated || s == Failed }
 
 // Status is the wire form of a sandbox's status (SandboxStatus).
 type Status struct {
-	State            State     `json:"state"`
-	Reason           string    `json:"reason,omitempty"`
-	Message          string    `json:"message,omitempty"`
-	LastTransitionAt time.Time `json:"lastTransitionAt"`
+	State            opensandbox.State `json:"state"`
+	Reason           string            `json:"reason,omitempty"`
+	Message          string            `json:"message,omitempty"`
+	LastTransitionAt time.Time         `json:"lastTransitionAt"`
 }
 
 // ImageSpec is the wire form of the sandbox image (ImageSpec). Auth is accepted on
@@ -140,10 +140,4 @@ type RenewRequest struct {
 // RenewResponse answers a renewal.
 type RenewResponse struct {
 	ExpiresAt time.Time `json:"expiresAt"`
-}
-
-// ErrorBody is the JSON envelope of every non-2xx answer (ErrorResponse).
-type ErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // pingUntilOK polls url every 5 ms until it answers 200 (at most 60 s).
@@ -173,7 +175,7 @@ func TestBenchIdleSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		c.waitState(id, lifecycle.Running)
+		c.waitState(id, opensandbox.Running)
 	}
 	time.Sleep(2 * time.Second) // let the sandboxes settle before measuring memory
 	rss1 := rssKiB(t, pid)
@@ -203,7 +205,7 @@ func TestBenchIdleSandboxes(t *testing.T) {
 	// Stop the server to open its store and count the records.
 	_ = p.cmd.Process.Signal(os.Interrupt)
 	_ = p.cmd.Wait()
-	st, err := lifecycle.OpenStore(filepath.Join(dir, "state", "lifecycle.db"))
+	st, err := boltstore.Open(filepath.Join(dir, "state", "lifecycle.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

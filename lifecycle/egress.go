@@ -47,7 +47,7 @@ func egressSummary(id string, doc json.RawMessage) Egress {
 
 // egressOfLocked is rec's egress summary; s.mu is held.
 func (s *Server) egressOfLocked(rec *record) Egress {
-	doc, _ := s.effectiveLocked(rec)
+	doc, _ := s.lib.effective(rec)
 	return egressSummary(rec.ID, doc)
 }
 

@@ -2,7 +2,10 @@ package lifecycle
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Error is a failure the API reports to its client: an HTTP status, a stable
@@ -65,11 +68,24 @@ var sentinels = []*Error{
 // httpError maps err to its status and envelope. Errors that wrap no sentinel are
 // internal: their text never reaches the client (internal reports true so the caller
 // logs it).
-func httpError(err error) (status int, body ErrorBody, internal bool) {
+func httpError(err error) (status int, body opensandbox.ErrorBody, internal bool) {
 	for _, s := range sentinels {
 		if errors.Is(err, s) {
-			return s.Status, ErrorBody{Code: s.Code, Message: err.Error()}, false
+			return s.Status, opensandbox.ErrorBody{Code: s.Code, Message: err.Error()}, false
 		}
 	}
-	return http.StatusInternalServerError, ErrorBody{Code: "INTERNAL_ERROR", Message: "internal error; see the server log for this request id"}, true
+	return http.StatusInternalServerError, opensandbox.ErrorBody{Code: "INTERNAL_ERROR", Message: "internal error; see the server log for this request id"}, true
+}
+
+// fail answers err as the JSON error envelope (opensandbox.WriteError) with the status
+// and code httpError maps it to and the request's id (Handler assigns one to every
+// request). An internal error is logged here, once, and its text never reaches the
+// client.
+func fail(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
+	status, body, internal := httpError(err)
+	body.RequestID = r.Header.Get(opensandbox.HeaderRequestID)
+	if internal {
+		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "request_id", body.RequestID, "err", err)
+	}
+	opensandbox.WriteError(w, status, body)
 }

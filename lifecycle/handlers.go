@@ -10,15 +10,19 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // maxBody caps request bodies of the JSON routes.
 const maxBody = 1 << 20
 
+// routes mounts the API on s.mux: the sandbox routes served here, the policy, library
+// and audit APIs, the server proxy and the watch stream.
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		opensandbox.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	m.HandleFunc("POST /metrics/events", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
@@ -33,44 +37,22 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /sandboxes/{id}/resume", s.handleResume)
 	m.HandleFunc("POST /sandboxes/{id}/renew-expiration", s.handleRenew)
 	m.HandleFunc("GET /sandboxes/{id}/endpoints/{port}", s.handleEndpoint)
-	s.policyRoutes()
-	s.libraryRoutes()
+	s.policies.routes(m)
+	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
+	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
+		fail(s.log, w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
 	}
 	m.HandleFunc("GET /snapshots", notImpl)
 	m.HandleFunc("GET /snapshots/{sid}", notImpl)
 	m.HandleFunc("DELETE /snapshots/{sid}", notImpl)
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", notImpl)
-	m.HandleFunc(proxyPattern, s.handleProxy)
-	m.HandleFunc(proxyRestPattern, s.handleProxy)
+	m.HandleFunc(proxyPattern, s.proxy.handle)
+	m.HandleFunc(proxyRestPattern, s.proxy.handle)
 	m.Handle("GET /internal/v1/watch", s.hub)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, r, fmt.Errorf("%w: %s %s", ErrNoRoute, r.Method, r.URL.Path))
+		fail(s.log, w, r, fmt.Errorf("%w: %s %s", ErrNoRoute, r.Method, r.URL.Path))
 	})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = []byte(`{"code":"INTERNAL_ERROR","message":"encoding the response failed"}`)
-		status = http.StatusInternalServerError
-	}
-	b = append(b, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// fail answers err as a JSON envelope; internal errors are logged here, once.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status, body, internal := httpError(err)
-	if internal {
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path,
-			"request_id", r.Header.Get("X-Request-ID"), "err", err)
-	}
-	writeJSON(w, status, body)
 }
 
 // decode reads one JSON value of at most maxBody bytes into v.
@@ -91,25 +73,25 @@ func decode(r *http.Request, v any) error {
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
 	if err := decode(r, &req); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	sb, err := s.Create(r.Context(), &req)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
-	writeJSON(w, http.StatusAccepted, sb)
+	opensandbox.WriteJSON(w, http.StatusAccepted, sb)
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.Get(r.PathValue("id"))
 	if err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	opensandbox.WriteJSON(w, http.StatusOK, sb)
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
@@ -125,7 +107,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	if md := q.Get("metadata"); md != "" {
 		pairs, err := url.ParseQuery(md)
 		if err != nil {
-			s.fail(w, r, fmt.Errorf("%w: metadata filter %q: want url-encoded k=v&k2=v2", ErrInvalidRequest, md))
+			fail(s.log, w, r, fmt.Errorf("%w: metadata filter %q: want url-encoded k=v&k2=v2", ErrInvalidRequest, md))
 			return
 		}
 		f.Metadata = map[string]string{}
@@ -135,14 +117,14 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if f.Page, err = intParam(q, "page", 1, 1, 1<<31-1); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	if f.PageSize, err = intParam(q, "pageSize", 20, 1, 1000); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.List(f))
+	opensandbox.WriteJSON(w, http.StatusOK, s.List(f))
 }
 
 func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
@@ -159,7 +141,7 @@ func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if err := s.Delete(r.Context(), r.PathValue("id"), "user_delete"); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -168,15 +150,15 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handlePatchMetadata(w http.ResponseWriter, r *http.Request) {
 	var patch map[string]*string
 	if err := decode(r, &patch); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	sb, err := s.PatchMetadata(r.PathValue("id"), patch)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	opensandbox.WriteJSON(w, http.StatusOK, sb)
 }
 
 // accepted answers 202 with an explicit empty body (the SDK parses any other body).
@@ -187,7 +169,7 @@ func accepted(w http.ResponseWriter) {
 
 func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 	if err := s.Pause(r.Context(), r.PathValue("id")); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	accepted(w)
@@ -195,7 +177,7 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
 	if err := s.Resume(r.Context(), r.PathValue("id")); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	accepted(w)
@@ -204,31 +186,31 @@ func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 	var req RenewRequest
 	if err := decode(r, &req); err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
 	if req.ExpiresAt == nil {
-		s.fail(w, r, fmt.Errorf("%w: expiresAt (RFC 3339) is required", ErrInvalidRequest))
+		fail(s.log, w, r, fmt.Errorf("%w: expiresAt (RFC 3339) is required", ErrInvalidRequest))
 		return
 	}
 	at, err := s.Renew(r.PathValue("id"), *req.ExpiresAt)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, RenewResponse{ExpiresAt: at})
+	opensandbox.WriteJSON(w, http.StatusOK, RenewResponse{ExpiresAt: at})
 }
 
 func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		s.fail(w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
+		fail(s.log, w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
 		return
 	}
 	serverProxy := false
 	if v := r.URL.Query().Get("use_server_proxy"); v != "" {
 		if serverProxy, err = strconv.ParseBool(v); err != nil {
-			s.fail(w, r, fmt.Errorf("%w: use_server_proxy must be true or false", ErrInvalidRequest))
+			fail(s.log, w, r, fmt.Errorf("%w: use_server_proxy must be true or false", ErrInvalidRequest))
 			return
 		}
 	}
@@ -236,11 +218,11 @@ func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("expires"); v != "" {
 		secs, err := strconv.ParseUint(v, 10, 64)
 		if err != nil || len(v) > 20 || (len(v) > 1 && v[0] == '0') {
-			s.fail(w, r, fmt.Errorf("%w: expires must be Unix seconds (a decimal number)", ErrInvalidRequest))
+			fail(s.log, w, r, fmt.Errorf("%w: expires must be Unix seconds (a decimal number)", ErrInvalidRequest))
 			return
 		}
 		if serverProxy {
-			s.fail(w, r, fmt.Errorf("%w: expires cannot be combined with use_server_proxy=true", ErrInvalidRequest))
+			fail(s.log, w, r, fmt.Errorf("%w: expires cannot be combined with use_server_proxy=true", ErrInvalidRequest))
 			return
 		}
 		at := time.Unix(int64(min(secs, 1<<62)), 0).UTC()
@@ -248,8 +230,8 @@ func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	ep, err := s.Endpoint(er)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(s.log, w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, ep)
+	opensandbox.WriteJSON(w, http.StatusOK, ep)
 }

@@ -2,6 +2,8 @@ package lifecycle
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // metrics are the lifecycle server's Prometheus metrics (namespace airlock, subsystem
@@ -42,13 +44,13 @@ type sandboxesCollector struct {
 func (c sandboxesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c sandboxesCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := map[State]int{}
+	counts := map[opensandbox.State]int{}
 	c.s.mu.Lock()
 	for _, e := range c.s.sbx {
 		counts[e.rec.Status.State]++
 	}
 	c.s.mu.Unlock()
-	for _, st := range States {
+	for _, st := range opensandbox.States {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[st]), string(st))
 	}
 }
@@ -106,4 +108,4 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	return m
 }
 
-func (m *metrics) transition(st State) { m.transitions.WithLabelValues(string(st)).Inc() }
+func (m *metrics) transition(st opensandbox.State) { m.transitions.WithLabelValues(string(st)).Inc() }

@@ -6,18 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 )
-
-// EgressPort is the sandbox port of the OpenSandbox egress API (egress-api.yaml):
-// lifecycle answers its /policy itself, there is no sidecar.
-const EgressPort = 18080
 
 // PolicyResponse is the answer of Airlock's own policy API
 // (GET/PUT/PATCH/DELETE /v1/sandboxes/{id}/policy).
@@ -38,25 +35,62 @@ type PolicyResponse struct {
 	Lossless      bool                    `json:"lossless"`
 }
 
-// AuditResponse is the answer of GET /v1/sandboxes/{id}/audit.
-type AuditResponse struct {
-	Records []audit.Record `json:"records"`
-	// More is true when records beyond limit exist: ask again with after=<last seq>.
-	More bool `json:"more"`
+// DefaultPolicy is what a sandbox without a policy gets from the data plane (egressd's
+// default: allow, minus the operator overlay and special addresses, as OpenSandbox does
+// without a networkPolicy). The egress API reports it, and PATCH/DELETE start from it.
+var DefaultPolicy = json.RawMessage(`{"defaultAction":"allow","egress":[]}`)
+
+// policyReader reads a sandbox's effective policy document and version (Server.Policy).
+type policyReader interface {
+	Policy(id string) (json.RawMessage, uint64, error)
 }
 
-func (s *Server) policyRoutes() {
-	m := s.mux
-	m.HandleFunc("GET /sandboxes/{id}/policy", s.handleGetPolicy)
-	m.HandleFunc("PUT /sandboxes/{id}/policy", s.handlePutPolicy)
-	m.HandleFunc("PATCH /sandboxes/{id}/policy", s.handlePatchPolicy)
-	m.HandleFunc("DELETE /sandboxes/{id}/policy", s.handleDeletePolicy)
-	m.HandleFunc("GET /sandboxes/{id}/audit", s.handleAudit)
+// policyRecords is what the policy API needs of the sandbox registry (the Server).
+// None of its methods performs I/O besides the store write of a change, except
+// updateEgress, which calls the runtime.
+type policyRecords interface {
+	policyReader
+	// peek runs fn on the sandbox's record under the registry lock (fn must neither
+	// block nor call back) and reports whether the sandbox exists.
+	peek(id string, fn func(rec *record)) bool
+	// updatePolicy is Server.UpdatePolicy; replace detaches a sandbox from its named
+	// policy.
+	updatePolicy(id string, replace bool, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error)
+	// SetNamedPolicy puts the sandbox under a library policy.
+	SetNamedPolicy(id, name string) (uint64, error)
+	// updateEgress hands the runtime's second network layer the sandbox's new policy.
+	updateEgress(ctx context.Context, id string)
 }
 
-// parsedPolicy returns the sandbox's policy parsed (nil when it has none).
-func (s *Server) parsedPolicy(id string) (*policies.Policy, uint64, error) {
-	raw, v, err := s.Policy(id)
+// policyAPI serves Airlock's policy routes (GET/PUT/PATCH/DELETE
+// /sandboxes/{id}/policy, PUT …?name= for a library policy) and the OpenSandbox egress
+// API that the server proxy routes to sandbox port 18080 (/policy here,
+// /credential-vault through vault). Every change attempt is audited (source policy)
+// and answered once the data plane confirms it (gate), at most timeout.
+type policyAPI struct {
+	reg   policyRecords
+	lib   *policyLibrary
+	vault *vaultAPI
+	// audit receives a record per change attempt; nil means none.
+	audit interface{ Append(audit.Record) }
+	// gate reports whether the data plane enforces a version of a sandbox's policy
+	// (Config.PolicyGate); nil confirms at once.
+	gate    func(id string, version uint64) bool
+	timeout time.Duration
+	log     *slog.Logger
+}
+
+func (a *policyAPI) routes(m *http.ServeMux) {
+	m.HandleFunc("GET /sandboxes/{id}/policy", a.handleGet)
+	m.HandleFunc("PUT /sandboxes/{id}/policy", a.handlePut)
+	m.HandleFunc("PATCH /sandboxes/{id}/policy", a.handlePatch)
+	m.HandleFunc("DELETE /sandboxes/{id}/policy", a.handleDelete)
+}
+
+// storedPolicy returns the sandbox's effective policy parsed (nil when it has none)
+// and its version.
+func storedPolicy(reg policyReader, id string) (*policies.Policy, uint64, error) {
+	raw, v, err := reg.Policy(id)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -70,18 +104,21 @@ func (s *Server) parsedPolicy(id string) (*policies.Policy, uint64, error) {
 	return p, v, nil
 }
 
-// DefaultPolicy is what a sandbox without a policy gets from the data plane (egressd's
-// default: allow, minus the operator overlay and special addresses, as OpenSandbox does
-// without a networkPolicy). The egress API reports it, and PATCH/DELETE start from it.
-var DefaultPolicy = json.RawMessage(`{"defaultAction":"allow","egress":[]}`)
+// policyName is the library policy sandbox id runs under ("" for none, or an unknown
+// sandbox).
+func (a *policyAPI) policyName(id string) string {
+	var name string
+	a.reg.peek(id, func(rec *record) { name = rec.PolicyName })
+	return name
+}
 
-// changePolicy applies change to the sandbox's current policy (DefaultPolicy when it
-// has none) atomically, persists the result (Airlock JSON form) and audits the attempt:
-// action allow when applied, deny when the change was rejected.
-func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur *policies.Policy) (*policies.Policy, error)) error {
+// change applies fn to the sandbox's current policy (DefaultPolicy when it has none)
+// atomically, persists the result (Airlock JSON form) and audits the attempt: action
+// allow when applied, deny when the change was rejected. kind is put, patch or delete.
+func (a *policyAPI) change(r *http.Request, id, kind string, fn func(cur *policies.Policy) (*policies.Policy, error)) error {
 	// A put replaces the whole policy (a sandbox under a named policy leaves it); a
 	// patch or delete changes the additions of a named sandbox.
-	v, err := s.updatePolicy(id, kind == "put", func(raw json.RawMessage) (json.RawMessage, error) {
+	v, err := a.reg.updatePolicy(id, kind == "put", func(raw json.RawMessage) (json.RawMessage, error) {
 		if len(raw) == 0 || string(raw) == "null" {
 			raw = DefaultPolicy
 		}
@@ -89,7 +126,7 @@ func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur 
 		if err != nil {
 			return nil, fmt.Errorf("stored policy of %s: %w", id, err)
 		}
-		p, err := change(cur)
+		p, err := fn(cur)
 		if err != nil {
 			return nil, err
 		}
@@ -98,7 +135,7 @@ func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur 
 	if errors.Is(err, ErrNotFound) {
 		return err
 	}
-	if s.cfg.Audit != nil {
+	if a.audit != nil {
 		rec := audit.Record{
 			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
 			Action: string(policies.Allow), Reason: "policy changed: " + kind, PolicyVersion: v,
@@ -107,37 +144,35 @@ func (s *Server) changePolicy(r *http.Request, id, kind string, change func(cur 
 		if err != nil {
 			rec.Action, rec.Reason = string(policies.Deny), "policy change rejected: "+err.Error()
 		}
-		s.cfg.Audit.Append(rec)
+		a.audit.Append(rec)
 	}
 	if err != nil {
 		return err
 	}
-	s.log.Info("policy changed", "sandbox_id", id, "change", kind, "policy_version", v)
-	s.awaitPolicy(r.Context(), id, v)
+	a.log.Info("policy changed", "sandbox_id", id, "change", kind, "policy_version", v)
+	a.await(r.Context(), id, v)
 	return nil
 }
 
-// awaitPolicy hands the runtime's second layer the new egress (EgressUpdater), then
-// waits until Config.PolicyGate confirms that version v of a Running
-// sandbox's policy is enforced, at most PolicyApplyTimeout; a change that is not
-// confirmed in time is logged (it stays stored and the data plane applies it late).
-func (s *Server) awaitPolicy(ctx context.Context, id string, v uint64) {
-	s.updateEgress(ctx, id)
-	if s.cfg.PolicyGate == nil {
+// await hands the runtime's second layer the new egress (EgressUpdater), then waits
+// until the gate confirms that version v of a Running sandbox's policy is enforced, at
+// most timeout; a change that is not confirmed in time is logged (it stays stored and
+// the data plane applies it late).
+func (a *policyAPI) await(ctx context.Context, id string, v uint64) {
+	a.reg.updateEgress(ctx, id)
+	if a.gate == nil {
 		return
 	}
-	s.mu.Lock()
-	e, ok := s.sbx[id]
-	running := ok && e.rec.Status.State == Running
-	s.mu.Unlock()
+	running := false
+	a.reg.peek(id, func(rec *record) { running = rec.Status.State == opensandbox.Running })
 	if !running {
 		return
 	}
-	deadline := time.Now().Add(s.cfg.PolicyApplyTimeout)
-	for !s.cfg.PolicyGate(id, v) {
+	deadline := time.Now().Add(a.timeout)
+	for !a.gate(id, v) {
 		if time.Now().After(deadline) {
-			s.log.Warn("policy change not confirmed enforced in time", "sandbox_id", id, "policy_version", v,
-				"timeout", s.cfg.PolicyApplyTimeout)
+			a.log.Warn("policy change not confirmed enforced in time", "sandbox_id", id, "policy_version", v,
+				"timeout_ms", a.timeout.Milliseconds())
 			return
 		}
 		select {
@@ -148,40 +183,41 @@ func (s *Server) awaitPolicy(ctx context.Context, id string, v uint64) {
 	}
 }
 
-func (s *Server) writePolicy(w http.ResponseWriter, r *http.Request, id string) {
-	p, v, err := s.parsedPolicy(id)
+// write answers the sandbox's policy (PolicyResponse).
+func (a *policyAPI) write(w http.ResponseWriter, r *http.Request, id string) {
+	p, v, err := storedPolicy(a.reg, id)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(a.log, w, r, err)
 		return
 	}
-	resp := PolicyResponse{SandboxID: id, Name: s.PolicyName(id), Version: v, Policy: json.RawMessage("null")}
+	resp := PolicyResponse{SandboxID: id, Name: a.policyName(id), Version: v, Policy: json.RawMessage("null")}
 	if p != nil {
 		resp.Policy, _ = json.Marshal(p)
 		np, lossless := policies.ToNetworkPolicy(p)
 		resp.NetworkPolicy, resp.Lossless = &np, lossless
 	}
-	writeJSON(w, http.StatusOK, resp)
+	opensandbox.WriteJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) handleGetPolicy(w http.ResponseWriter, r *http.Request) {
-	s.writePolicy(w, r, r.PathValue("id"))
+func (a *policyAPI) handleGet(w http.ResponseWriter, r *http.Request) {
+	a.write(w, r, r.PathValue("id"))
 }
 
-// handlePutPolicy replaces the policy with the body: an Airlock policy (YAML or JSON)
-// or an OpenSandbox networkPolicy. A malformed document is 400 with line and reason,
-// and changes nothing.
-func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
+// handlePut replaces the policy with the body: an Airlock policy (YAML or JSON) or an
+// OpenSandbox networkPolicy. A malformed document is 400 with line and reason, and
+// changes nothing. With ?name= it puts the sandbox under that library policy.
+func (a *policyAPI) handlePut(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if name := r.URL.Query().Get("name"); name != "" {
-		s.applyNamed(w, r, id, name)
+		a.applyNamed(w, r, id, name)
 		return
 	}
 	body, err := readBody(r)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(a.log, w, r, err)
 		return
 	}
-	err = s.changePolicy(r, id, "put", func(*policies.Policy) (*policies.Policy, error) {
+	err = a.change(r, id, "put", func(*policies.Policy) (*policies.Policy, error) {
 		p, err := policies.Parse("request body", body)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
@@ -189,34 +225,53 @@ func (s *Server) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		return p, nil
 	})
 	if err != nil {
-		s.fail(w, r, err)
+		fail(a.log, w, r, err)
 		return
 	}
-	s.writePolicy(w, r, id)
+	a.write(w, r, id)
 }
 
-// handlePatchPolicy merges a JSON array of rules (OpenSandbox PATCH /policy
-// semantics: incoming rules first, an incoming target replaces the existing rule).
-func (s *Server) handlePatchPolicy(w http.ResponseWriter, r *http.Request) {
+// applyNamed answers PUT /v1/sandboxes/{id}/policy?name=NAME.
+func (a *policyAPI) applyNamed(w http.ResponseWriter, r *http.Request, id, name string) {
+	v, err := a.reg.SetNamedPolicy(id, name)
+	if a.audit != nil && err == nil {
+		a.audit.Append(audit.Record{
+			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
+			Action: string(policies.Allow), Reason: "policy changed: named " + name, PolicyVersion: v,
+			Extra: map[string]any{"change": "named", "policy": name, "route": r.Method + " " + r.URL.Path},
+		})
+	}
+	if err != nil {
+		fail(a.log, w, r, err)
+		return
+	}
+	a.log.Info("policy changed", "sandbox_id", id, "change", "named", "policy", name, "policy_version", v)
+	a.await(r.Context(), id, v)
+	a.write(w, r, id)
+}
+
+// handlePatch merges a JSON array of rules (OpenSandbox PATCH /policy semantics:
+// incoming rules first, an incoming target replaces the existing rule).
+func (a *policyAPI) handlePatch(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := s.patchPolicy(r, id); err != nil {
-		s.fail(w, r, err)
+	if err := a.patch(r, id); err != nil {
+		fail(a.log, w, r, err)
 		return
 	}
-	s.writePolicy(w, r, id)
+	a.write(w, r, id)
 }
 
-// handleDeletePolicy removes the rules whose targets the JSON array names.
-func (s *Server) handleDeletePolicy(w http.ResponseWriter, r *http.Request) {
+// handleDelete removes the rules whose targets the JSON array names.
+func (a *policyAPI) handleDelete(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := s.removeTargets(r, id); err != nil {
-		s.fail(w, r, err)
+	if err := a.removeTargets(r, id); err != nil {
+		fail(a.log, w, r, err)
 		return
 	}
-	s.writePolicy(w, r, id)
+	a.write(w, r, id)
 }
 
-func (s *Server) patchPolicy(r *http.Request, id string) error {
+func (a *policyAPI) patch(r *http.Request, id string) error {
 	body, err := readBody(r)
 	if err != nil {
 		return err
@@ -225,7 +280,7 @@ func (s *Server) patchPolicy(r *http.Request, id string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
-	return s.changePolicy(r, id, "patch", func(cur *policies.Policy) (*policies.Policy, error) {
+	return a.change(r, id, "patch", func(cur *policies.Policy) (*policies.Policy, error) {
 		p, err := policies.Patch(cur, rules)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
@@ -234,7 +289,7 @@ func (s *Server) patchPolicy(r *http.Request, id string) error {
 	})
 }
 
-func (s *Server) removeTargets(r *http.Request, id string) error {
+func (a *policyAPI) removeTargets(r *http.Request, id string) error {
 	body, err := readBody(r)
 	if err != nil {
 		return err
@@ -243,14 +298,14 @@ func (s *Server) removeTargets(r *http.Request, id string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
-	if name := s.PolicyName(id); name != "" {
-		if np, err := s.named(name, true); err == nil {
+	if name := a.policyName(id); name != "" {
+		if np, err := a.lib.named(name, true); err == nil {
 			if inNamed, _ := policies.RemoveTargets(np.Policy, targets); inNamed != nil && len(inNamed.Egress) != len(np.Policy.Egress) {
 				return fmt.Errorf("%w: a target is a rule of the named policy %q, which this sandbox runs under: edit its file, or PUT a policy of the sandbox's own", ErrInvalidRequest, name)
 			}
 		}
 	}
-	return s.changePolicy(r, id, "delete", func(cur *policies.Policy) (*policies.Policy, error) {
+	return a.change(r, id, "delete", func(cur *policies.Policy) (*policies.Policy, error) {
 		p, err := policies.RemoveTargets(cur, targets)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
@@ -259,99 +314,49 @@ func (s *Server) removeTargets(r *http.Request, id string) error {
 	})
 }
 
-// handleEgressAPI answers the OpenSandbox egress API (egress-api.yaml, /policy) for
+// serveEgressAPI answers the OpenSandbox egress API (egress-api.yaml, /policy) for
 // sandbox port 18080 reached through the server proxy: GET returns the policy status,
 // PATCH merges rules, DELETE removes targets; every change is persisted and published
-// to the data plane like PUT /v1/sandboxes/{id}/policy.
-func (s *Server) handleEgressAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
+// to the data plane like PUT /v1/sandboxes/{id}/policy. rest is the path below the
+// port; /credential-vault… goes to the vault.
+func (a *policyAPI) serveEgressAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
 	if rest == vaultPrefix || strings.HasPrefix(rest, vaultPrefix+"/") {
-		s.handleVaultAPI(w, r, id, rest)
+		a.vault.serve(w, r, id, rest)
 		return
 	}
 	if rest != "/policy" {
-		s.fail(w, r, fmt.Errorf("%w: the egress API serves /policy and /credential-vault", ErrNoRoute))
+		fail(a.log, w, r, fmt.Errorf("%w: the egress API serves /policy and /credential-vault", ErrNoRoute))
 		return
 	}
 	var err error
 	switch r.Method {
 	case http.MethodGet:
 	case http.MethodPatch:
-		err = s.patchPolicy(r, id)
+		err = a.patch(r, id)
 	case http.MethodDelete:
-		err = s.removeTargets(r, id)
+		err = a.removeTargets(r, id)
 	default:
 		w.Header().Set("Allow", "GET, PATCH, DELETE")
-		s.fail(w, r, fmt.Errorf("%w: %s /policy", ErrNoRoute, r.Method))
+		fail(a.log, w, r, fmt.Errorf("%w: %s /policy", ErrNoRoute, r.Method))
 		return
 	}
 	if err != nil {
-		s.fail(w, r, err)
+		fail(a.log, w, r, err)
 		return
 	}
-	p, _, err := s.parsedPolicy(id)
+	p, _, err := storedPolicy(a.reg, id)
 	if err != nil {
-		s.fail(w, r, err)
+		fail(a.log, w, r, err)
 		return
 	}
 	if p == nil {
 		// No policy: the data plane's default, spelled out (the SDK expects a policy).
 		if p, err = policies.Parse(id, DefaultPolicy); err != nil {
-			s.fail(w, r, err)
+			fail(a.log, w, r, err)
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, policies.Status(p, "dns+datapath"))
-}
-
-// handleAudit answers GET /v1/sandboxes/{id}/audit?since=&until=&after=&limit= from the
-// audit log: since and until are RFC 3339 times (since ≤ time < until), after a seq
-// to continue from, limit at most 10000 (default 1000).
-func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if s.cfg.AuditDir == "" {
-		s.fail(w, r, fmt.Errorf("%w: no audit log is configured", ErrNotImplemented))
-		return
-	}
-	q := r.URL.Query()
-	f := audit.Filter{SandboxID: id, Limit: 1000}
-	for _, tf := range []struct {
-		name string
-		dst  *time.Time
-	}{{"since", &f.Since}, {"until", &f.Until}} {
-		if v := q.Get(tf.name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				s.fail(w, r, fmt.Errorf("%w: %s must be an RFC 3339 time (2026-11-22T18:00:00Z)", ErrInvalidRequest, tf.name))
-				return
-			}
-			*tf.dst = t
-		}
-	}
-	if v := q.Get("after"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			s.fail(w, r, fmt.Errorf("%w: after must be a record seq", ErrInvalidRequest))
-			return
-		}
-		f.AfterSeq = n
-	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 10000 {
-			s.fail(w, r, fmt.Errorf("%w: limit must be from 1 to 10000", ErrInvalidRequest))
-			return
-		}
-		f.Limit = n
-	}
-	recs, more, err := audit.Query(s.cfg.AuditDir, f)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if recs == nil {
-		recs = []audit.Record{}
-	}
-	writeJSON(w, http.StatusOK, AuditResponse{Records: recs, More: more})
+	opensandbox.WriteJSON(w, http.StatusOK, policies.Status(p, "dns+datapath"))
 }
 
 // readBody reads a request body of at most maxBody bytes.

@@ -13,6 +13,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -186,7 +187,7 @@ func TestPolicyChangeAwaitsEnforcement(t *testing.T) {
 	h := lctest.New(t, lctest.Options{APIKey: testKey, PolicyGate: gate})
 	c := newClient(t, h)
 	sb := c.create(baseReq(h.Image, nil))
-	c.waitState(sb.ID, lifecycle.Running)
+	c.waitState(sb.ID, opensandbox.Running)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
 		enforced.Store(100)

@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // PoolSpec declares a warm pool: Size sandboxes of Image with ResourceLimits are
@@ -128,7 +128,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	rec.Status = m.Status
 	s.mu.Lock()
 	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
-	_, version := s.effectiveLocked(rec)
+	_, version := s.lib.effective(rec)
 	s.mu.Unlock()
 	if err == nil {
 		err = s.awaitEnforced(ctx, rec.ID, version)
@@ -139,7 +139,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 			env = map[string]string{}
 		}
 		maps.Copy(env, v.spec.Env)
-		err = s.releaseWith(rec.Address, execd.Release{Env: env, Entrypoint: v.spec.Entrypoint})
+		err = s.releaseWith(rec.Address, opensandbox.Release{Env: env, Entrypoint: v.spec.Entrypoint})
 	}
 	if err != nil {
 		s.log.Warn("warm pool member failed at claim; serving the create cold", "pool", p.spec.Name, "sandbox_id", rec.ID, "err", err)
@@ -148,7 +148,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	}
 	s.mu.Lock()
 	rec.Status = Status{}
-	err = s.setStatusLocked(rec, Running, "ready", "claimed from warm pool "+p.spec.Name)
+	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	if err == nil {
 		s.sbx[rec.ID] = &entry{rec: rec}
 	}
@@ -183,14 +183,14 @@ func (s *Server) awaitEnforced(ctx context.Context, id string, v uint64) error {
 }
 
 // releaseWith releases a held member's execd with rel.
-func (s *Server) releaseWith(addr interface{ String() string }, rel execd.Release) error {
+func (s *Server) releaseWith(addr interface{ String() string }, rel opensandbox.Release) error {
 	body, err := json.Marshal(rel)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
-	url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + execd.ReleasePath
+	url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + opensandbox.ReleasePath
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.ping.Do(req)
@@ -285,7 +285,7 @@ func (s *Server) warmOne(p *pool) (*record, error) {
 		ResourceLimits: maps.Clone(p.spec.ResourceLimits), CreatedAt: time.Now().UTC(),
 		Policy: poolDenyAll, PolicyVersion: 1, AccessToken: newAccessToken(), SecureAccess: &no,
 		Address: inst.Address, Address6: inst.Address6, Pid: inst.Pid, DeleteVolumes: inst.DeleteVolumes,
-		Status: Status{State: Pending, Reason: "warming", Message: "warm pool member", LastTransitionAt: time.Now().UTC()},
+		Status: Status{State: opensandbox.Pending, Reason: "warming", Message: "warm pool member", LastTransitionAt: time.Now().UTC()},
 	}
 	s.mu.Lock()
 	err = s.commitLocked(rec)

@@ -12,6 +12,7 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 var poolLimits = map[string]string{"cpu": "500m", "memory": "256Mi"}
@@ -87,7 +88,7 @@ func TestWarmPool(t *testing.T) {
 	t0 := time.Now()
 	sb := c.create(req)
 	claimMs := time.Since(t0).Milliseconds()
-	if sb.Status.State != lifecycle.Running {
+	if sb.Status.State != opensandbox.Running {
 		t.Fatalf("claimed sandbox answered %s, want Running", sb.Status.State)
 	}
 	t.Logf("claim answered in %d ms", claimMs)
@@ -114,10 +115,10 @@ func TestWarmPool(t *testing.T) {
 	cold := baseReq("example.test/pooled:latest", nil)
 	cold["resourceLimits"] = map[string]string{"cpu": "250m", "memory": "128Mi"}
 	csb := c.create(cold)
-	if csb.Status.State != lifecycle.Pending {
+	if csb.Status.State != opensandbox.Pending {
 		t.Fatalf("unmatched create answered %s, want Pending (cold)", csb.Status.State)
 	}
-	if got := c.waitState(csb.ID, lifecycle.Running); got.Image == nil || got.Image.URI != "example.test/pooled:latest" {
+	if got := c.waitState(csb.ID, opensandbox.Running); got.Image == nil || got.Image.URI != "example.test/pooled:latest" {
 		t.Fatalf("cold create through an alias reports %+v", got.Image)
 	}
 	waitPool(t, h, size)
@@ -141,7 +142,7 @@ func TestWarmPool(t *testing.T) {
 	wg.Wait()
 	cids := map[string]string{}
 	for _, id := range append(ids, sb.ID, csb.ID) {
-		c.waitState(id, lifecycle.Running)
+		c.waitState(id, opensandbox.Running)
 		if out := c.run(id, "echo ok"); out != "ok" {
 			t.Fatalf("sandbox %s: %q", id, out)
 		}

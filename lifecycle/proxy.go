@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -11,11 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // strippedHeaders never reach a sandbox through the proxy: they are the platform's
 // credentials, not the sandbox's.
-var strippedHeaders = []string{"OPEN-SANDBOX-API-KEY", AccessTokenHeader, AirlockAccessTokenHeader}
+var strippedHeaders = []string{opensandbox.HeaderAPIKey, opensandbox.HeaderSecureAccess, opensandbox.HeaderAccessToken}
 
 type proxyTargetKey struct{}
 
@@ -24,20 +28,43 @@ type proxyTarget struct {
 	rawPath string // escaped path below the proxy prefix, starting with /
 }
 
-// newProxy returns the one reverse proxy every proxied request goes through: a pooled
+// serverProxy serves /sandboxes/{id}/proxy/{port}/… (the OpenSandbox server proxy):
+// any method, any port, to the sandbox's address on the Airlock network, once admit
+// has admitted the request (refusals are 401 and audited with source ingress). Sandbox
+// port 18080 is the egress API, which lifecycle answers itself (policyAPI).
+type serverProxy struct {
+	// peek runs fn on a sandbox's record under the registry lock (Server.peek).
+	reg interface {
+		peek(id string, fn func(rec *record)) bool
+	}
+	rules accessRules
+	// apiKey and gatewayKey are Config.APIKey and Config.GatewayKey.
+	apiKey, gatewayKey string
+	egressAPI          *policyAPI
+	// audit receives a record per refusal; nil means none.
+	audit interface{ Append(audit.Record) }
+	log   *slog.Logger
+	proxy *httputil.ReverseProxy
+	// transport is proxy's pooled transport: its idle connections are closed when a
+	// sandbox goes (forget), so that none is reused against the next sandbox given the
+	// same address (that sandbox would answer with resets its policy denies).
+	transport *http.Transport
+}
+
+// newProxy makes the one reverse proxy every proxied request goes through: a pooled
 // transport, responses flushed as they arrive (SSE event by event), WebSocket and other
 // upgrades passed through, hop-by-hop headers dropped (httputil does that) and the
 // platform's credentials stripped.
-func (s *Server) newProxy() (*httputil.ReverseProxy, *http.Transport) {
-	tr := &http.Transport{
+func (p *serverProxy) newProxy() {
+	p.transport = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &httputil.ReverseProxy{
-		Transport:     tr,
+	p.proxy = &httputil.ReverseProxy{
+		Transport:     p.transport,
 		FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(proxyTargetKey{}).(proxyTarget)
@@ -59,62 +86,60 @@ func (s *Server) newProxy() (*httputil.ReverseProxy, *http.Transport) {
 			if r.Context().Err() != nil {
 				return // the client went away
 			}
-			s.fail(w, r, fmt.Errorf("%w: %v", ErrUpstream, err))
+			fail(p.log, w, r, fmt.Errorf("%w: %v", ErrUpstream, err))
 		},
-	}, tr
+	}
 }
 
-// handleProxy serves /sandboxes/{id}/proxy/{port}/… (OpenSandbox server proxy): any
-// method, any port, to the sandbox's address on the Airlock network, once admitProxy
-// has admitted the request (refusals are 401 and audited with source ingress).
-func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
+// forget drops the pooled connections after a sandbox went.
+func (p *serverProxy) forget() { p.transport.CloseIdleConnections() }
+
+// handle serves one server proxy request.
+func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		s.fail(w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
+		fail(p.log, w, r, fmt.Errorf("%w: port must be a number from 1 to 65535", ErrInvalidRequest))
 		return
 	}
-	s.mu.Lock()
-	e, ok := s.sbx[id]
-	var st State
+	var st opensandbox.State
 	var addr netip.Addr
-	sb := proxySandbox{found: ok}
-	if ok {
-		st, addr = e.rec.Status.State, e.rec.Address
-		sb.token, sb.secure = e.rec.AccessToken, e.rec.secure()
-	}
-	s.mu.Unlock()
-	if err := s.admitProxy(r, id, port, sb); err != nil {
-		s.auditIngress(r, id, port, s.portMode(sb.secure, port), err)
-		s.fail(w, r, err)
+	var sb proxySandbox
+	sb.found = p.reg.peek(id, func(rec *record) {
+		st, addr = rec.Status.State, rec.Address
+		sb.token, sb.secure = rec.AccessToken, rec.secure()
+	})
+	if err := p.admit(r, id, port, sb); err != nil {
+		p.auditRefusal(r, id, port, p.rules.portMode(sb.secure, port), err)
+		fail(p.log, w, r, err)
 		return
 	}
-	if !ok {
-		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
+	if !sb.found {
+		fail(p.log, w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
 		return
 	}
-	if st == Pending {
+	if st == opensandbox.Pending {
 		// Not before its egress is enforced: a connection opened before the datapath
 		// attached would have its replies dropped once it has (they belong to no flow
 		// the filter saw start). execd holds such requests anyway.
-		st, addr = s.awaitStarted(r.Context(), id)
+		st, addr = p.awaitStarted(r.Context(), id)
 	}
 	switch st {
-	case Running, Resuming:
-	case Paused, Pausing:
-		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s: resume it first (POST /sandboxes/%s/resume)", ErrInvalidState, id, st, id))
+	case opensandbox.Running, opensandbox.Resuming:
+	case opensandbox.Paused, opensandbox.Pausing:
+		fail(p.log, w, r, fmt.Errorf("%w: sandbox %s is %s: resume it first (POST /sandboxes/%s/resume)", ErrInvalidState, id, st, id))
 		return
 	default:
-		s.fail(w, r, fmt.Errorf("%w: sandbox %s is %s", ErrUnavailable, id, st))
+		fail(p.log, w, r, fmt.Errorf("%w: sandbox %s is %s", ErrUnavailable, id, st))
 		return
 	}
 	if !addr.IsValid() {
-		s.fail(w, r, fmt.Errorf("%w: sandbox %s has no address yet", ErrUnavailable, id))
+		fail(p.log, w, r, fmt.Errorf("%w: sandbox %s has no address yet", ErrUnavailable, id))
 		return
 	}
 	prefix := "/sandboxes/" + id + "/proxy/" + r.PathValue("port")
-	if port == EgressPort {
-		s.handleEgressAPI(w, r, id, "/"+r.PathValue("rest"))
+	if port == opensandbox.EgressAPIPort {
+		p.egressAPI.serveEgressAPI(w, r, id, "/"+r.PathValue("rest"))
 		return
 	}
 	rest := r.URL.EscapedPath()
@@ -129,7 +154,7 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 	// request body (execd answers as soon as it has parsed it); without this the HTTP/1
 	// server closes the body when the response starts and the upstream write fails.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
+	p.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
 }
 
 // proxyPendingWait bounds how long the server proxy holds a request for a Pending
@@ -137,19 +162,14 @@ func (s *Server) handleProxy(w http.ResponseWriter, r *http.Request) {
 const proxyPendingWait = 30 * time.Second
 
 // awaitStarted waits until sandbox id leaves Pending (or proxyPendingWait, or ctx) and
-// returns its state and address then.
-func (s *Server) awaitStarted(ctx context.Context, id string) (State, netip.Addr) {
+// returns its state and address then (Terminated for a sandbox that went).
+func (p *serverProxy) awaitStarted(ctx context.Context, id string) (opensandbox.State, netip.Addr) {
 	deadline := time.Now().Add(proxyPendingWait)
 	for {
-		s.mu.Lock()
-		e, ok := s.sbx[id]
-		var st State = Terminated
+		st := opensandbox.Terminated
 		var addr netip.Addr
-		if ok {
-			st, addr = e.rec.Status.State, e.rec.Address
-		}
-		s.mu.Unlock()
-		if st != Pending || time.Now().After(deadline) {
+		p.reg.peek(id, func(rec *record) { st, addr = rec.Status.State, rec.Address })
+		if st != opensandbox.Pending || time.Now().After(deadline) {
 			return st, addr
 		}
 		select {

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // pingInterval is how often a new sandbox's execd is asked /ping until it answers.
@@ -44,8 +44,8 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				gated = s.cfg.ReadyGate(id)
 			}
 			if base != "" && gated && s.pingOnce(base+"/ping") {
-				if releaseErr = s.release(base + execd.ReleasePath); releaseErr == nil {
-					s.markReady(id, Running, "ready", "execd answers")
+				if releaseErr = s.release(base + opensandbox.ReleasePath); releaseErr == nil {
+					s.markReady(id, opensandbox.Running, "ready", "execd answers")
 					return
 				}
 			}
@@ -59,7 +59,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				case releaseErr != nil:
 					msg = "execd did not start the entrypoint: " + releaseErr.Error()
 				}
-				s.markReady(id, Failed, "ready_timeout", msg)
+				s.markReady(id, opensandbox.Failed, "ready_timeout", msg)
 				return
 			}
 			wait := pingInterval
@@ -73,7 +73,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 			}
 			s.mu.Lock()
 			e, ok := s.sbx[id]
-			pending := ok && e.rec.Status.State == Pending
+			pending := ok && e.rec.Status.State == opensandbox.Pending
 			s.mu.Unlock()
 			if !ok || !pending {
 				return
@@ -147,17 +147,17 @@ func (s *Server) pingOnce(url string) bool {
 }
 
 // markReady moves a Pending sandbox to state; other states are left alone.
-func (s *Server) markReady(id string, state State, reason, msg string) {
+func (s *Server) markReady(id string, state opensandbox.State, reason, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.sbx[id]
-	if !ok || e.rec.Status.State != Pending {
+	if !ok || e.rec.Status.State != opensandbox.Pending {
 		return
 	}
 	if err := s.setStatusLocked(e.rec, state, reason, msg); err != nil {
 		s.log.Error("persisting sandbox status failed", "sandbox_id", id, "err", err)
 	}
-	if state == Running {
+	if state == opensandbox.Running {
 		s.log.Info("sandbox ready", "sandbox_id", id, "ready_ms", time.Since(e.rec.CreatedAt).Milliseconds())
 	} else {
 		s.log.Warn("sandbox failed to become ready", "sandbox_id", id, "reason", reason)
@@ -223,34 +223,34 @@ func (s *Server) reconcile(ctx context.Context) error {
 		switch {
 		case !ok:
 			if !st.Terminal() {
-				_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
+				_ = s.setStatusLocked(rec, opensandbox.Terminated, "container_vanished", "the container no longer exists")
 			} else if !migrated {
 				s.hub.Put(s.watchView(rec))
 			} else if err := s.commitLocked(rec); err != nil {
 				s.log.Error("persisting reconciled sandbox failed", "sandbox_id", rec.ID, "err", err)
 			}
 			continue
-		case st == Stopping:
+		case st == opensandbox.Stopping:
 			stopping = append(stopping, rec.ID)
 		}
 		rec.Address, rec.Address6, rec.Pid, rec.Node = in.Address, in.Address6, in.Pid, in.Node
 		switch in.Phase {
 		case PhaseRunning:
 			switch st {
-			case Pending:
+			case opensandbox.Pending:
 				s.awaitReadyAsync(rec.ID, in.Address)
-			case Pausing, Resuming, Paused:
-				_ = s.setStatusLocked(rec, Running, "reconciled", "the container is running")
+			case opensandbox.Pausing, opensandbox.Resuming, opensandbox.Paused:
+				_ = s.setStatusLocked(rec, opensandbox.Running, "reconciled", "the container is running")
 				continue
 			}
 		case PhasePaused:
-			if st != Paused && st != Stopping && !st.Terminal() {
-				_ = s.setStatusLocked(rec, Paused, "reconciled", "the container is paused")
+			if st != opensandbox.Paused && st != opensandbox.Stopping && !st.Terminal() {
+				_ = s.setStatusLocked(rec, opensandbox.Paused, "reconciled", "the container is paused")
 				continue
 			}
 		default:
-			if !st.Terminal() && st != Stopping {
-				_ = s.setStatusLocked(rec, Failed, "container_exited", "the container is not running")
+			if !st.Terminal() && st != opensandbox.Stopping {
+				_ = s.setStatusLocked(rec, opensandbox.Failed, "container_exited", "the container is not running")
 				continue
 			}
 		}
@@ -312,7 +312,7 @@ func (s *Server) reapLoop(ctx context.Context) {
 			s.mu.Lock()
 			for id, e := range s.sbx {
 				r := e.rec
-				if r.ExpiresAt != nil && !r.ExpiresAt.After(now) && r.Status.State != Stopping {
+				if r.ExpiresAt != nil && !r.ExpiresAt.After(now) && r.Status.State != opensandbox.Stopping {
 					due = append(due, id)
 				}
 			}
@@ -377,20 +377,20 @@ func (s *Server) resync() {
 			ok = false
 		}
 		switch {
-		case st.Terminal() || st == Stopping:
+		case st.Terminal() || st == opensandbox.Stopping:
 		case s.sbx[id] != e:
 		case !ok:
-			_ = s.setStatusLocked(rec, Terminated, "container_vanished", "the container no longer exists")
+			_ = s.setStatusLocked(rec, opensandbox.Terminated, "container_vanished", "the container no longer exists")
 			s.log.Warn("sandbox container vanished", "sandbox_id", id)
-		case in.Phase == PhaseExited || (in.Phase == PhaseCreated && st != Pending):
+		case in.Phase == PhaseExited || (in.Phase == PhaseCreated && st != opensandbox.Pending):
 			// A Pending sandbox's pod may wait to be scheduled (Kubernetes): only
 			// readiness times it out.
-			_ = s.setStatusLocked(rec, Failed, "container_exited", "the container stopped")
+			_ = s.setStatusLocked(rec, opensandbox.Failed, "container_exited", "the container stopped")
 			s.log.Warn("sandbox container exited", "sandbox_id", id)
-		case in.Phase == PhasePaused && st == Running:
-			_ = s.setStatusLocked(rec, Paused, "paused_externally", "the container was paused outside Airlock")
-		case in.Phase == PhaseRunning && st == Paused:
-			_ = s.setStatusLocked(rec, Running, "resumed_externally", "the container was resumed outside Airlock")
+		case in.Phase == PhasePaused && st == opensandbox.Running:
+			_ = s.setStatusLocked(rec, opensandbox.Paused, "paused_externally", "the container was paused outside Airlock")
+		case in.Phase == PhaseRunning && st == opensandbox.Paused:
+			_ = s.setStatusLocked(rec, opensandbox.Running, "resumed_externally", "the container was resumed outside Airlock")
 		}
 		s.mu.Unlock()
 		e.op.Unlock()

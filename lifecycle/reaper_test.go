@@ -14,6 +14,7 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // TestExpiry: a sandbox past expiresAt is removed by the reaper (container and record);
@@ -36,7 +37,7 @@ func TestExpiry(t *testing.T) {
 	pausedShort := baseReq(h.Image, map[string]string{"kind": "paused"})
 	pausedShort["timeout"] = 2
 	sPaused := c.create(pausedShort)
-	c.waitState(sPaused.ID, lifecycle.Running)
+	c.waitState(sPaused.ID, opensandbox.Running)
 	c.want("POST", "/v1/sandboxes/"+sPaused.ID+"/pause", nil, http.StatusAccepted, "")
 	sShort := c.create(short)
 	sRenewed := c.create(renewed)
@@ -91,7 +92,7 @@ func TestReconcile(t *testing.T) {
 	keep := c.create(baseReq(h1.Image, map[string]string{"kind": "keep"}))
 	paused := c.create(baseReq(h1.Image, map[string]string{"kind": "paused"}))
 	vanish := c.create(baseReq(h1.Image, map[string]string{"kind": "vanish"}))
-	c.waitState(paused.ID, lifecycle.Running)
+	c.waitState(paused.ID, opensandbox.Running)
 	c.want("POST", "/v1/sandboxes/"+paused.ID+"/pause", nil, http.StatusAccepted, "")
 	inst := h1.Server.InstanceID()
 	h1.Stop()
@@ -123,13 +124,13 @@ func TestReconcile(t *testing.T) {
 	if _, err := cli.ContainerInspect(ctx, foreign, dockerclient.ContainerInspectOptions{}); err != nil {
 		t.Errorf("another instance's container was touched: %v", err)
 	}
-	if st := c2.get(vanish.ID).Status; st.State != lifecycle.Terminated || st.Reason != "container_vanished" {
+	if st := c2.get(vanish.ID).Status; st.State != opensandbox.Terminated || st.Reason != "container_vanished" {
 		t.Errorf("vanished sandbox status %+v", st)
 	}
-	if sb := c2.waitState(keep.ID, lifecycle.Running); sb.Metadata["kind"] != "keep" || !sb.ExpiresAt.Equal(*keep.ExpiresAt) {
+	if sb := c2.waitState(keep.ID, opensandbox.Running); sb.Metadata["kind"] != "keep" || !sb.ExpiresAt.Equal(*keep.ExpiresAt) {
 		t.Errorf("adopted sandbox %+v", sb)
 	}
-	if st := c2.get(paused.ID).Status.State; st != lifecycle.Paused {
+	if st := c2.get(paused.ID).Status.State; st != opensandbox.Paused {
 		t.Errorf("paused sandbox adopted as %s", st)
 	}
 	// Adopted sandboxes are usable.

@@ -1,22 +1,17 @@
 package lifecycle
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
-
-// createTimeout bounds a create's runtime work (an image pull included), independent of
-// the client's connection: a client that hangs up never leaves a half-made sandbox.
-const createTimeout = 10 * time.Minute
 
 const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 
@@ -78,10 +73,10 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		// PolicyVersion only means something with a policy.
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,
-		Access:          s.access(rec),
+		Access:          s.rules.watchAccess(rec),
 		Pool:            rec.Pool,
 	}
-	doc, v := s.effectiveLocked(rec)
+	doc, v := s.lib.effective(rec)
 	w.Policy, w.PolicyVersion = append(json.RawMessage(nil), doc...), v
 	if rec.ExpiresAt != nil {
 		t := *rec.ExpiresAt
@@ -101,7 +96,7 @@ func (s *Server) commitLocked(rec *record) error {
 
 // setStatusLocked moves rec to state, keeps the previous status in its history,
 // persists and publishes. s.mu is held.
-func (s *Server) setStatusLocked(rec *record, state State, reason, msg string) error {
+func (s *Server) setStatusLocked(rec *record, state opensandbox.State, reason, msg string) error {
 	if rec.Status.State != "" {
 		rec.History = append(rec.History, rec.Status)
 		if n := len(rec.History); n > historyLen {
@@ -115,7 +110,7 @@ func (s *Server) setStatusLocked(rec *record, state State, reason, msg string) e
 
 // setStatus is setStatusLocked taking s.mu; failures to persist are logged (the state is
 // still changed in memory and published).
-func (s *Server) setStatus(rec *record, state State, reason, msg string) {
+func (s *Server) setStatus(rec *record, state opensandbox.State, reason, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.setStatusLocked(rec, state, reason, msg); err != nil {
@@ -151,130 +146,26 @@ func (s *Server) lockOp(id string) (*entry, error) {
 	return e, nil
 }
 
-// Create validates req, creates and starts the sandbox's container and answers with
-// the new sandbox in state Pending; it becomes Running once execd answers /ping. On
-// error nothing is left behind.
-func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error) {
-	start := time.Now()
-	v, err := validateCreate(req, s.cfg.Limits)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	for k, val := range s.cfg.DefaultEnv {
-		if _, set := v.spec.Env[k]; !set {
-			v.spec.Env[k] = val
-		}
-	}
-	policyName := req.Extensions[ExtPolicy]
-	if policyName == "" && len(v.policy) == 0 {
-		policyName = s.cfg.DefaultPolicy
-	}
-	if policyName != "" {
-		if _, err := s.named(policyName, false); err != nil {
-			return Sandbox{}, err
-		}
-	}
-	asked := v.spec.Image
-	if local, ok := s.cfg.ImageAliases[asked]; ok {
-		v.spec.Image = local
-	}
-	id := newSandboxID()
-	v.spec.SandboxID = id
-	v.spec.Hold = true // released by awaitReadyAsync once enforced
-	if v.credentialProxy {
-		if s.cfg.CredentialVault == nil {
-			return Sandbox{}, fmt.Errorf("%w: credentialProxy is not available: this server runs no Credential Vault", ErrInvalidRequest)
-		}
-		_, _, ca, err := s.cfg.CredentialVault.CA(id)
-		if err != nil {
-			return Sandbox{}, fmt.Errorf("credential proxy CA for %s: %w", id, err)
-		}
-		v.spec.TrustedCAPEM = ca
-	}
-	now := time.Now().UTC()
-	rec := &record{
-		ID:              id,
-		Image:           asked,
-		Platform:        req.Platform,
-		Entrypoint:      v.spec.Entrypoint,
-		Metadata:        cloneMap(req.Metadata),
-		ResourceLimits:  cloneMap(v.limits),
-		Extensions:      cloneMap(req.Extensions),
-		CreatedAt:       now,
-		Policy:          v.policy,
-		PolicyName:      policyName,
-		RenewOnAccess:   v.renewOnAccess,
-		CredentialProxy: v.credentialProxy,
-	}
-	if rec.Metadata == nil {
-		rec.Metadata = map[string]string{}
-	}
-	if len(v.policy) > 0 || policyName != "" {
-		rec.PolicyVersion = 1
-	}
-	if v.timeout > 0 {
-		exp := now.Add(v.timeout)
-		rec.ExpiresAt = &exp
-	}
-	secure := req.SecureAccess
-	rec.AccessToken, rec.SecureAccess = newAccessToken(), &secure
-
+// peek runs fn on the record of sandbox id under the registry lock and reports
+// whether the sandbox exists. fn must neither block nor call back into the Server.
+func (s *Server) peek(id string, fn func(rec *record)) bool {
 	s.mu.Lock()
-	v.spec.Egress = s.egressOfLocked(rec)
-	s.mu.Unlock()
-
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
-	defer cancel()
-	if p := s.poolFor(v); p != nil {
-		if out, ok := s.claim(rctx, p, v, rec); ok {
-			s.metrics.creates.WithLabelValues("ok").Inc()
-			s.metrics.createSeconds.Observe(time.Since(start).Seconds())
-			s.log.Info("sandbox created from warm pool", "sandbox_id", out.ID, "pool", p.spec.Name, "image", rec.Image,
-				"create_ms", time.Since(start).Milliseconds())
-			return out, nil
-		}
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if ok {
+		fn(e.rec)
 	}
-	inst, err := s.rt.Create(rctx, v.spec)
-	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {
-		err = fmt.Errorf("%w (this server serves %s from the local image %s: images.aliases)", err, asked, v.spec.Image)
-	}
-	if err != nil {
-		s.forgetVault(id)
-		s.metrics.creates.WithLabelValues("error").Inc()
-		return Sandbox{}, err
-	}
-	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
-	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
-
-	s.mu.Lock()
-	err = s.setStatusLocked(rec, Pending, "provisioning", "container started; waiting for execd")
-	if err == nil {
-		s.sbx[id] = &entry{rec: rec}
-	}
-	out := rec.view(false)
-	s.mu.Unlock()
-	if err != nil {
-		s.hub.Delete(id)
-		if rmErr := s.rt.Remove(rctx, inst); rmErr != nil {
-			s.log.Error("removing container after a failed create", "sandbox_id", id, "err", rmErr)
-		}
-		s.forgetVault(id)
-		s.metrics.creates.WithLabelValues("error").Inc()
-		return Sandbox{}, err
-	}
-	s.metrics.creates.WithLabelValues("ok").Inc()
-	s.metrics.createSeconds.Observe(time.Since(start).Seconds())
-	s.log.Info("sandbox created", "sandbox_id", id, "image", rec.Image, "container_id", short(inst.ContainerID),
-		"address", inst.Address, "create_ms", time.Since(start).Milliseconds())
-	s.awaitReadyAsync(id, rec.Address)
-	return out, nil
+	return ok
 }
 
-func short(cid string) string {
-	if len(cid) > 12 {
-		return cid[:12]
+// each runs fn on the record of every sandbox under the registry lock, in no order. fn
+// must neither block nor call back into the Server.
+func (s *Server) each(fn func(rec *record)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.sbx {
+		fn(e.rec)
 	}
-	return cid
 }
 
 // Get returns the sandbox id.
@@ -337,72 +228,6 @@ func (s *Server) List(f ListFilter) ListResponse {
 	}}
 }
 
-// Delete kills and removes the sandbox (also when paused) and forgets it. reason is
-// recorded in the Stopping status ("user_delete", "ttl_expiry").
-func (s *Server) Delete(ctx context.Context, id, reason string) error {
-	e, err := s.lockOp(id)
-	if err != nil {
-		return err
-	}
-	defer e.op.Unlock()
-	s.setStatus(e.rec, Stopping, reason, "removing the container")
-	s.mu.Lock()
-	inst := Instance{SandboxID: id, ContainerID: e.rec.ContainerID, DeleteVolumes: append([]string(nil), e.rec.DeleteVolumes...)}
-	s.mu.Unlock()
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	if err := s.rt.Remove(rctx, inst); err != nil {
-		s.setStatus(e.rec, Failed, "remove_failed", err.Error())
-		return fmt.Errorf("removing sandbox %s: %w", id, err)
-	}
-	s.mu.Lock()
-	delete(s.sbx, id)
-	err = s.store.DeleteSandbox(id)
-	s.mu.Unlock()
-	s.hub.Delete(id)
-	s.forgetVault(id)
-	s.proxyTransport.CloseIdleConnections()
-	s.metrics.transition(Terminated)
-	s.log.Info("sandbox removed", "sandbox_id", id, "reason", reason)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	return nil
-}
-
-// Pause freezes a Running sandbox (409 otherwise).
-func (s *Server) Pause(ctx context.Context, id string) error {
-	return s.transition(ctx, id, Running, Pausing, Paused, "paused", s.rt.Pause)
-}
-
-// Resume thaws a Paused sandbox (409 otherwise).
-func (s *Server) Resume(ctx context.Context, id string) error {
-	return s.transition(ctx, id, Paused, Resuming, Running, "resumed", s.rt.Resume)
-}
-
-func (s *Server) transition(ctx context.Context, id string, from, via, to State, reason string, do func(context.Context, string) error) error {
-	e, err := s.lockOp(id)
-	if err != nil {
-		return err
-	}
-	defer e.op.Unlock()
-	s.mu.Lock()
-	cur, cid := e.rec.Status.State, e.rec.ContainerID
-	s.mu.Unlock()
-	if cur != from {
-		return fmt.Errorf("%w: sandbox %s is %s; this needs %s", ErrInvalidState, id, cur, from)
-	}
-	s.setStatus(e.rec, via, reason, "")
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
-	if err := do(rctx, cid); err != nil {
-		s.setStatus(e.rec, from, "runtime_error", err.Error())
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	s.setStatus(e.rec, to, reason, "")
-	return nil
-}
-
 // Renew moves the expiry of a sandbox that has one to at (in the future, at most the
 // maximum timeout from now).
 func (s *Server) Renew(id string, at time.Time) (time.Time, error) {
@@ -423,7 +248,7 @@ func (s *Server) Renew(id string, at time.Time) (time.Time, error) {
 	switch {
 	case rec.ExpiresAt == nil:
 		return time.Time{}, fmt.Errorf("%w: sandbox %s was created for manual cleanup and has no expiry", ErrInvalidState, id)
-	case rec.Status.State.Terminal() || rec.Status.State == Stopping:
+	case rec.Status.State.Terminal() || rec.Status.State == opensandbox.Stopping:
 		return time.Time{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, id, rec.Status.State)
 	}
 	at = at.UTC()
@@ -432,6 +257,34 @@ func (s *Server) Renew(id string, at time.Time) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return at, nil
+}
+
+// RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with
+// extensions["access.renew.extend.seconds"], it moves the expiry to now + that many
+// seconds when that is later than the current expiry, and returns the expiry. Other
+// sandboxes are left alone (ok false). It performs no I/O besides the store write.
+func (s *Server) RenewOnAccess(id string) (at time.Time, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, found := s.sbx[id]
+	if !found {
+		return time.Time{}, false, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	rec := e.rec
+	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == opensandbox.Stopping {
+		return time.Time{}, false, nil
+	}
+	next := time.Now().UTC().Add(time.Duration(rec.RenewOnAccess) * time.Second)
+	if !next.After(*rec.ExpiresAt) {
+		return *rec.ExpiresAt, true, nil
+	}
+	old := rec.ExpiresAt
+	rec.ExpiresAt = &next
+	if err := s.commitLocked(rec); err != nil {
+		rec.ExpiresAt = old
+		return time.Time{}, false, err
+	}
+	return next, true, nil
 }
 
 // PatchMetadata applies a JSON merge patch (RFC 7396: null deletes) to the sandbox's
@@ -471,141 +324,4 @@ func (s *Server) PatchMetadata(id string, patch map[string]*string) (Sandbox, er
 		return Sandbox{}, err
 	}
 	return e.rec.view(true), nil
-}
-
-// Endpoint answers where a client reaches a port of a sandbox (GET
-// /sandboxes/{id}/endpoints/{port}): the configured EndpointFunc, or this server's
-// proxy. For a token port (execd, the egress API, any port of a secureAccess sandbox or
-// under DefaultAccess token) Headers carries the access token under AccessTokenHeader;
-// a signed endpoint carries its own credential and no headers. Signed endpoints
-// (Expires) need an EndpointFunc that mints them (the gateway's): without one they are
-// 501.
-func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
-	s.mu.Lock()
-	e, ok := s.sbx[er.ID]
-	var token string
-	var state State
-	var secure bool
-	if ok {
-		token, state, secure = e.rec.AccessToken, e.rec.Status.State, e.rec.secure()
-	}
-	s.mu.Unlock()
-	if !ok {
-		return Endpoint{}, fmt.Errorf("%w: %q", ErrNotFound, er.ID)
-	}
-	if state.Terminal() {
-		return Endpoint{}, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, er.ID, state)
-	}
-	var ep Endpoint
-	switch {
-	case s.cfg.Endpoint != nil:
-		addr, err := s.cfg.Endpoint(er)
-		if err != nil {
-			return Endpoint{}, err
-		}
-		ep.Endpoint = addr
-	case er.Expires != nil:
-		return Endpoint{}, fmt.Errorf("%w: signed endpoints (expires) need the Airlock gateway", ErrNotImplemented)
-	default:
-		host := s.cfg.PublicAddr
-		if host == "" {
-			host = er.HTTP.Host
-		}
-		ep.Endpoint = ServerProxyEndpoint(host, er.ID, er.Port)
-	}
-	if token != "" && er.Expires == nil && s.portMode(secure, er.Port) == watch.Token {
-		ep.Headers = map[string]string{AccessTokenHeader: token}
-	}
-	return ep, nil
-}
-
-// Policy returns the sandbox's egress policy document as stored (raw JSON, empty when
-// the operator default applies) and its version. The egress policy API uses it.
-func (s *Server) Policy(id string) (json.RawMessage, uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.sbx[id]
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	doc, v := s.effectiveLocked(e.rec)
-	return append(json.RawMessage(nil), doc...), v, nil
-}
-
-// SetPolicy replaces the sandbox's egress policy document (validated by the caller:
-// package policies owns the format), persists it, bumps the version (unless the
-// document is unchanged) and publishes it to the watch. It returns the version.
-func (s *Server) SetPolicy(id string, doc json.RawMessage) (uint64, error) {
-	return s.UpdatePolicy(id, func(json.RawMessage) (json.RawMessage, error) { return doc, nil })
-}
-
-// UpdatePolicy replaces the sandbox's policy with fn(current document, current version)
-// atomically: no other change can land between the read and the write (concurrent
-// PATCHes never lose rules). fn returning an error changes nothing; returning the
-// current document unchanged keeps the version. It returns the resulting (effective)
-// version. For a sandbox under a named policy fn gets and returns its additions.
-func (s *Server) UpdatePolicy(id string, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error) {
-	return s.updatePolicy(id, false, fn)
-}
-
-// updatePolicy is UpdatePolicy; replace detaches a sandbox from its named policy: the
-// result of fn becomes its whole policy.
-func (s *Server) updatePolicy(id string, replace bool, fn func(cur json.RawMessage) (json.RawMessage, error)) (uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.sbx[id]
-	if !ok {
-		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	rec := e.rec
-	doc, err := fn(append(json.RawMessage(nil), rec.Policy...))
-	if err != nil {
-		return 0, err
-	}
-	_, effV := s.effectiveLocked(rec)
-	detach := replace && rec.PolicyName != ""
-	if string(doc) == string(rec.Policy) && !detach {
-		return effV, nil
-	}
-	old, oldV, oldName := rec.Policy, rec.PolicyVersion, rec.PolicyName
-	rec.Policy = append(json.RawMessage(nil), doc...)
-	if detach {
-		rec.PolicyName, rec.PolicyVersion = "", effV+1
-	} else {
-		rec.PolicyVersion++
-	}
-	if err := s.commitLocked(rec); err != nil {
-		rec.Policy, rec.PolicyVersion, rec.PolicyName = old, oldV, oldName
-		return 0, err
-	}
-	_, v := s.effectiveLocked(rec)
-	return v, nil
-}
-
-// RenewOnAccess is the gateway's renew intent (OSEP-0009): for a sandbox created with
-// extensions["access.renew.extend.seconds"], it moves the expiry to now + that many
-// seconds when that is later than the current expiry, and returns the expiry. Other
-// sandboxes are left alone (ok false). It performs no I/O besides the store write.
-func (s *Server) RenewOnAccess(id string) (at time.Time, ok bool, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, found := s.sbx[id]
-	if !found {
-		return time.Time{}, false, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	rec := e.rec
-	if rec.RenewOnAccess <= 0 || rec.ExpiresAt == nil || rec.Status.State.Terminal() || rec.Status.State == Stopping {
-		return time.Time{}, false, nil
-	}
-	next := time.Now().UTC().Add(time.Duration(rec.RenewOnAccess) * time.Second)
-	if !next.After(*rec.ExpiresAt) {
-		return *rec.ExpiresAt, true, nil
-	}
-	old := rec.ExpiresAt
-	rec.ExpiresAt = &next
-	if err := s.commitLocked(rec); err != nil {
-		rec.ExpiresAt = old
-		return time.Time{}, false, err
-	}
-	return next, true, nil
 }

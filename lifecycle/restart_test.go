@@ -19,6 +19,7 @@ import (
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // upProcess is a running `airlock up`.
@@ -110,12 +111,12 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 	b := c.create(baseReq(testenv.SandboxImage(), map[string]string{"name": "b"}))
 	instance := instanceOf(t, a.ID)
 	t.Cleanup(func() { removeInstanceContainers(instance) })
-	if a.Status.State != lifecycle.Running || b.Status.State != lifecycle.Running {
+	if a.Status.State != opensandbox.Running || b.Status.State != opensandbox.Running {
 		t.Errorf("creates were not claimed from the full pool: %s %s", a.Status.State, b.Status.State)
 	}
 	waitPoolMetric(t, c, 2)
-	c.waitState(a.ID, lifecycle.Running)
-	c.waitState(b.ID, lifecycle.Running)
+	c.waitState(a.ID, opensandbox.Running)
+	c.waitState(b.ID, opensandbox.Running)
 	c.want("PATCH", "/v1/sandboxes/"+b.ID+"/metadata", `{"patched":"yes"}`, http.StatusOK, "")
 
 	if err := p1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -144,7 +145,7 @@ func TestRestartAfterSIGKILL(t *testing.T) {
 		if after.Metadata["name"] != before.Metadata["name"] || !after.ExpiresAt.Equal(*before.ExpiresAt) || !after.CreatedAt.Equal(before.CreatedAt) {
 			t.Errorf("sandbox %s changed: before %+v after %+v", before.ID, before, after)
 		}
-		if after.Status.State != lifecycle.Running {
+		if after.Status.State != opensandbox.Running {
 			t.Errorf("sandbox %s is %s after restart", before.ID, after.Status.State)
 		}
 		c2.want("GET", "/sandboxes/"+before.ID+"/proxy/44772/ping", nil, http.StatusOK, "")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 const testKey = "test-key-0123456789"
@@ -51,7 +52,7 @@ func (c *client) do(method, path string, body any, hdr ...string) (*http.Respons
 		c.t.Fatal(err)
 	}
 	if c.key != "" {
-		req.Header.Set("OPEN-SANDBOX-API-KEY", c.key)
+		req.Header.Set(opensandbox.HeaderAPIKey, c.key)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -79,7 +80,7 @@ func (c *client) want(method, path string, body any, status int, code string) []
 		c.t.Errorf("%s %s: no X-Request-ID", method, path)
 	}
 	if status >= 300 {
-		var e lifecycle.ErrorBody
+		var e opensandbox.ErrorBody
 		if err := json.Unmarshal(b, &e); err != nil || e.Code != code || e.Message == "" {
 			c.t.Fatalf("%s %s: error body %q, want code %s and a message", method, path, b, code)
 		}
@@ -108,7 +109,7 @@ func (c *client) get(id string) lifecycle.Sandbox {
 }
 
 // waitState polls the sandbox until it is in state (at most 90 s).
-func (c *client) waitState(id string, state lifecycle.State) lifecycle.Sandbox {
+func (c *client) waitState(id string, state opensandbox.State) lifecycle.Sandbox {
 	c.t.Helper()
 	var sb lifecycle.Sandbox
 	for range 900 {
@@ -231,14 +232,14 @@ func TestRoutes(t *testing.T) {
 		if _, has := raw["image"]; has {
 			t.Errorf("create response carries image: %s", b)
 		}
-		if main.Status.State != lifecycle.Pending || main.ExpiresAt == nil || main.CreatedAt.IsZero() ||
+		if main.Status.State != opensandbox.Pending || main.ExpiresAt == nil || main.CreatedAt.IsZero() ||
 			strings.Join(main.Entrypoint, " ") != "tail -f /dev/null" || main.Metadata["team"] != "a" {
 			t.Fatalf("create response %s", b)
 		}
 		if d := main.ExpiresAt.Sub(main.CreatedAt); d != 600*time.Second {
 			t.Errorf("expiresAt - createdAt = %s, want 600s", d)
 		}
-		got := c.waitState(main.ID, lifecycle.Running)
+		got := c.waitState(main.ID, opensandbox.Running)
 		if got.Image == nil || got.Image.URI != h.Image || strings.Join(got.Entrypoint, " ") != "tail -f /dev/null" {
 			t.Errorf("get: %+v", got)
 		}
@@ -256,7 +257,7 @@ func TestRoutes(t *testing.T) {
 	if app.ExpiresAt != nil {
 		t.Errorf("manual-cleanup sandbox has expiresAt %s", app.ExpiresAt)
 	}
-	c.waitState(app.ID, lifecycle.Running)
+	c.waitState(app.ID, opensandbox.Running)
 
 	t.Run("list_filters_pagination", func(t *testing.T) {
 		list := func(q string) lifecycle.ListResponse {
@@ -366,15 +367,15 @@ func TestRoutes(t *testing.T) {
 		if resp.StatusCode != http.StatusAccepted || len(b) != 0 || resp.Header.Get("Content-Length") != "0" {
 			t.Fatalf("pause: %d %q cl=%q", resp.StatusCode, b, resp.Header.Get("Content-Length"))
 		}
-		c.waitState(main.ID, lifecycle.Paused)
+		c.waitState(main.ID, opensandbox.Paused)
 		c.want("POST", "/v1/sandboxes/"+main.ID+"/pause", nil, http.StatusConflict, "INVALID_STATE")
 		c.want("GET", "/sandboxes/"+main.ID+"/proxy/44772/ping", nil, http.StatusConflict, "INVALID_STATE")
 		c.want("POST", "/sandboxes/"+main.ID+"/resume", nil, http.StatusAccepted, "")
-		c.waitState(main.ID, lifecycle.Running)
+		c.waitState(main.ID, opensandbox.Running)
 		c.want("GET", "/sandboxes/"+main.ID+"/proxy/44772/ping", nil, http.StatusOK, "")
 		// Delete works on a paused sandbox too.
 		c.want("POST", "/v1/sandboxes/"+app.ID+"/pause", nil, http.StatusAccepted, "")
-		c.waitState(app.ID, lifecycle.Paused)
+		c.waitState(app.ID, opensandbox.Paused)
 	})
 
 	t.Run("delete", func(t *testing.T) {
@@ -446,7 +447,7 @@ func testProxy(t *testing.T, c *client, h *lctest.Harness, id string) {
 
 	// SSE: the first event must arrive before the app is told to send the second.
 	req, _ := http.NewRequest("GET", h.HTTP.URL+base+"/sse", nil)
-	req.Header.Set("OPEN-SANDBOX-API-KEY", testKey)
+	req.Header.Set(opensandbox.HeaderAPIKey, testKey)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -1,13 +1,15 @@
 // Package lifecycle is Airlock's control plane: the OpenSandbox lifecycle REST server
-// (docs/spec/sandbox-lifecycle.yml and NOTES.md, served at / and /v1), the
-// sandbox registry persisted in an embedded bbolt Store, the expiry reaper, the
-// reconciler that rebuilds the registry from the runtime's containers on start, the
-// server proxy (/sandboxes/{id}/proxy/{port}/…) and the watch API that feeds the data
-// plane (package watch, served at /internal/v1/watch).
+// (docs/spec/sandbox-lifecycle.yml and docs/spec/NOTES.md, served at / and /v1), the
+// sandbox registry persisted in a StateStore (lifecycle/boltstore on one host,
+// lifecycle/kubestore on Kubernetes), the expiry reaper, the reconciler that rebuilds
+// the registry from the runtime's containers on start, the server proxy
+// (/sandboxes/{id}/proxy/{port}/…) and the watch API that feeds the data plane
+// (package watch, served at /internal/v1/watch).
 //
 // A Server owns its Runtime calls: it never runs two mutating operations on one sandbox
-// at once. Errors reaching clients are JSON {code, message} (see errors.go for the
-// codes).
+// at once. Errors reaching clients are the protocol's JSON envelope
+// (opensandbox.ErrorBody: code, message, requestId); errors.go maps the package's
+// sentinel errors to status and code.
 package lifecycle
 
 import (
@@ -16,22 +18,19 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/airlockdev/airlock/audit"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
-
-// DefaultExecdPort is execd's port in a sandbox (OpenSandbox's execd default).
-const DefaultExecdPort = 44772
 
 // Config configures a Server. Runtime and Store are required.
 type Config struct {
@@ -77,7 +76,7 @@ type Config struct {
 	// without a registry). The sandbox keeps reporting the reference the client asked
 	// for. A reference is resolved once: aliases do not chain.
 	ImageAliases map[string]string
-	// ExecdPort is execd's port inside the sandbox; default DefaultExecdPort.
+	// ExecdPort is execd's port inside the sandbox; default opensandbox.ExecdPort.
 	ExecdPort int
 	// ReadyTimeout is how long a new sandbox may take to answer execd /ping before it is
 	// marked Failed; default 120 s.
@@ -118,31 +117,14 @@ type Config struct {
 	Log      *slog.Logger
 }
 
-// EndpointRequest is one GET /sandboxes/{id}/endpoints/{port}.
-type EndpointRequest struct {
-	// HTTP is the request; its Host is the address the client used.
-	HTTP *http.Request
-	ID   string
-	Port int
-	// ServerProxy is use_server_proxy=true.
-	ServerProxy bool
-	// Expires is set for a signed endpoint (?expires=<Unix seconds>, OSEP-0011); never
-	// together with ServerProxy.
-	Expires *time.Time
-}
-
-// EndpointFunc returns the endpoint (host[:port][/path], no scheme) for er. Errors
-// wrapping the package's sentinels reach the client with their status.
-type EndpointFunc func(er EndpointRequest) (string, error)
-
-// ServerProxyEndpoint is the default endpoint: host/sandboxes/{id}/proxy/{port} on this
-// server, served by its proxy.
-func ServerProxyEndpoint(host, id string, port int) string {
-	return fmt.Sprintf("%s/sandboxes/%s/proxy/%d", host, id, port)
-}
-
 // Server is the lifecycle server. New builds it; Start reconciles and starts the
 // background loops; Handler serves the API; Close stops the loops.
+//
+// Server owns the sandbox registry and drives the runtime (create, delete, pause,
+// resume, readiness, expiry, reconcile, warm pools). The policy, policy library, vault
+// and audit APIs and the server proxy are types of their own (policyAPI, libraryAPI,
+// vaultAPI, auditAPI, serverProxy) that reach the registry through small interfaces;
+// their routes are mounted on the Server's mux.
 type Server struct {
 	cfg      Config
 	log      *slog.Logger
@@ -151,13 +133,15 @@ type Server struct {
 	hub      *watch.Hub
 	instance string
 	mux      *http.ServeMux
-	proxy    *httputil.ReverseProxy
-	// proxyTransport is proxy's pooled transport: its idle connections are closed
-	// when a sandbox goes, so that none is reused against the next sandbox given the
-	// same address (that sandbox would answer with resets its policy denies).
-	proxyTransport *http.Transport
-	ping           *http.Client
-	metrics        *metrics
+	ping     *http.Client
+	metrics  *metrics
+	// rules decide the access mode of sandbox ports; lib resolves library policies.
+	rules accessRules
+	lib   *policyLibrary
+	// policies serves the policy routes and the egress API behind the server proxy
+	// (port 18080); proxy is the server proxy.
+	policies *policyAPI
+	proxy    *serverProxy
 
 	mu    sync.Mutex
 	sbx   map[string]*entry
@@ -191,7 +175,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Hub = watch.NewHub(0, cfg.Log)
 	}
 	if cfg.ExecdPort == 0 {
-		cfg.ExecdPort = DefaultExecdPort
+		cfg.ExecdPort = opensandbox.ExecdPort
 	}
 	if cfg.PolicyApplyTimeout <= 0 {
 		cfg.PolicyApplyTimeout = 5 * time.Second
@@ -234,6 +218,8 @@ func New(cfg Config) (*Server, error) {
 		instance: inst,
 		sbx:      map[string]*entry{},
 		pools:    pools,
+		lib:      &policyLibrary{lib: cfg.Library, log: cfg.Log},
+		rules:    accessRules{execdPort: cfg.ExecdPort, fallback: cfg.DefaultAccess},
 		ctx:      ctx,
 		cancel:   cancel,
 		ping: &http.Client{
@@ -242,7 +228,15 @@ func New(cfg Config) (*Server, error) {
 		},
 	}
 	s.metrics = newMetrics(cfg.Registry, s)
-	s.proxy, s.proxyTransport = s.newProxy()
+	s.policies = &policyAPI{
+		reg: s, lib: s.lib, vault: &vaultAPI{vault: cfg.CredentialVault, reg: s, log: cfg.Log},
+		audit: cfg.Audit, gate: cfg.PolicyGate, timeout: cfg.PolicyApplyTimeout, log: cfg.Log,
+	}
+	s.proxy = &serverProxy{
+		reg: s, rules: s.rules, apiKey: cfg.APIKey, gatewayKey: cfg.GatewayKey,
+		egressAPI: s.policies, audit: cfg.Audit, log: cfg.Log,
+	}
+	s.proxy.newProxy()
 	s.mux = http.NewServeMux()
 	s.routes()
 	if cfg.APIKey == "" {
@@ -313,12 +307,12 @@ func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, 
 // Handler returns the HTTP handler of the whole API.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rid := r.Header.Get("X-Request-ID")
+		rid := r.Header.Get(opensandbox.HeaderRequestID)
 		if rid == "" || len(rid) > 128 {
 			rid = newRequestID()
-			r.Header.Set("X-Request-ID", rid)
+			r.Header.Set(opensandbox.HeaderRequestID, rid)
 		}
-		w.Header().Set("X-Request-ID", rid)
+		w.Header().Set(opensandbox.HeaderRequestID, rid)
 		if p := r.URL.Path; p == "/v1" || strings.HasPrefix(p, "/v1/") {
 			r.URL.Path = strings.TrimPrefix(p, "/v1")
 			if r.URL.RawPath != "" {
@@ -331,7 +325,7 @@ func (s *Server) Handler() http.Handler {
 		// The server proxy authenticates itself (admitProxy): it also takes the sandbox's
 		// access token, and it guards execd and the egress API even without an API key.
 		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.isProxyRoute(r) && !s.authorized(r) {
-			s.fail(w, r, ErrUnauthorized)
+			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}
 		s.mux.ServeHTTP(w, r)
@@ -340,7 +334,7 @@ func (s *Server) Handler() http.Handler {
 
 // authorized compares the request's key with the configured one in constant time.
 func (s *Server) authorized(r *http.Request) bool {
-	return s.cfg.APIKey == "" || secretEqual(r.Header.Get("OPEN-SANDBOX-API-KEY"), s.cfg.APIKey)
+	return s.cfg.APIKey == "" || secretEqual(r.Header.Get(opensandbox.HeaderAPIKey), s.cfg.APIKey)
 }
 
 func newRequestID() string {

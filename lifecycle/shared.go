@@ -35,7 +35,7 @@ func (s *Server) applyRemote(id string, doc []byte) {
 		if ok {
 			s.hub.Delete(id)
 			s.forgetVault(id)
-			s.proxyTransport.CloseIdleConnections()
+			s.proxy.forget()
 		}
 		return
 	}

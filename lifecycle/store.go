@@ -2,33 +2,21 @@ package lifecycle
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/airlockdev/airlock/policies/library"
 )
 
-var (
-	bucketSandboxes = []byte("sandboxes")
-	bucketMeta      = []byte("meta")
-	bucketLibrary   = []byte("policy-library")
-	keyInstance     = []byte("instance")
-)
-
 // StateStore persists the registry: one JSON document per sandbox (its record), the
 // instance id that marks this server's containers or pods, and the policy library's
-// versions. Store (bbolt) serves a single host; lifecycle/kubestore a cluster, where it
-// is also a SharedStore. Every write is durable when it returns.
+// versions. lifecycle/boltstore (bbolt) serves a single host; lifecycle/kubestore a
+// cluster, where it is also a SharedStore. Every write is durable when it returns.
 type StateStore interface {
+	// InstanceID returns the id that marks this server's containers or pods, creating
+	// it on first use; it is the same on every call and across restarts.
 	InstanceID() (string, error)
 	// PutSandbox writes the document of sandbox id, replacing any previous one.
 	PutSandbox(id string, doc []byte) error
@@ -52,68 +40,6 @@ type SharedStore interface {
 	// Lead calls lead each time this replica gains the leadership (a Lease) and
 	// cancels lead's context when it loses it; it returns when ctx ends.
 	Lead(ctx context.Context, lead func(ctx context.Context))
-}
-
-// Store is the lifecycle server's embedded database (bbolt): one JSON record per
-// sandbox for what container labels cannot hold (mutable metadata, expiry, policy,
-// status history), and the instance id that marks this server's containers. Every
-// write is fsync'd before it returns.
-type Store struct {
-	db *bolt.DB
-}
-
-// OpenStore opens (creating when missing) the database file at path; its directory is
-// created with mode 0700. It fails when another process holds the file (bbolt's lock)
-// after 5 s.
-func OpenStore(path string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: init %s: %w", path, err)
-	}
-	return &Store{db: db}, nil
-}
-
-// Close closes the database; safe on nil.
-func (s *Store) Close() error {
-	if s == nil || s.db == nil {
-		return nil
-	}
-	return s.db.Close()
-}
-
-// InstanceID returns this store's instance id, creating it on first use. Containers
-// carry it in a label, so that one server adopts and cleans up only its own.
-func (s *Store) InstanceID() (string, error) {
-	var id string
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketMeta)
-		if v := b.Get(keyInstance); v != nil {
-			id = string(v)
-			return nil
-		}
-		var r [6]byte
-		if _, err := rand.Read(r[:]); err != nil {
-			return err
-		}
-		id = hex.EncodeToString(r[:])
-		return b.Put(keyInstance, []byte(id))
-	})
-	return id, err
 }
 
 // record is what the store keeps of one sandbox.
@@ -192,32 +118,6 @@ func cloneMap(m map[string]string) map[string]string {
 	return c
 }
 
-// PutSandbox writes the document of sandbox id.
-func (s *Store) PutSandbox(id string, doc []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).Put([]byte(id), doc)
-	})
-}
-
-// DeleteSandbox deletes the document of id; a missing one is not an error.
-func (s *Store) DeleteSandbox(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
-	})
-}
-
-// Sandboxes returns every sandbox document by id.
-func (s *Store) Sandboxes() (map[string][]byte, error) {
-	out := map[string][]byte{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
-			out[string(k)] = append([]byte(nil), v...)
-			return nil
-		})
-	})
-	return out, err
-}
-
 // putRecord writes rec to st.
 func putRecord(st StateStore, rec *record) error {
 	b, err := encodeRecord(rec)
@@ -255,42 +155,4 @@ func allRecords(st StateStore) ([]*record, error) {
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-// Count returns how many sandbox records the store holds.
-func (s *Store) Count() (int, error) {
-	n := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
-		n = tx.Bucket(bucketSandboxes).Stats().KeyN
-		return nil
-	})
-	return n, err
-}
-
-// LibraryVersions returns the last applied version of every named policy (the policy
-// library's library.Store).
-func (s *Store) LibraryVersions() (map[string]library.Stored, error) {
-	out := map[string]library.Stored{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLibrary).ForEach(func(k, v []byte) error {
-			var st library.Stored
-			if err := json.Unmarshal(v, &st); err != nil {
-				return fmt.Errorf("store: named policy %q: %w", k, err)
-			}
-			out[string(k)] = st
-			return nil
-		})
-	})
-	return out, err
-}
-
-// PutLibraryVersion records the applied version of named policy name.
-func (s *Store) PutLibraryVersion(name string, st library.Stored) error {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLibrary).Put([]byte(name), b)
-	})
 }

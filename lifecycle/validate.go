@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/airlockdev/airlock/policies"
 	"math"
 	"math/big"
 	"path"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlockdev/airlock/policies"
 )
 
 // Limits bound what a create request may ask for.

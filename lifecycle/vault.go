@@ -4,6 +4,7 @@ import (
 	"crypto"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -32,29 +33,42 @@ const vaultPrefix = "/credential-vault"
 // covered when airlock-binding-probe.example.com is).
 const coverProbeLabel = "airlock-binding-probe"
 
-// handleVaultAPI serves /credential-vault… of sandbox id's egress API: 412 when the
-// sandbox was not created with credentialProxy.enabled (the proxy cannot intercept its
-// traffic), else the vault's own answer.
-func (s *Server) handleVaultAPI(w http.ResponseWriter, r *http.Request, id, rest string) {
-	s.mu.Lock()
-	e, ok := s.sbx[id]
-	enabled := ok && e.rec.CredentialProxy
-	s.mu.Unlock()
+// vaultAPI serves the egress API's Credential Vault routes (/credential-vault…, on
+// sandbox port 18080 through the server proxy) with the vault that egressd holds: only
+// for a sandbox created with credentialProxy.enabled, and only for bindings whose
+// destination the sandbox's policy allows by an explicit rule.
+type vaultAPI struct {
+	vault CredentialVault // nil: the server runs none (every request is 412)
+	reg   interface {
+		policyReader
+		// peek runs fn on the sandbox's record under the registry lock and reports
+		// whether the sandbox exists.
+		peek(id string, fn func(rec *record)) bool
+	}
+	log *slog.Logger
+}
+
+// serve answers rest ("/credential-vault…") of sandbox id's egress API: 404 for an
+// unknown sandbox, 412 when it was not created with credentialProxy.enabled (the proxy
+// cannot intercept its traffic), else the vault's own answer.
+func (a *vaultAPI) serve(w http.ResponseWriter, r *http.Request, id, rest string) {
+	enabled := false
+	ok := a.reg.peek(id, func(rec *record) { enabled = rec.CredentialProxy })
 	switch {
 	case !ok:
-		s.fail(w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
-	case !enabled || s.cfg.CredentialVault == nil:
-		s.fail(w, r, fmt.Errorf("%w: sandbox %s was not created with credentialProxy.enabled, so its outbound requests cannot be intercepted", ErrPrecondition, id))
+		fail(a.log, w, r, fmt.Errorf("%w: %q", ErrNotFound, id))
+	case !enabled || a.vault == nil:
+		fail(a.log, w, r, fmt.Errorf("%w: sandbox %s was not created with credentialProxy.enabled, so its outbound requests cannot be intercepted", ErrPrecondition, id))
 	default:
-		s.cfg.CredentialVault.ServeAPI(w, r, id, rest, func(host string, port uint16) error { return s.covered(id, host, port) })
+		a.vault.ServeAPI(w, r, id, rest, func(host string, port uint16) error { return a.covered(id, host, port) })
 	}
 }
 
 // covered reports (nil) whether the sandbox's policy lets it reach host:port over TCP by
 // an explicit egress rule: a binding may only target what the policy allows, never
 // something reached by a default allow or in report mode.
-func (s *Server) covered(id, host string, port uint16) error {
-	p, _, err := s.parsedPolicy(id)
+func (a *vaultAPI) covered(id, host string, port uint16) error {
+	p, _, err := storedPolicy(a.reg, id)
 	if err != nil {
 		return err
 	}

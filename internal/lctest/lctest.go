@@ -23,6 +23,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
@@ -136,7 +137,7 @@ type Options struct {
 type Harness struct {
 	Server   *lifecycle.Server
 	Runtime  *docker.Runtime
-	Store    *lifecycle.Store
+	Store    *boltstore.Store
 	HTTP     *httptest.Server
 	StateDir string
 	Image    string
@@ -153,7 +154,7 @@ func New(t testing.TB, o Options) *Harness {
 	if o.StateDir == "" {
 		o.StateDir = t.TempDir()
 	}
-	store, err := lifecycle.OpenStore(filepath.Join(o.StateDir, "lifecycle.db"))
+	store, err := boltstore.Open(filepath.Join(o.StateDir, "lifecycle.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

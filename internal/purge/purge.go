@@ -21,7 +21,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/airlockdev/airlock/egressd/nftfilter"
-	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 )
 
@@ -184,7 +184,7 @@ func removeContainers(ctx context.Context, cfg Config, cli *client.Client) (int,
 	filters := client.Filters{}
 	db := filepath.Join(cfg.StateDir, "lifecycle.db")
 	if _, err := os.Stat(db); err == nil {
-		st, err := lifecycle.OpenStore(db)
+		st, err := boltstore.Open(db)
 		if err != nil {
 			return 0, fmt.Errorf("reading the instance id: %w", err)
 		}

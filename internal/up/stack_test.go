@@ -22,7 +22,7 @@ import (
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
-	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -52,7 +52,7 @@ func TestStartFailureStopsInReverse(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "starting api") {
 		t.Fatalf("Start: %v", err)
 	}
-	st, err := lifecycle.OpenStore(filepath.Join(dir, "lifecycle.db"))
+	st, err := boltstore.Open(filepath.Join(dir, "lifecycle.db"))
 	if err != nil {
 		t.Fatalf("store still locked after a failed start: %v", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies/library"
@@ -48,7 +49,7 @@ type Stack struct {
 	registry *prometheus.Registry
 
 	// Filled as components start.
-	Store     *lifecycle.Store
+	Store     *boltstore.Store
 	Audit     *audit.Writer
 	Docker    *docker.Runtime
 	Lifecycle *lifecycle.Server
@@ -141,7 +142,7 @@ func (s *Stack) startStore(context.Context) error {
 	if err := os.MkdirAll(s.cfg.StateDir, 0o700); err != nil {
 		return err
 	}
-	st, err := lifecycle.OpenStore(filepath.Join(s.cfg.StateDir, "lifecycle.db"))
+	st, err := boltstore.Open(filepath.Join(s.cfg.StateDir, "lifecycle.db"))
 	if err != nil {
 		return err
 	}

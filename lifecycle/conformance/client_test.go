@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 const apiKey = "conformance-key"
@@ -35,7 +36,7 @@ func (c *client) do(method, path string, body any, hdr ...string) (int, []byte) 
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	req.Header.Set("OPEN-SANDBOX-API-KEY", apiKey)
+	req.Header.Set(opensandbox.HeaderAPIKey, apiKey)
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -81,7 +82,7 @@ func (c *client) get(id string) (lifecycle.Sandbox, int) {
 }
 
 // waitState waits (at most 90 s) until sandbox id is in state.
-func (c *client) waitState(id string, state lifecycle.State) lifecycle.Sandbox {
+func (c *client) waitState(id string, state opensandbox.State) lifecycle.Sandbox {
 	c.t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // sleeper is a create request for a sandbox that runs until deleted.
@@ -55,7 +56,7 @@ func testCreate(t *testing.T, p *plane) {
 			{"action": "allow", "target": "pypi.org"}, {"action": "allow", "target": "192.0.2.0/24"}}},
 	}))
 	t.Cleanup(func() { c.do("DELETE", "/v1/sandboxes/"+id, nil) })
-	sb := c.waitState(id, lifecycle.Running)
+	sb := c.waitState(id, opensandbox.Running)
 	if sb.Image == nil || sb.Image.URI != "airlock/sandbox:latest" {
 		t.Errorf("image %+v", sb.Image)
 	}
@@ -108,7 +109,7 @@ func testList(t *testing.T, p *plane) {
 		ids = append(ids, id)
 	}
 	for _, id := range ids {
-		c.waitState(id, lifecycle.Running)
+		c.waitState(id, opensandbox.Running)
 	}
 	list := func(q string) lifecycle.ListResponse {
 		var out lifecycle.ListResponse
@@ -146,7 +147,7 @@ func testDelete(t *testing.T, p *plane) {
 	c := p.c
 	c.t = t
 	id := c.create(sleeper(nil))
-	c.waitState(id, lifecycle.Running)
+	c.waitState(id, opensandbox.Running)
 	if !p.objects(id) {
 		t.Fatal("the runtime has nothing of a running sandbox")
 	}
@@ -189,12 +190,12 @@ func testRestart(t *testing.T, p *plane) {
 	c.t = t
 	id := c.create(sleeper(map[string]any{"metadata": map[string]string{"case": "restart"}}))
 	t.Cleanup(func() { c.do("DELETE", "/v1/sandboxes/"+id, nil) })
-	before := c.waitState(id, lifecycle.Running)
+	before := c.waitState(id, opensandbox.Running)
 	if out := c.run(id, "echo before"); out != "before" {
 		t.Fatalf("before restart: %q", out)
 	}
 	p.restart()
-	after := c.waitState(id, lifecycle.Running)
+	after := c.waitState(id, opensandbox.Running)
 	if after.Metadata["case"] != "restart" || after.ExpiresAt == nil || !after.ExpiresAt.Equal(*before.ExpiresAt) ||
 		!after.CreatedAt.Equal(before.CreatedAt) {
 		t.Errorf("after restart %+v, before %+v", after, before)

@@ -12,6 +12,7 @@ import (
 	"github.com/airlockdev/airlock/internal/cluster"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // fakeEgressd is a node's egressd status route that the test controls: which policy
@@ -81,11 +82,11 @@ func TestEnforcementGate(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if sb, _ := c.get(id); sb.Status.State != lifecycle.Pending {
+	if sb, _ := c.get(id); sb.Status.State != opensandbox.Pending {
 		t.Fatalf("state %s before the node enforces the sandbox, want Pending", sb.Status.State)
 	}
 	fe.set(id, 1)
-	c.waitState(id, lifecycle.Running)
+	c.waitState(id, opensandbox.Running)
 	if out := c.run(id, "echo released"); out != "released" {
 		t.Fatalf("after release: %q", out)
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/internal/cluster"
-	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Two lifecycle replicas on one cluster serve the same sandboxes; exactly one leads
@@ -53,12 +53,12 @@ func TestReplicas(t *testing.T) {
 
 	// Created on the follower, visible and usable on the leader, and the other way.
 	a := cl[other].create(sleeper(map[string]any{"metadata": map[string]string{"case": "replicas"}}))
-	cl[lead].waitState(a, lifecycle.Running)
+	cl[lead].waitState(a, opensandbox.Running)
 	if out := cl[lead].run(a, "echo via-leader"); out != "via-leader" {
 		t.Fatalf("execd through the other replica: %q", out)
 	}
 	b := cl[lead].create(sleeper(nil))
-	cl[other].waitState(b, lifecycle.Running)
+	cl[other].waitState(b, opensandbox.Running)
 
 	// Short-lived sandboxes: the leader reaps them once.
 	var short []string
@@ -78,7 +78,7 @@ func TestReplicas(t *testing.T) {
 
 	// The leader goes; sandboxes that expire now are reaped by the new leader.
 	late := cl[other].create(sleeper(map[string]any{"timeout": 4}))
-	cl[other].waitState(late, lifecycle.Running)
+	cl[other].waitState(late, opensandbox.Running)
 	reapedBefore := cl[lead].metric("airlock_lifecycle_expired_total")
 	if err := cps[lead].Close(); err != nil {
 		t.Fatal(err)

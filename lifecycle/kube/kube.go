@@ -29,6 +29,7 @@ import (
 
 	"github.com/airlockdev/airlock/internal/buildinfo"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // Labels and annotations on every object of a sandbox.
@@ -88,7 +89,7 @@ type Config struct {
 	// defaults app.kubernetes.io/name=airlock-gateway and =airlock-lifecycle.
 	GatewaySelector, LifecycleSelector map[string]string
 	// ExecdPort is execd's port, declared as the sandbox container's port "execd";
-	// default 44772 (lifecycle.DefaultExecdPort).
+	// default 44772 (opensandbox.ExecdPort).
 	ExecdPort int
 	// Log receives the runtime's records (never a credential); default: discarded.
 	Log *slog.Logger
@@ -129,7 +130,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg.LifecycleSelector = map[string]string{"app.kubernetes.io/name": "airlock-lifecycle"}
 	}
 	if cfg.ExecdPort == 0 {
-		cfg.ExecdPort = lifecycle.DefaultExecdPort
+		cfg.ExecdPort = opensandbox.ExecdPort
 	}
 	if cfg.ExecdPort < 1 || cfg.ExecdPort > 65535 {
 		return nil, fmt.Errorf("kube: execd port %d out of range", cfg.ExecdPort)

@@ -110,7 +110,7 @@ func (c *Client) Run(ctx context.Context, h Handler) error {
 		if time.Since(start) > 30*time.Second {
 			backoff = 100 * time.Millisecond
 		}
-		c.cfg.Log.Warn("watch stream ended, reconnecting", "error", err, "backoff_ms", backoff.Milliseconds())
+		c.cfg.Log.Warn("watch stream ended, reconnecting", "err", err, "backoff_ms", backoff.Milliseconds())
 		wait := backoff/2 + rand.N(backoff/2+1)
 		select {
 		case <-ctx.Done():

@@ -56,8 +56,8 @@ type Event struct {
 // Client hand out copies, never shared pointers.
 type Sandbox struct {
 	ID string `json:"id"`
-	// State is the OpenSandbox lifecycle state: Pending, Running, Pausing, Paused,
-	// Resuming, Stopping, Terminated or Failed.
+	// State is the OpenSandbox lifecycle state (an opensandbox.State): Pending, Running,
+	// Pausing, Paused, Resuming, Stopping, Terminated or Failed.
 	State string `json:"state"`
 	// Address is the sandbox's IPv4 address on the Airlock network; invalid (zero) until
 	// the runtime has started it. Address6 is its IPv6 address when the network has one.
