@@ -6,7 +6,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
-	"github.com/airlockdev/airlock/internal/purge"
+	"github.com/airlockdev/airlock/stack/purge"
 )
 
 func newDownCmd() *cobra.Command {

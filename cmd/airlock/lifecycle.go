@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/gateway/signedurl"
-	"github.com/airlockdev/airlock/internal/cluster"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 

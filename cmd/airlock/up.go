@@ -17,8 +17,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/airlockdev/airlock/deploy/systemd"
-	"github.com/airlockdev/airlock/internal/purge"
-	"github.com/airlockdev/airlock/internal/up"
+	"github.com/airlockdev/airlock/stack"
+	"github.com/airlockdev/airlock/stack/purge"
 )
 
 func newUpCmd() *cobra.Command {
@@ -45,7 +45,7 @@ cloud metadata and private addresses). Gateway, DNS and connection decisions
 go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' checks it). On first start it generates an API key, stores it in the
 state directory and prints it; later starts reuse it (--no-auth: no key at all).
 
-Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
+Configuration comes from ` + stack.DefaultConfigPath + ` (or --config); unknown keys are errors.
 Flags override the file.
 
 Before starting it checks the host like 'airlock doctor' and refuses to start when a
@@ -84,26 +84,26 @@ starts it when systemd runs the host; then it exits.`,
 				}
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
-			stack, err := up.New(cfg, log)
+			st, err := stack.New(cfg, log)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := stack.Start(ctx); err != nil {
+			if err := st.Start(ctx); err != nil {
 				return err
 			}
-			pidFile := filepath.Join(stack.StateDir(), purge.PIDFile)
+			pidFile := filepath.Join(st.StateDir(), purge.PIDFile)
 			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 				log.Warn("writing the pid file failed: airlock down will not find this process", "path", pidFile, "err", err)
 			}
 			defer os.Remove(pidFile)
-			printBanner(os.Stdout, stack)
+			printBanner(os.Stdout, st)
 			<-ctx.Done()
 			log.Info("shutting down")
 			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			return stack.Stop(sctx)
+			return st.Stop(sctx)
 		},
 	}
 	f := cmd.Flags()
@@ -132,14 +132,14 @@ func installService(cmd *cobra.Command) error {
 	})
 	return systemd.Installer{
 		Binary: exe,
-		Execd:  up.DefaultExecdPath(),
+		Execd:  stack.DefaultExecdPath(),
 		Args:   args,
 		Out:    cmd.OutOrStdout(),
 	}.Install()
 }
 
 // printBanner prints the API address, the key and a three-line SDK example.
-func printBanner(w io.Writer, s *up.Stack) {
+func printBanner(w io.Writer, s *stack.Stack) {
 	addr := s.Addr.String()
 	fmt.Fprintf(w, "Airlock is up.\n\n  Lifecycle API: http://%s (also under /v1)\n", addr)
 	if s.Gateway != nil {

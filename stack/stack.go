@@ -1,8 +1,14 @@
-// Package up assembles Airlock's components into the one process `airlock up` runs:
+// Package stack assembles Airlock's components into the one process `airlock up` runs:
 // the embedded store, the audit log, the Docker runtime, the lifecycle server and its
 // HTTP listener, the ingress gateway (embedded Caddy) and egressd. Components start in
 // order and stop in reverse; a failed start stops what had started.
-package up
+//
+// It is also the one place egressd and the gateway are built: NewEgressd and
+// NewGateway, with their settings and defaults in EgressdConfig and GatewayConfig, are
+// what `airlock up` (filled from airlock.yaml) and the standalone `airlock egressd` and
+// `airlock gateway` (filled from flags) run; OpenAudit opens the hash-chained, signed
+// audit log of each.
+package stack
 
 import (
 	"context"

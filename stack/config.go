@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"bytes"
@@ -15,9 +15,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	egressbpf "github.com/airlockdev/airlock/ebpf"
-	"github.com/airlockdev/airlock/internal/doctor"
 	"github.com/airlockdev/airlock/policies/library"
 	"github.com/airlockdev/airlock/sandboximage"
+	"github.com/airlockdev/airlock/stack/doctor"
 )
 
 // DefaultConfigPath is read when no --config is given; a missing file there is fine.
