@@ -180,7 +180,7 @@ func startStack(t *testing.T) (*stack.Stack, string) {
 	s, err := stack.New(stack.Config{
 		Listen: "127.0.0.1:0", StateDir: t.TempDir(), Policies: stack.PoliciesConfig{Dir: lib},
 		Gateway: stack.GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  stack.EgressConfig{Mode: "ebpf", PinRoot: pin, NFTTable: testenv.NFTTable(t), Upstreams: []string{resolver}},
+		Egress:  stack.EgressdConfig{Mode: "ebpf", PinRoot: pin, NFTTable: testenv.NFTTable(t), Upstreams: []string{resolver}},
 		Docker:  stack.DockerConfig{Network: testNetwork, ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}, nil)
 	if err != nil {

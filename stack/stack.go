@@ -32,7 +32,6 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/docker"
@@ -58,8 +57,8 @@ type Stack struct {
 	Audit     *audit.Writer
 	Docker    *docker.Runtime
 	Lifecycle *lifecycle.Server
-	Gateway   *gateway.Server // nil when the gateway is disabled
-	Egress    *egressd.Daemon // nil when egress enforcement is disabled
+	Gateway   *Gateway // nil when the gateway is disabled
+	Egress    *Egressd // nil when egress enforcement is disabled
 	// Vault is the Credential Vault (credentialProxy sandboxes); nil without egress or
 	// without the L7 proxy.
 	Vault  *vault.Store

@@ -18,10 +18,10 @@ type stackFlags struct {
 func (s *stackFlags) register(cmd *cobra.Command, addrs bool) {
 	f := cmd.Flags()
 	f.StringVar(&s.config, "config", "", "configuration file (default "+stack.DefaultConfigPath+" when present)")
-	f.StringVar(&s.stateDir, "state-dir", "/var/lib/airlock", "directory of the store, the keys and the audit log")
+	f.StringVar(&s.stateDir, "state-dir", stack.DefaultStateDir, "directory of the store, the keys and the audit log")
 	if addrs {
-		f.StringVar(&s.listen, "listen", "127.0.0.1:8080", "lifecycle API address")
-		f.StringVar(&s.gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
+		f.StringVar(&s.listen, "listen", stack.DefaultListen, "lifecycle API address")
+		f.StringVar(&s.gwListen, "gateway-listen", stack.DefaultGatewayConfig().Listen, "gateway address (sandbox endpoints point here)")
 		f.BoolVar(&s.noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
 		f.BoolVar(&s.noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
 	}

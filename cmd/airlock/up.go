@@ -42,11 +42,15 @@ filter on the Airlock bridge (the sandboxes' only resolver) and the eBPF datapat
 (nftables where eBPF cannot attach) on every sandbox's veth, enforcing the
 networkPolicy given at creation (none: everything but the host, the control plane,
 cloud metadata and private addresses). Gateway, DNS and connection decisions
-go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' checks it). On first start it generates an API key, stores it in the
-state directory and prints it; later starts reuse it (--no-auth: no key at all).
+go to the hash-chained audit log in <state dir>/audit, whose checkpoints are signed
+with the Ed25519 key <state dir>/audit.key ('airlock audit verify' checks the chain and,
+with audit.pub beside it, the signatures). On first start it generates an API key and
+the audit signing key, stores them in the state directory and prints the API key; later
+starts reuse them (--no-auth: no API key at all).
 
 Configuration comes from ` + stack.DefaultConfigPath + ` (or --config); unknown keys are errors.
-Flags override the file.
+Flags override the file. The gateway and egressd are built by the same code, with the
+same settings and defaults, as 'airlock gateway' and 'airlock egressd' (stack/README.md).
 
 Before starting it checks the host like 'airlock doctor' and refuses to start when a
 hard prerequisite fails (root, bpffs, the Docker engine, free ports, ...), printing the
@@ -108,8 +112,9 @@ starts it when systemd runs the host; then it exits.`,
 	}
 	f := cmd.Flags()
 	sf.register(cmd, true)
-	f.StringVar(&egressMode, "egress-mode", "auto", "egress datapath: auto (eBPF, else nftables), ebpf or nftables")
-	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
+	def := stack.DefaultEgressdConfig()
+	f.StringVar(&egressMode, "egress-mode", def.Mode, "egress datapath: auto (eBPF, else nftables), ebpf or nftables (egress.mode)")
+	f.IntVar(&proxyPort, "egress-proxy-port", def.ProxyPort, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off; egress.proxyPort)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&skipChecks, "skip-checks", false, "start without the host check (airlock doctor) that refuses a host which cannot run the stack")
