@@ -23,6 +23,11 @@ type VerifyOptions struct {
 	// PublicKey checks checkpoint signatures; without it signatures are not checked
 	// (Report.UnverifiedSignatures counts them).
 	PublicKey ed25519.PublicKey
+	// UnsignedBefore, with PublicKey, accepts unsigned checkpoints that come before the
+	// first signed one (a log written before its writer had a signing key) and reports
+	// them in Report.Warnings; every checkpoint after a signed one must still be signed.
+	// Without it, every checkpoint must be signed when PublicKey is set.
+	UnsignedBefore bool
 }
 
 // Location is a place in the log.
@@ -54,6 +59,9 @@ type Report struct {
 	// writing); that line is not part of the chain and the writer cuts it on restart.
 	TornTail             *Location `json:"torn_tail,omitempty"`
 	UnverifiedSignatures int       `json:"unverified_signatures,omitempty"`
+	// VerifiedSignatures counts the checkpoint signatures checked with
+	// VerifyOptions.PublicKey.
+	VerifiedSignatures int `json:"verified_signatures,omitempty"`
 	// Warnings are findings that do not break the chain (a finished file without a
 	// checkpoint, for example).
 	Warnings []string `json:"warnings,omitempty"`
@@ -84,6 +92,7 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 	byFile := map[string]Checkpoint{}
 	bySeq := map[uint64]Checkpoint{}
 	cpPrev := Genesis
+	signed, unsigned := false, 0
 	for i, c := range cps {
 		rep.Checkpoints++
 		byFile[c.File], bySeq[c.LastSeq] = c, c
@@ -95,15 +104,23 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 			return rep.broken(loc, "checkpoint hash does not match its contents")
 		}
 		cpPrev = c.Hash
-		if c.Sig != "" {
-			if opts.PublicKey == nil {
-				rep.UnverifiedSignatures++
-			} else if raw, _ := hex.DecodeString(c.Hash); !verifySig(opts.PublicKey, raw, c.Sig) {
+		switch {
+		case c.Sig != "" && opts.PublicKey == nil:
+			rep.UnverifiedSignatures++
+		case c.Sig != "":
+			if raw, _ := hex.DecodeString(c.Hash); !verifySig(opts.PublicKey, raw, c.Sig) {
 				return rep.broken(loc, "checkpoint signature does not verify with the given public key")
 			}
-		} else if opts.PublicKey != nil {
+			rep.VerifiedSignatures++
+			signed = true
+		case opts.PublicKey != nil && opts.UnsignedBefore && !signed:
+			unsigned++
+		case opts.PublicKey != nil:
 			return rep.broken(loc, "checkpoint is not signed but a public key was given")
 		}
+	}
+	if unsigned > 0 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the first %d checkpoints are not signed (written before the log had a signing key)", unsigned))
 	}
 	prev, next := Genesis, uint64(1)
 	for fi, name := range files {

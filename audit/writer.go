@@ -23,7 +23,8 @@ type Config struct {
 	Dir string
 	// SyncInterval is the longest time a written record waits for fsync; default 100ms.
 	SyncInterval time.Duration
-	// MaxFileBytes rotates the current file once it reaches this size; default 64 MiB.
+	// MaxFileBytes rotates the current file once it reaches this size; default
+	// DefaultMaxFileBytes (64 MiB).
 	MaxFileBytes int64
 	// Linger is how long the writer waits for more records once one arrives, so that a
 	// steady stream goes out in few write(2) calls (group commit); default 2ms, negative
@@ -40,6 +41,10 @@ type Config struct {
 	// Registry receives the airlock_audit_* metrics; nil means none.
 	Registry prometheus.Registerer
 }
+
+// DefaultMaxFileBytes is the size, in bytes, at which a log file is sealed by a
+// checkpoint and the next one begun (Config.MaxFileBytes).
+const DefaultMaxFileBytes = 64 << 20
 
 // ErrClosed is returned by operations on a closed Writer.
 var ErrClosed = errors.New("audit: writer closed")
@@ -109,7 +114,7 @@ func open(cfg Config) (*Writer, error) {
 		cfg.SyncInterval = 100 * time.Millisecond
 	}
 	if cfg.MaxFileBytes <= 0 {
-		cfg.MaxFileBytes = 64 << 20
+		cfg.MaxFileBytes = DefaultMaxFileBytes
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 65536

@@ -194,7 +194,7 @@ func TestRotationCheckpointsSigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Checkpoints < 5 || rep.Records != 200 {
+	if rep.Checkpoints < 5 || rep.Records != 200 || rep.VerifiedSignatures != rep.Checkpoints {
 		t.Fatalf("report %+v", rep)
 	}
 	if rep, _ := Verify(dir, VerifyOptions{}); rep.UnverifiedSignatures != rep.Checkpoints {

@@ -25,8 +25,8 @@ import (
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
-	"github.com/airlockdev/airlock/internal/up"
 	"github.com/airlockdev/airlock/sdk"
+	"github.com/airlockdev/airlock/stack"
 )
 
 const testNetwork = "altest-con0"
@@ -162,7 +162,7 @@ func jsFetch[T any](expr string) chromedp.Action[T] {
 // startStack runs the whole of airlock up in this process: egressd in eBPF mode on a
 // pin root of the test's own, a loopback DNS upstream where allowed.test and
 // denied.test exist, its own Docker network and container names.
-func startStack(t *testing.T) (*up.Stack, string) {
+func startStack(t *testing.T) (*stack.Stack, string) {
 	img := testenv.NeedSandboxImage(t)
 	testenv.NeedBPF(t)
 	var b [4]byte
@@ -178,11 +178,11 @@ func startStack(t *testing.T) (*up.Stack, string) {
 		[]byte("defaultAction: deny\negress:\n  - action: allow\n    target: allowed.test\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err := up.New(up.Config{
-		Listen: "127.0.0.1:0", StateDir: t.TempDir(), Policies: up.PoliciesConfig{Dir: lib},
-		Gateway: up.GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  up.EgressConfig{Mode: "ebpf", PinRoot: pin, NFTTable: nfttest.Table(t), Upstreams: []string{resolver}},
-		Docker:  up.DockerConfig{Network: testNetwork, ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
+	s, err := stack.New(stack.Config{
+		Listen: "127.0.0.1:0", StateDir: t.TempDir(), Policies: stack.PoliciesConfig{Dir: lib},
+		Gateway: stack.GatewayConfig{Listen: "127.0.0.1:0"},
+		Egress:  stack.EgressdConfig{Mode: "ebpf", PinRoot: pin, NFTTable: nfttest.Table(t), Upstreams: []string{resolver}},
+		Docker:  stack.DockerConfig{Network: testNetwork, ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -32,18 +32,20 @@ func newAuditVerifyCmd() *cobra.Command {
 		Use:   "verify DIR",
 		Short: "Prove the hash chain of an audit log directory",
 		Long: `Checks every record's SHA-256 chain link, consecutive seqs across rotated files, and the
-rotation checkpoints (their own chain, each file's SHA-256, and with --public-key their
-Ed25519 signatures). Reports the first broken record by file, line and seq and exits
-non-zero. An incomplete last line (a crash mid-write) is reported, not a break.`,
+rotation checkpoints: their own chain, each file's SHA-256 and their Ed25519 signatures.
+Reports the first broken record by file, line and seq and exits non-zero. An incomplete
+last line (a crash mid-write) is reported, not a break.
+
+Signatures are checked with --public-key, else with DIR.pub beside the directory when it
+exists (the public key 'airlock up', 'airlock egressd' and 'airlock gateway' write next
+to the signing key DIR.key they generate at first start). With DIR.pub, checkpoints
+written before the log had a key may be unsigned (a warning); with --public-key every
+checkpoint must be signed.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var opts audit.VerifyOptions
-			if pubPath != "" {
-				k, err := audit.LoadPublicKey(pubPath)
-				if err != nil {
-					return err
-				}
-				opts.PublicKey = k
+			opts, keyFile, err := verifyOptions(args[0], pubPath)
+			if err != nil {
+				return err
 			}
 			rep, err := audit.Verify(args[0], opts)
 			if rep == nil {
@@ -63,8 +65,11 @@ non-zero. An incomplete last line (a crash mid-write) is reported, not a break.`
 			if rep.LastHash != "" {
 				fmt.Fprintf(out, "last hash:   %s\n", rep.LastHash)
 			}
-			if rep.UnverifiedSignatures > 0 {
+			switch {
+			case rep.UnverifiedSignatures > 0:
 				fmt.Fprintf(out, "signatures:  %d not checked (pass --public-key)\n", rep.UnverifiedSignatures)
+			case keyFile != "":
+				fmt.Fprintf(out, "signatures:  %d verified with %s\n", rep.VerifiedSignatures, keyFile)
 			}
 			if rep.TornTail != nil {
 				fmt.Fprintf(out, "torn tail:   %s line %d is incomplete (crash while writing); not part of the chain\n", rep.TornTail.File, rep.TornTail.Line)
@@ -83,9 +88,26 @@ non-zero. An incomplete last line (a crash mid-write) is reported, not a break.`
 			return nil
 		},
 	}
-	c.Flags().StringVar(&pubPath, "public-key", "", "Ed25519 public key file to check checkpoint signatures")
+	c.Flags().StringVar(&pubPath, "public-key", "", "Ed25519 public key file to check checkpoint signatures (default DIR.pub when it exists)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return c
+}
+
+// verifyOptions are the options of verify for dir: the public key of --public-key
+// (every checkpoint must be signed), else the one beside dir when it exists (earlier
+// unsigned checkpoints allowed), else none. keyFile is the key file used.
+func verifyOptions(dir, pubPath string) (opts audit.VerifyOptions, keyFile string, err error) {
+	if pubPath == "" {
+		_, def := audit.DefaultKeyFiles(dir)
+		if _, err := os.Stat(def); err != nil {
+			return opts, "", nil
+		}
+		pubPath, opts.UnsignedBefore = def, true
+	}
+	if opts.PublicKey, err = audit.LoadPublicKey(pubPath); err != nil {
+		return opts, "", err
+	}
+	return opts, pubPath, nil
 }
 
 func newAuditTailCmd() *cobra.Command {

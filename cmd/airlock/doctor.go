@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airlockdev/airlock/internal/doctor"
-	"github.com/airlockdev/airlock/internal/up"
+	"github.com/airlockdev/airlock/stack"
+	"github.com/airlockdev/airlock/stack/doctor"
 )
 
 func newDoctorCmd() *cobra.Command {
@@ -58,7 +58,7 @@ Exit status 0 only when the stack can run. --json prints {"rows": [...], "ok": b
 
 // checkHost runs the doctor for cfg and returns an error naming the failing hard rows
 // (with the table on stderr), so airlock up refuses to start on a host that cannot run it.
-func checkHost(cmd *cobra.Command, cfg up.Config) error {
+func checkHost(cmd *cobra.Command, cfg stack.Config) error {
 	dc, err := cfg.Doctor()
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,15 +142,19 @@ docker:
 	}
 	nftTable(t, nsPath, table, false)
 	entries, _ := os.ReadDir(state)
-	if len(entries) != 1 || entries[0].Name() != "audit" {
-		t.Errorf("state dir after --purge holds %v, want only the audit log", entries)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"audit", "audit.key", "audit.pub"}; !slices.Equal(left, want) {
+		t.Errorf("state dir after --purge holds %v, want only the audit log and its key pair %v", left, want)
 	}
 	if logs, _ := os.ReadDir(filepath.Join(state, "audit")); len(logs) == 0 {
 		t.Error("the audit log was not kept")
 	}
 
 	out = down(t, bin, "--config", cfg, "--purge-audit", "--nft-netns", nsPath)
-	if !strings.Contains(out, "removed "+filepath.Join(state, "audit")) {
+	if !strings.Contains(out, "removed "+filepath.Join(state, "audit")) || !strings.Contains(out, "removed "+filepath.Join(state, "audit.key")) {
 		t.Errorf("--purge-audit output:\n%s", out)
 	}
 	if _, err := os.Stat(state); !os.IsNotExist(err) {

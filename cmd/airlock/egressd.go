@@ -1,37 +1,29 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
-	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/ebpf"
-	"github.com/airlockdev/airlock/egressd"
-	"github.com/airlockdev/airlock/egressd/enforcer"
-	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/lifecycle/watch"
-	"github.com/airlockdev/airlock/policies"
+	"github.com/airlockdev/airlock/stack"
 )
 
-func newEgressdCmd() *cobra.Command {
-	var (
-		watchURL, apiKey, dnsListen, resolver, mode, pinRoot, nftTable, node string
-		auditDir, metricsListen, logLevel, dnsLocal, dnsIfname               string
-		upstreams, denyAddrs                                                 []string
-		l7Port, proxyPort                                                    uint16
-	)
+// egressdFlags are the flags of `airlock egressd`: they fill a stack.EgressdConfig, the
+// configuration airlock up builds its egressd from, and show its defaults.
+type egressdFlags struct {
+	cfg      stack.EgressdConfig
+	logLevel string
+}
+
+func newEgressdCmd() *cobra.Command { return egressdCommand(&egressdFlags{}) }
+
+func egressdCommand(ef *egressdFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "egressd",
 		Short: "Run the egress daemon alone: DNS filter and eBPF/nftables datapath for this node's sandboxes",
@@ -46,15 +38,23 @@ every map entry, rule and set of theirs removed.
 
 Enforcement outlives the process: stopping or killing egressd leaves every sandbox
 enforced with its last policy (fail closed); the next start adopts the pinned state.
-'airlock up' runs the same daemon inside the all-in-one process.
+'airlock up' runs the same daemon, built by the same code with the same defaults, inside
+the all-in-one process: each flag here is a key of airlock.yaml's egress section
+(--mode is egress.mode, --l7-port egress.l7Port, ...).
+
+DNS and connection decisions go to the hash-chained audit log in --audit-dir, as in
+'airlock up': every checkpoint is signed with an Ed25519 key, <audit-dir>.key beside the
+directory unless --audit-signing-key names one, generated with its public key
+<audit-dir>.pub at the first start. 'airlock audit verify <audit-dir>' checks the chain
+and the signatures.
 
 On Kubernetes it runs as a DaemonSet (hostNetwork, capabilities BPF, NET_ADMIN, PERFMON
 and NET_BIND_SERVICE): --node (default $NODE_NAME, from the downward API's spec.nodeName) keeps it
 to the pods of its node; each pod's host-side veth is found from the route to the pod
 IP (a routed CNI such as Calico or ptp; bridged pods are refused and stay not
 enforced); --dns-local-address puts the node-local DNS address that pods' dnsConfig
-names on a dummy interface (--dns-interface) and serves DNS there; --audit-dir is a
-hostPath directory of the node. See egressd/README.md, "On Kubernetes".
+names on a dummy interface (--dns-interface) and serves DNS there; --audit-dir and its
+key are in a hostPath directory of the node. See egressd/README.md, "On Kubernetes".
 
 The API key may come from OPEN_SANDBOX_API_KEY.`,
 		Example: `  airlock egressd --watch-url http://127.0.0.1:8080/internal/v1/watch \
@@ -62,119 +62,73 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 
   # In a DaemonSet pod (NODE_NAME from the downward API):
   airlock egressd --watch-url http://airlock-lifecycle.airlock:8080/internal/v1/watch \
-      --dns-local-address 169.254.20.10 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
+      --dns-local-address 169.254.20.10 --l7-port 0 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(logLevel)}))
-			if watchURL == "" || (dnsListen == "" && dnsLocal == "") {
-				return fmt.Errorf("--watch-url and --dns-listen (or --dns-local-address) are required")
-			}
-			if node == "" {
-				node = os.Getenv("NODE_NAME")
-			}
-			if apiKey == "" {
-				apiKey = os.Getenv("OPEN_SANDBOX_API_KEY")
-			}
-			hdr := http.Header{}
-			if apiKey != "" {
-				hdr.Set("OPEN-SANDBOX-API-KEY", apiKey)
-			}
-			if len(upstreams) == 0 {
-				var err error
-				if upstreams, err = egressd.HostResolvers("/etc/resolv.conf"); err != nil {
-					return err
-				}
-			}
-			ov := policies.BaseOverlay()
-			ov.DenyAddrs(egressd.HostAddrs()...)
-			for _, s := range denyAddrs {
-				if err := ov.Deny(s); err != nil {
-					return fmt.Errorf("--deny %q: %w", s, err)
-				}
-			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			cfg := egressd.Config{
-				Watch:        watch.ClientConfig{URL: watchURL, Header: hdr, Log: log.With("component", "watch")},
-				Enforcer:     enforcer.Config{Mode: enforcer.Mode(mode), EBPF: ebpf.Config{PinRoot: pinRoot}, NFT: nftfilter.Config{Table: nftTable}},
-				DNSListen:    dnsListen,
-				Upstreams:    upstreams,
-				Overlay:      ov,
-				Node:         node,
-				DNSInterface: dnsIfname,
-				L7Port:       l7Port,
-				ProxyPort:    proxyPort,
-				Registry:     reg,
-				Logger:       log,
-			}
-			if dnsLocal != "" {
-				a, err := netip.ParseAddr(dnsLocal)
-				if err != nil {
-					return fmt.Errorf("--dns-local-address: %w", err)
-				}
-				cfg.LocalDNS = a
-			}
-			if resolver != "" {
-				a, err := netip.ParseAddr(resolver)
-				if err != nil {
-					return fmt.Errorf("--resolver: %w", err)
-				}
-				cfg.Resolver = a
-			}
-			if auditDir != "" {
-				aw, err := audit.New(audit.Config{Dir: auditDir, Registry: reg, Logger: log})
-				if err != nil {
-					return err
-				}
-				defer aw.Close()
-				cfg.Audit = aw
-			}
-			d, err := egressd.New(cfg)
+			cfg, err := ef.config()
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "==> egressd: %s datapath, DNS filter on %s, upstreams %v\n", d.Backend(), d.DNSAddr(), upstreams)
-			if metricsListen != "" {
-				mux := http.NewServeMux()
-				mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-				mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-					if !d.Synced() {
-						http.Error(w, "waiting for the first watch snapshot", http.StatusServiceUnavailable)
-						return
-					}
-					fmt.Fprintln(w, "ok")
-				})
-				mux.Handle("GET "+watch.EnforcedPath+"{id}", d.StatusHandler())
-				defer serveHTTP(metricsListen, mux, log).Close()
-				fmt.Fprintf(cmd.OutOrStdout(), "==> metrics on http://%s/metrics, health on /healthz, enforcement status on %s<id>\n", metricsListen, watch.EnforcedPath)
+			if cfg.WatchURL == "" || (cfg.DNSListen == "" && !cfg.DNSLocalAddress.IsValid()) {
+				return errors.New("--watch-url and --dns-listen (or --dns-local-address) are required")
+			}
+			cfg.Log = newLogger(ef.logLevel)
+			d, err := stack.NewEgressd(cfg)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "==> egressd: %s datapath, DNS filter on %s, upstreams %v\n", d.Backend(), d.DNSAddr(), d.Upstreams)
+			if cfg.Audit.Dir != "" {
+				_, pub := cfg.Audit.KeyFiles()
+				fmt.Fprintf(out, "==> audit log %s, checkpoints signed (public key %s)\n", cfg.Audit.Dir, pub)
+			}
+			if cfg.MetricsListen != "" {
+				fmt.Fprintf(out, "==> metrics on http://%s/metrics, health on /healthz, enforcement status on %s<id>\n", cfg.MetricsListen, watch.EnforcedPath)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			err = d.Run(ctx)
-			fmt.Fprintln(cmd.OutOrStdout(), "==> egressd stopped; sandboxes stay enforced until it runs again")
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
+			fmt.Fprintln(out, "==> egressd stopped; sandboxes stay enforced until it runs again")
 			return err
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&watchURL, "watch-url", "", "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch (required)")
-	f.StringVar(&apiKey, "api-key", "", "lifecycle API key for the watch (default $OPEN_SANDBOX_API_KEY)")
-	f.StringVar(&dnsListen, "dns-listen", "", "DNS filter address, the Airlock bridge's gateway:53 (required unless --dns-local-address)")
-	f.StringVar(&dnsLocal, "dns-local-address", "", "node-local DNS address to create and serve on, e.g. 169.254.20.10 on Kubernetes (the pods' dnsConfig nameserver); --dns-listen defaults to it, port 53")
-	f.StringVar(&dnsIfname, "dns-interface", egressd.DefaultDNSInterface, "dummy interface that carries --dns-local-address (created if missing, never removed)")
-	f.StringVar(&resolver, "resolver", "", "address sandboxes send DNS to (default the --dns-listen host)")
-	f.StringSliceVar(&upstreams, "upstream", nil, "upstream resolver host:port (repeatable; default the host's /etc/resolv.conf)")
-	f.StringVar(&mode, "mode", string(enforcer.ModeAuto), "datapath: auto (eBPF, else nftables), ebpf or nftables")
-	f.StringVar(&pinRoot, "pin-root", ebpf.DefaultPinRoot, "bpffs directory of the pinned eBPF state")
-	f.StringVar(&nftTable, "nft-table", nftfilter.TableName, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root)")
-	f.Uint16Var(&l7Port, "l7-port", 15001, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off)")
-	f.Uint16Var(&proxyPort, "proxy-port", 0, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off)")
-	f.StringVar(&node, "node", "", "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
-	f.StringSliceVar(&denyAddrs, "deny", nil, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane")
-	f.StringVar(&auditDir, "audit-dir", "", "hash-chained audit log directory (empty: no audit)")
-	f.StringVar(&metricsListen, "metrics-listen", "", "serve /metrics, /healthz and "+watch.EnforcedPath+"<id> (which lifecycle replicas on Kubernetes ask before releasing a sandbox) on this address (empty: off)")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	ef.register(cmd.Flags())
 	return cmd
+}
+
+// register adds the flags, each defaulting to stack.DefaultEgressdConfig's value.
+func (ef *egressdFlags) register(f *pflag.FlagSet) {
+	ef.cfg = stack.DefaultEgressdConfig()
+	c := &ef.cfg
+	f.StringVar(&c.WatchURL, "watch-url", c.WatchURL, "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch (required)")
+	f.StringVar(&c.APIKey, "api-key", c.APIKey, "lifecycle API key for the watch (default $OPEN_SANDBOX_API_KEY)")
+	f.StringVar(&c.DNSListen, "dns-listen", c.DNSListen, "DNS filter address, the Airlock bridge's gateway:53 (required unless --dns-local-address)")
+	f.Var(addrValue{&c.DNSLocalAddress}, "dns-local-address", "node-local DNS address to create and serve on, e.g. 169.254.20.10 on Kubernetes (the pods' dnsConfig nameserver); --dns-listen defaults to it, port 53")
+	f.StringVar(&c.DNSInterface, "dns-interface", c.DNSInterface, "dummy interface that carries --dns-local-address (created if missing, never removed)")
+	f.Var(addrValue{&c.Resolver}, "resolver", "address sandboxes send DNS to (default --dns-local-address, else the --dns-listen host)")
+	f.StringSliceVar(&c.Upstreams, "upstream", c.Upstreams, "upstream resolver host:port, or host for port 53 (repeatable; default the host's /etc/resolv.conf); airlock.yaml egress.upstreams")
+	f.StringVar(&c.Mode, "mode", c.Mode, "datapath: auto (eBPF, else nftables), ebpf or nftables; airlock.yaml egress.mode")
+	f.StringVar(&c.PinRoot, "pin-root", c.PinRoot, "bpffs directory of the pinned eBPF state; airlock.yaml egress.pinRoot")
+	f.StringVar(&c.NFTTable, "nft-table", c.NFTTable, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root); airlock.yaml egress.nftTable")
+	f.IntVar(&c.L7Port, "l7-port", c.L7Port, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for `l7: sni` policies (0: off); airlock.yaml egress.l7Port")
+	f.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off); airlock.yaml egress.proxyPort")
+	f.StringVar(&c.Node, "node", c.Node, "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
+	f.StringSliceVar(&c.Deny, "deny", c.Deny, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane; airlock.yaml egress.deny")
+	registerAuditFlags(f, &c.Audit)
+	f.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "serve /metrics, /healthz and "+watch.EnforcedPath+"<id> (which lifecycle replicas on Kubernetes ask before releasing a sandbox) on this address (empty: off)")
+	f.StringVar(&ef.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// config is the configuration the flags give, with the environment's fallbacks
+// ($NODE_NAME, $OPEN_SANDBOX_API_KEY), resolved and checked.
+func (ef *egressdFlags) config() (stack.EgressdConfig, error) {
+	c := ef.cfg
+	if c.Node == "" {
+		c.Node = os.Getenv("NODE_NAME")
+	}
+	if c.APIKey == "" {
+		c.APIKey = os.Getenv("OPEN_SANDBOX_API_KEY")
+	}
+	return c.Resolved()
 }

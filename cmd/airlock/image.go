@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlockdev/airlock/internal/buildinfo"
-	"github.com/airlockdev/airlock/internal/up"
 	"github.com/airlockdev/airlock/sandboximage"
+	"github.com/airlockdev/airlock/stack"
 )
 
 func newImageCmd() *cobra.Command {
@@ -73,7 +73,7 @@ Docker engine.
 			for _, name := range which {
 				if name == "execd" {
 					if execd == "" {
-						execd = up.DefaultExecdPath()
+						execd = stack.DefaultExecdPath()
 					}
 					fmt.Printf("==> image execd (%s)\n", sandboximage.ExecdRepository)
 					res, err := b.BuildExecd(cmd.Context(), "", execd, buildinfo.Version, force)

@@ -4,33 +4,33 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/gateway/signedurl"
-	"github.com/airlockdev/airlock/internal/cluster"
-	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
-func newLifecycleCmd() *cobra.Command {
-	var (
-		c                                 cluster.Config
-		runtimeKind, kubeconfig, logLevel string
-		defaultAccess                     string
-		dns, signingKeys                  []string
-		noAuth                            bool
-	)
+// lifecycleFlags are the flags of `airlock lifecycle`: they fill a cluster.Config and
+// show its defaults (cluster.DefaultConfig).
+type lifecycleFlags struct {
+	cfg                               cluster.Config
+	runtimeKind, kubeconfig, logLevel string
+	dns, signingKeys                  []string
+}
+
+func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
+
+func lifecycleCommand(lf *lifecycleFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lifecycle",
 		Short: "Run the control plane alone on Kubernetes: the lifecycle API with pods as sandboxes and state in the cluster",
@@ -58,46 +58,20 @@ client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
       --system-namespace airlock-system --gateway sandboxes.example.com --dns 169.254.20.10`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if runtimeKind != "kubernetes" {
-				return fmt.Errorf("--runtime %q: airlock lifecycle runs the Kubernetes runtime; on one host with Docker use 'airlock up'", runtimeKind)
-			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(logLevel)}))
-			kc, err := kubeConfig(kubeconfig)
+			c, err := lf.config()
 			if err != nil {
 				return err
 			}
-			c.Kube, c.Log, c.NoAuth = kc, log, noAuth
-			c.APIKey = os.Getenv("OPEN_SANDBOX_API_KEY")
-			c.GatewayKey = os.Getenv("AIRLOCK_GATEWAY_KEY")
-			if c.APIKey == "" && !noAuth {
+			if c.APIKey == "" && !c.NoAuth {
 				return errors.New("OPEN_SANDBOX_API_KEY is not set: every lifecycle replica needs the API key (--no-auth only for a test cluster)")
 			}
-			c.DefaultAccess = watch.AccessMode(defaultAccess)
-			for _, s := range dns {
-				a, err := netip.ParseAddr(s)
-				if err != nil {
-					return fmt.Errorf("--dns %q: %w", s, err)
-				}
-				c.DNS = append(c.DNS, a)
+			log := newLogger(lf.logLevel)
+			if c.Kube, err = kubeConfig(lf.kubeconfig); err != nil {
+				return err
 			}
-			if len(signingKeys) == 0 {
-				if env := os.Getenv("AIRLOCK_SIGNING_KEYS"); env != "" {
-					signingKeys = strings.Split(env, ",")
-				}
-			}
-			for _, spec := range signingKeys {
-				k, err := signedurl.ParseKey(spec)
-				if err != nil {
-					return fmt.Errorf("signing key: %w", err)
-				}
-				c.SigningKeys = append(c.SigningKeys, k)
-			}
-			if c.Identity == "" {
-				c.Identity = os.Getenv("POD_NAME")
-			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			c.Registry = reg
+			c.Log = log
+			c.Registry = prometheus.NewRegistry()
+			c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cp, err := cluster.Start(ctx, c)
@@ -110,31 +84,75 @@ client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 			return cp.Close()
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&runtimeKind, "runtime", "kubernetes", "the runtime; only kubernetes (one host with Docker: airlock up)")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file outside a pod (default $KUBECONFIG, then ~/.kube/config)")
-	f.StringVar(&c.Listen, "listen", ":8080", "address of the lifecycle API")
-	f.StringVar(&c.Namespace, "namespace", "airlock-sandboxes", "namespace of the sandbox pods")
-	f.StringVar(&c.SystemNamespace, "system-namespace", envOr("POD_NAMESPACE", "airlock-system"), "namespace of the state (Sandbox and Policy resources, token Secrets, the Lease); env POD_NAMESPACE")
-	f.StringVar(&c.Provider, "provider", "pod", "sandbox workload: pod, or agent-sandbox (the kubernetes-sigs/agent-sandbox Sandbox resource)")
-	f.StringVar(&c.ExecdImage, "execd-image", "", "image carrying the static execd for the init container (default airlock/execd:<version>)")
-	f.StringVar(&c.RuntimeClassName, "runtime-class", "", "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
-	f.StringSliceVar(&dns, "dns", []string{"169.254.20.10"}, "the sandboxes' resolver: egressd's node-local DNS address")
-	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", nil, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
-	f.StringVar(&c.Gateway, "gateway", "", "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
-	f.StringVar(&c.BaseDomain, "base-domain", "", "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")
-	f.StringSliceVar(&signingKeys, "signing-key", nil, "ID=base64:SECRET key to mint signed endpoints (also AIRLOCK_SIGNING_KEYS); the gateways verify with the same keys")
-	f.StringVar(&defaultAccess, "default-access", "public", "admission of user ports: public or token (execd and the egress API always need the token)")
-	f.StringVar(&c.PolicyDir, "policy-dir", "", "the policy library directory (a mounted ConfigMap); empty: no named policies")
-	f.StringVar(&c.DefaultPolicy, "default-policy", "", "named policy of sandboxes created without one")
-	f.IntVar(&c.EgressdPort, "egressd-port", 9102, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
-	f.StringVar(&c.Identity, "identity", "", "this replica's name in the Lease (default $POD_NAME, then the host name)")
-	f.DurationVar(&c.LeaseDuration, "lease-duration", 15*time.Second, "how long a stopped leader's Lease blocks a takeover")
-	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", 0, "longest sandbox timeout a create may ask for (default lifecycle's)")
-	f.DurationVar(&c.ReadyTimeout, "ready-timeout", 0, "how long a pod may take to run and answer execd /ping (default 120s)")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.BoolVar(&noAuth, "no-auth", false, "serve without an API key (a test cluster only)")
+	lf.register(cmd.Flags())
 	return cmd
+}
+
+// register adds the flags, each defaulting to cluster.DefaultConfig's value.
+func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
+	lf.cfg = cluster.DefaultConfig()
+	c := &lf.cfg
+	for _, a := range c.DNS {
+		lf.dns = append(lf.dns, a.String())
+	}
+	f.StringVar(&lf.runtimeKind, "runtime", "kubernetes", "the runtime; only kubernetes (one host with Docker: airlock up)")
+	f.StringVar(&lf.kubeconfig, "kubeconfig", "", "kubeconfig file outside a pod (default $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&c.Listen, "listen", c.Listen, "address of the lifecycle API")
+	f.StringVar(&c.Namespace, "namespace", c.Namespace, "namespace of the sandbox pods")
+	f.StringVar(&c.SystemNamespace, "system-namespace", envOr("POD_NAMESPACE", c.SystemNamespace), "namespace of the state (Sandbox and Policy resources, token Secrets, the Lease); env POD_NAMESPACE")
+	f.StringVar(&c.Provider, "provider", c.Provider, "sandbox workload: pod, or agent-sandbox (the kubernetes-sigs/agent-sandbox Sandbox resource)")
+	f.StringVar(&c.ExecdImage, "execd-image", c.ExecdImage, "image carrying the static execd for the init container (default airlock/execd:<version>)")
+	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
+	f.StringSliceVar(&lf.dns, "dns", lf.dns, "the sandboxes' resolver: egressd's node-local DNS address")
+	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", c.AllowedHostRoots, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
+	f.StringVar(&c.Gateway, "gateway", c.Gateway, "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
+	f.StringVar(&c.BaseDomain, "base-domain", c.BaseDomain, "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")
+	f.StringSliceVar(&lf.signingKeys, "signing-key", nil, "ID=base64:SECRET key to mint signed endpoints (also AIRLOCK_SIGNING_KEYS); the gateways verify with the same keys")
+	f.StringVar((*string)(&c.DefaultAccess), "default-access", string(c.DefaultAccess), "admission of user ports: public or token (execd and the egress API always need the token)")
+	f.StringVar(&c.PolicyDir, "policy-dir", c.PolicyDir, "the policy library directory (a mounted ConfigMap); empty: no named policies")
+	f.StringVar(&c.DefaultPolicy, "default-policy", c.DefaultPolicy, "named policy of sandboxes created without one")
+	f.IntVar(&c.EgressdPort, "egressd-port", c.EgressdPort, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
+	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
+	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")
+	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
+	f.DurationVar(&c.ReadyTimeout, "ready-timeout", c.ReadyTimeout, "how long a pod may take to run and answer execd /ping (default lifecycle's, 120s)")
+	f.StringVar(&lf.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.BoolVar(&c.NoAuth, "no-auth", c.NoAuth, "serve without an API key (a test cluster only)")
+}
+
+// config is the configuration the flags give, with the environment's secrets
+// (OPEN_SANDBOX_API_KEY, AIRLOCK_GATEWAY_KEY, AIRLOCK_SIGNING_KEYS) and $POD_NAME; the
+// Kubernetes client, logger and registry are the caller's.
+func (lf *lifecycleFlags) config() (cluster.Config, error) {
+	c := lf.cfg
+	if lf.runtimeKind != "kubernetes" {
+		return c, fmt.Errorf("--runtime %q: airlock lifecycle runs the Kubernetes runtime; on one host with Docker use 'airlock up'", lf.runtimeKind)
+	}
+	c.APIKey = os.Getenv("OPEN_SANDBOX_API_KEY")
+	c.GatewayKey = os.Getenv("AIRLOCK_GATEWAY_KEY")
+	c.DNS = nil
+	for _, s := range lf.dns {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return c, fmt.Errorf("--dns %q: %w", s, err)
+		}
+		c.DNS = append(c.DNS, a)
+	}
+	specs := lf.signingKeys
+	if len(specs) == 0 {
+		specs = envList("AIRLOCK_SIGNING_KEYS")
+	}
+	for _, spec := range specs {
+		k, err := signedurl.ParseKey(spec)
+		if err != nil {
+			return c, fmt.Errorf("signing key: %w", err)
+		}
+		c.SigningKeys = append(c.SigningKeys, k)
+	}
+	if c.Identity == "" {
+		c.Identity = os.Getenv("POD_NAME")
+	}
+	return c, nil
 }
 
 // kubeConfig is the in-cluster configuration in a pod, else the kubeconfig file.

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/airlockdev/airlock/internal/up"
+	"github.com/airlockdev/airlock/stack"
 )
 
 // stackFlags are the flags that say which stack a command is about, shared by up,
@@ -17,11 +17,11 @@ type stackFlags struct {
 // component switches.
 func (s *stackFlags) register(cmd *cobra.Command, addrs bool) {
 	f := cmd.Flags()
-	f.StringVar(&s.config, "config", "", "configuration file (default "+up.DefaultConfigPath+" when present)")
-	f.StringVar(&s.stateDir, "state-dir", "/var/lib/airlock", "directory of the store, the keys and the audit log")
+	f.StringVar(&s.config, "config", "", "configuration file (default "+stack.DefaultConfigPath+" when present)")
+	f.StringVar(&s.stateDir, "state-dir", stack.DefaultStateDir, "directory of the store, the keys and the audit log")
 	if addrs {
-		f.StringVar(&s.listen, "listen", "127.0.0.1:8080", "lifecycle API address")
-		f.StringVar(&s.gwListen, "gateway-listen", "127.0.0.1:8081", "gateway address (sandbox endpoints point here)")
+		f.StringVar(&s.listen, "listen", stack.DefaultListen, "lifecycle API address")
+		f.StringVar(&s.gwListen, "gateway-listen", stack.DefaultGatewayConfig().Listen, "gateway address (sandbox endpoints point here)")
 		f.BoolVar(&s.noGateway, "no-gateway", false, "run without the gateway: endpoints use lifecycle's server proxy")
 		f.BoolVar(&s.noEgress, "no-egress", false, "run without egress enforcement: sandboxes reach whatever the host reaches")
 	}
@@ -29,12 +29,12 @@ func (s *stackFlags) register(cmd *cobra.Command, addrs bool) {
 
 // load reads the configuration file (the default one only when present) and applies
 // the flags the user set.
-func (s *stackFlags) load(cmd *cobra.Command) (up.Config, error) {
+func (s *stackFlags) load(cmd *cobra.Command) (stack.Config, error) {
 	path, optional := s.config, false
 	if path == "" {
-		path, optional = up.DefaultConfigPath, true
+		path, optional = stack.DefaultConfigPath, true
 	}
-	cfg, err := up.LoadConfig(path, optional)
+	cfg, err := stack.LoadConfig(path, optional)
 	if err != nil {
 		return cfg, err
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/airlockdev/airlock/deploy/systemd"
-	"github.com/airlockdev/airlock/internal/purge"
-	"github.com/airlockdev/airlock/internal/up"
+	"github.com/airlockdev/airlock/stack"
+	"github.com/airlockdev/airlock/stack/purge"
 )
 
 func newUpCmd() *cobra.Command {
@@ -42,11 +42,15 @@ filter on the Airlock bridge (the sandboxes' only resolver) and the eBPF datapat
 (nftables where eBPF cannot attach) on every sandbox's veth, enforcing the
 networkPolicy given at creation (none: everything but the host, the control plane,
 cloud metadata and private addresses). Gateway, DNS and connection decisions
-go to the hash-chained audit log in <state dir>/audit ('airlock audit verify' checks it). On first start it generates an API key, stores it in the
-state directory and prints it; later starts reuse it (--no-auth: no key at all).
+go to the hash-chained audit log in <state dir>/audit, whose checkpoints are signed
+with the Ed25519 key <state dir>/audit.key ('airlock audit verify' checks the chain and,
+with audit.pub beside it, the signatures). On first start it generates an API key and
+the audit signing key, stores them in the state directory and prints the API key; later
+starts reuse them (--no-auth: no API key at all).
 
-Configuration comes from ` + up.DefaultConfigPath + ` (or --config); unknown keys are errors.
-Flags override the file.
+Configuration comes from ` + stack.DefaultConfigPath + ` (or --config); unknown keys are errors.
+Flags override the file. The gateway and egressd are built by the same code, with the
+same settings and defaults, as 'airlock gateway' and 'airlock egressd' (stack/README.md).
 
 Before starting it checks the host like 'airlock doctor' and refuses to start when a
 hard prerequisite fails (root, bpffs, the Docker engine, free ports, ...), printing the
@@ -84,32 +88,33 @@ starts it when systemd runs the host; then it exits.`,
 				}
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
-			stack, err := up.New(cfg, log)
+			st, err := stack.New(cfg, log)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := stack.Start(ctx); err != nil {
+			if err := st.Start(ctx); err != nil {
 				return err
 			}
-			pidFile := filepath.Join(stack.StateDir(), purge.PIDFile)
+			pidFile := filepath.Join(st.StateDir(), purge.PIDFile)
 			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 				log.Warn("writing the pid file failed: airlock down will not find this process", "path", pidFile, "err", err)
 			}
 			defer os.Remove(pidFile)
-			printBanner(os.Stdout, stack)
+			printBanner(os.Stdout, st)
 			<-ctx.Done()
 			log.Info("shutting down")
 			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			return stack.Stop(sctx)
+			return st.Stop(sctx)
 		},
 	}
 	f := cmd.Flags()
 	sf.register(cmd, true)
-	f.StringVar(&egressMode, "egress-mode", "auto", "egress datapath: auto (eBPF, else nftables), ebpf or nftables")
-	f.IntVar(&proxyPort, "egress-proxy-port", 0, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off)")
+	def := stack.DefaultEgressdConfig()
+	f.StringVar(&egressMode, "egress-mode", def.Mode, "egress datapath: auto (eBPF, else nftables), ebpf or nftables (egress.mode)")
+	f.IntVar(&proxyPort, "egress-proxy-port", def.ProxyPort, "run the explicit egress proxy on the bridge gateway at this port and give sandboxes HTTP_PROXY/HTTPS_PROXY (0: off; egress.proxyPort)")
 	f.BoolVar(&noAuth, "no-auth", false, "serve the API without an API key (local use only)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&skipChecks, "skip-checks", false, "start without the host check (airlock doctor) that refuses a host which cannot run the stack")
@@ -132,14 +137,14 @@ func installService(cmd *cobra.Command) error {
 	})
 	return systemd.Installer{
 		Binary: exe,
-		Execd:  up.DefaultExecdPath(),
+		Execd:  stack.DefaultExecdPath(),
 		Args:   args,
 		Out:    cmd.OutOrStdout(),
 	}.Install()
 }
 
 // printBanner prints the API address, the key and a three-line SDK example.
-func printBanner(w io.Writer, s *up.Stack) {
+func printBanner(w io.Writer, s *stack.Stack) {
 	addr := s.Addr.String()
 	fmt.Fprintf(w, "Airlock is up.\n\n  Lifecycle API: http://%s (also under /v1)\n", addr)
 	if s.Gateway != nil {

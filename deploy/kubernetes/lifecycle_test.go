@@ -19,12 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
-	"github.com/airlockdev/airlock/internal/cluster"
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/internal/kubetest"
 	"github.com/airlockdev/airlock/internal/testenv"
 )
 
-// TestLifecycleWithItsRole runs a real lifecycle replica (internal/cluster, what
+// TestLifecycleWithItsRole runs a real lifecycle replica (package cluster, what
 // `airlock lifecycle` runs) as the manifests' airlock-lifecycle ServiceAccount
 // (impersonated) with the base's settings: it must take the Lease, create a sandbox's
 // objects and delete them without one refusal, so the Roles grant what the code calls.

@@ -324,7 +324,18 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 	args := m.args(t, l.system, p.Containers[0])
 	lc := "airlock-lifecycle." + l.system + ".svc:8080"
 	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
-		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
+		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc, "--audit-dir=/var/lib/airlock/audit")
+	// The audit log and its key are on a volume of the pod's own (the root filesystem
+	// is read-only; replicas never share a log).
+	auditVolume := ""
+	for _, m := range p.Containers[0].VolumeMounts {
+		if m.MountPath == "/var/lib/airlock" {
+			auditVolume = m.Name
+		}
+	}
+	if i := slices.IndexFunc(p.Volumes, func(v corev1.Volume) bool { return v.Name == auditVolume }); auditVolume == "" || i < 0 || p.Volumes[i].EmptyDir == nil {
+		t.Errorf("gateway: no emptyDir volume mounted at /var/lib/airlock for the audit log (%v)", p.Containers[0].VolumeMounts)
+	}
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
 		t.Errorf("gateway Service: %s %+v, want LoadBalancer 80 to http", svc.Spec.Type, svc.Spec.Ports)
@@ -356,13 +367,13 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 			host[v.HostPath.Path] = v.Name
 		}
 	}
-	for _, path := range []string{"/sys/fs/bpf", "/var/lib/airlock/audit"} {
+	for _, path := range []string{"/sys/fs/bpf", "/var/lib/airlock"} {
 		if host[path] == "" {
 			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
 		}
 	}
 	if len(host) != 2 {
-		t.Errorf("egressd: host paths %v, want only bpffs and the audit directory", host)
+		t.Errorf("egressd: host paths %v, want only bpffs and /var/lib/airlock (the audit directory and its key)", host)
 	}
 }
 

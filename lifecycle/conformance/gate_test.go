@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/internal/cluster"
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"

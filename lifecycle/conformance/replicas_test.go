@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/internal/cluster"
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/accesstoken"
-	"github.com/airlockdev/airlock/internal/cluster"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
 )

@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"bytes"
@@ -14,14 +14,27 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/airlockdev/airlock/ebpf"
-	"github.com/airlockdev/airlock/internal/doctor"
 	"github.com/airlockdev/airlock/policies/library"
 	"github.com/airlockdev/airlock/sandboximage"
+	"github.com/airlockdev/airlock/stack/doctor"
 )
 
 // DefaultConfigPath is read when no --config is given; a missing file there is fine.
 const DefaultConfigPath = "/etc/airlock/airlock.yaml"
+
+// Defaults of Config.StateDir and Config.Listen.
+const (
+	DefaultStateDir = "/var/lib/airlock"
+	DefaultListen   = "127.0.0.1:8080"
+)
+
+// DefaultConfig is the configuration before airlock.yaml and the flags fill it: the
+// components' defaults (DefaultGatewayConfig, DefaultEgressdConfig,
+// DefaultAuditConfig). Settings that depend on others (the state directory's files,
+// the Docker network) are filled by Resolved.
+func DefaultConfig() Config {
+	return Config{Gateway: DefaultGatewayConfig(), Egress: DefaultEgressdConfig(), Audit: DefaultAuditConfig()}
+}
 
 // Duration is a time.Duration written as a string in YAML ("30s", "24h").
 type Duration time.Duration
@@ -72,13 +85,14 @@ type Config struct {
 	// cluster's control plane, which 'airlock lifecycle' runs (deploy/kubernetes): airlock
 	// up refuses it with that pointer.
 	Runtime string `yaml:"runtime"`
-	// Listen is the lifecycle API's address; default 127.0.0.1:8080.
+	// Listen is the lifecycle API's address; default DefaultListen (127.0.0.1:8080).
 	Listen string `yaml:"listen"`
 	// PublicAddr is the host[:port] clients use to reach the API, used in endpoints;
 	// default: the Host the client used.
 	PublicAddr string `yaml:"publicAddr"`
-	// StateDir holds the store (lifecycle.db) and the generated API key (api-key);
-	// default /var/lib/airlock.
+	// StateDir holds the store (lifecycle.db), the generated API key (api-key), the
+	// signed-route key and, by default, the audit log and its signing key; default
+	// DefaultStateDir (/var/lib/airlock).
 	StateDir string `yaml:"stateDir"`
 	// APIKey, when set, is the API key; otherwise one is generated on first start and
 	// stored in StateDir/api-key. NoAuth turns authentication off.
@@ -87,12 +101,18 @@ type Config struct {
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel  string          `yaml:"logLevel"`
 	Lifecycle LifecycleConfig `yaml:"lifecycle"`
-	Gateway   GatewayConfig   `yaml:"gateway"`
-	Audit     AuditConfig     `yaml:"audit"`
-	Egress    EgressConfig    `yaml:"egress"`
-	Docker    DockerConfig    `yaml:"docker"`
-	Images    ImagesConfig    `yaml:"images"`
-	Console   ConsoleConfig   `yaml:"console"`
+	// Gateway configures the ingress gateway (see GatewayConfig; the same settings as
+	// `airlock gateway`'s flags).
+	Gateway GatewayConfig `yaml:"gateway"`
+	// Audit is the hash-chained, signed audit log every component writes to; its Dir
+	// defaults to <stateDir>/audit.
+	Audit AuditConfig `yaml:"audit"`
+	// Egress configures egressd (see EgressdConfig; the same settings as `airlock
+	// egressd`'s flags).
+	Egress  EgressdConfig `yaml:"egress"`
+	Docker  DockerConfig  `yaml:"docker"`
+	Images  ImagesConfig  `yaml:"images"`
+	Console ConsoleConfig `yaml:"console"`
 	// Pools are warm pools: sandboxes created ahead, enforced deny-all and held, that a
 	// matching create claims in milliseconds (see lifecycle.PoolSpec). Default none.
 	Pools []PoolConfig `yaml:"pools"`
@@ -130,45 +150,6 @@ type ImagesConfig struct {
 	Aliases map[string]string `yaml:"aliases"`
 }
 
-// GatewayConfig configures the embedded ingress gateway (package gateway).
-type GatewayConfig struct {
-	// Disabled turns the gateway off; endpoints then point at lifecycle's server proxy.
-	Disabled bool `yaml:"disabled"`
-	// Listen is the gateway's address; default 127.0.0.1:8081.
-	Listen string `yaml:"listen"`
-	// PublicAddr is the host[:port] clients use to reach the gateway, written into
-	// endpoints; default the bound listen address.
-	PublicAddr string `yaml:"publicAddr"`
-	// BaseDomain, when set, makes endpoints host-form ("<port>-<id>.<baseDomain>"); it
-	// must resolve to the gateway (wildcard DNS). Empty (the default) gives path-form
-	// endpoints ("<publicAddr>/sandboxes/<id>/proxy/<port>"), which every client can
-	// reach: glibc and Node do not resolve *.localhost names.
-	BaseDomain string `yaml:"baseDomain"`
-	// RouteDomains are the base domains host-form requests are accepted under; default
-	// [airlock.localhost] plus BaseDomain (browsers and curl resolve *.localhost to
-	// loopback themselves).
-	RouteDomains []string `yaml:"routeDomains"`
-	// SigningKey signs endpoints minted with ?expires= ("<id>=base64:<secret>"); default
-	// a random key generated once and stored in StateDir/signing-key.
-	SigningKey string `yaml:"signingKey"`
-	// DefaultAccess is who may reach sandbox ports other than execd (44772) and the
-	// egress API (18080), which always need a credential: "public" (the default: anyone
-	// who can reach the gateway) or "token" (the sandbox's access token, a signed URL or
-	// the API key, as on the control ports). A sandbox created with secureAccess is token
-	// on every port either way. It applies at the gateway and at lifecycle's server proxy.
-	DefaultAccess string `yaml:"defaultAccess"`
-	// MaxConnsPerSandbox caps requests in flight per sandbox; 0 means 1024.
-	MaxConnsPerSandbox int `yaml:"maxConnsPerSandbox"`
-	// TLS is "" (plain HTTP and h2c, the default) or "internal" (Caddy's local CA).
-	TLS string `yaml:"tls"`
-}
-
-// AuditConfig configures the audit log (package audit).
-type AuditConfig struct {
-	// Dir holds the hash-chained JSON Lines files; default StateDir/audit.
-	Dir string `yaml:"dir"`
-}
-
 // LifecycleConfig tunes the lifecycle server.
 type LifecycleConfig struct {
 	// MaxTimeout caps a sandbox's timeout and renewals; default 24h.
@@ -199,10 +180,12 @@ type DockerConfig struct {
 	NamePrefix string `yaml:"namePrefix"`
 }
 
-// LoadConfig reads the YAML file at path strictly (unknown keys are errors). A missing
-// file is an error unless optional is true (then the defaults apply).
+// LoadConfig reads the YAML file at path strictly (unknown keys are errors) over
+// DefaultConfig: a key the file leaves out keeps its default, a key it gives replaces
+// it (egress.l7Port: 0 is off). A missing file is an error unless optional is true
+// (then the defaults apply).
 func LoadConfig(path string, optional bool) (Config, error) {
-	var c Config
+	c := DefaultConfig()
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && optional {
 		return c, nil
@@ -229,34 +212,20 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("config: runtime %q: want docker or kubernetes", c.Runtime)
 	}
 	if c.Listen == "" {
-		c.Listen = "127.0.0.1:8080"
+		c.Listen = DefaultListen
 	}
 	if c.StateDir == "" {
-		c.StateDir = "/var/lib/airlock"
+		c.StateDir = DefaultStateDir
 	}
-	if c.Gateway.Listen == "" {
-		c.Gateway.Listen = "127.0.0.1:8081"
-	}
-	if c.Gateway.RouteDomains == nil {
-		c.Gateway.RouteDomains = []string{"airlock.localhost"}
-		if c.Gateway.BaseDomain != "" && c.Gateway.BaseDomain != "airlock.localhost" {
-			c.Gateway.RouteDomains = append(c.Gateway.RouteDomains, c.Gateway.BaseDomain)
-		}
-	}
-	switch c.Gateway.TLS {
-	case "", "internal":
-	default:
-		return fmt.Errorf("config: gateway.tls %q: want \"\" or internal", c.Gateway.TLS)
-	}
-	switch c.Gateway.DefaultAccess {
-	case "":
-		c.Gateway.DefaultAccess = "public"
-	case "public", "token":
-	default:
-		return fmt.Errorf("config: gateway.defaultAccess %q: want public or token", c.Gateway.DefaultAccess)
+	var err error
+	if c.Gateway, err = c.Gateway.Resolved(); err != nil {
+		return err
 	}
 	if c.Audit.Dir == "" {
 		c.Audit.Dir = filepath.Join(c.StateDir, "audit")
+	}
+	if c.Audit, err = c.Audit.resolved(); err != nil {
+		return err
 	}
 	if c.Policies.Dir == "" {
 		c.Policies.Dir = library.DefaultDir
@@ -272,7 +241,7 @@ func (c *Config) setDefaults() error {
 		aliases[from] = to
 	}
 	c.Images.Aliases = aliases
-	if err := c.Egress.setDefaults(); err != nil {
+	if c.Egress, err = c.Egress.Resolved(); err != nil {
 		return err
 	}
 	if c.Docker.ExecdPath == "" {
@@ -340,9 +309,6 @@ func (c Config) Resolved() (Config, error) {
 	}
 	if c.Docker.Network == "" {
 		c.Docker.Network = "airlock0"
-	}
-	if c.Egress.PinRoot == "" {
-		c.Egress.PinRoot = ebpf.DefaultPinRoot
 	}
 	return c, nil
 }

@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"context"
@@ -7,31 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/gateway"
-	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 )
-
-// startAudit opens the audit log every component writes to (StateDir/audit by default).
-func (s *Stack) startAudit(context.Context) error {
-	w, err := audit.New(audit.Config{
-		Dir:      s.cfg.Audit.Dir,
-		Logger:   s.log.With("component", "audit"),
-		Registry: s.registry,
-	})
-	if err != nil {
-		return err
-	}
-	s.Audit = w
-	return nil
-}
 
 // signingKey returns the signed-route key: the configured one, the stored one
 // (StateDir/signing-key) or a new random one it stores. Its shape is signedurl.ParseKey's
@@ -65,7 +47,8 @@ func (s *Stack) signingKey() (signedurl.Key, error) {
 }
 
 // startGateway runs the embedded gateway (Caddy with the airlock app) after the API
-// listener, following lifecycle's watch stream over loopback with the API key.
+// listener, following lifecycle's watch stream over loopback with the API key, and
+// writing to the stack's audit log.
 func (s *Stack) startGateway(context.Context) error {
 	key, err := s.signingKey()
 	if err != nil {
@@ -76,36 +59,20 @@ func (s *Stack) startGateway(context.Context) error {
 		return err
 	}
 	api := "http://" + loopbackAddr(s.Addr)
-	hdr := http.Header{}
-	var keySum string // the gateway admits the API key by its SHA-256 only
-	if s.APIKey != "" {
-		hdr.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
-		keySum = accesstoken.Sum(s.APIKey).String()
-	}
 	g := s.cfg.Gateway
-	srv, err := gateway.NewServer(gateway.Config{
-		Listen:             g.Listen,
-		BaseDomains:        g.RouteDomains,
-		WatchURL:           api + "/internal/v1/watch",
-		WatchHeader:        hdr,
-		SigningKeys:        []signedurl.Key{key},
-		APIKeySHA256:       keySum,
-		MaxConnsPerSandbox: g.MaxConnsPerSandbox,
-		RenewURL:           api + "/v1/sandboxes/{id}/renew-expiration",
-		RenewHeader:        hdr,
-		EgressAPIDial:      loopbackAddr(s.Addr),
-		EgressAPIHeader:    http.Header{"Open-Sandbox-Api-Key": {s.gatewayKey}},
-		TLS:                gateway.TLSMode(g.TLS),
-		DataDir:            filepath.Join(s.cfg.StateDir, "caddy"),
-		Audit:              s.Audit,
-		Metrics:            s.registry,
-		Log:                s.log.With("component", "gateway"),
-	})
+	g.WatchURL = api + "/internal/v1/watch"
+	g.APIKey = s.APIKey
+	g.SigningKeys = []signedurl.Key{key}
+	g.RenewURL = api + "/v1/sandboxes/{id}/renew-expiration"
+	g.EgressAPI, g.EgressAPIKey = loopbackAddr(s.Addr), s.gatewayKey
+	g.DataDir = filepath.Join(s.cfg.StateDir, "caddy")
+	g.AuditWriter, g.Registry, g.Log = s.Audit, s.registry, s.log.With("component", "gateway")
+	srv, err := NewGateway(g)
 	if err != nil {
 		return err
 	}
 	if err := srv.Start(); err != nil {
-		return err
+		return errors.Join(err, srv.Close())
 	}
 	s.Gateway = srv
 	public := g.PublicAddr
@@ -154,6 +121,3 @@ func (s *Stack) stopGateway(context.Context) error {
 	s.endpoints.Store(nil)
 	return s.Gateway.Close()
 }
-
-// AuditDir is the directory of the audit log.
-func (s *Stack) AuditDir() string { return s.cfg.Audit.Dir }

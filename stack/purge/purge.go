@@ -35,6 +35,10 @@ type Config struct {
 	StateDir string
 	// AuditDir is the audit log, kept unless PurgeAudit.
 	AuditDir string
+	// AuditKeys are the files of the audit log's signing key pair that the stack
+	// generated (<audit dir>.key and .pub): kept with the audit log, so that it can
+	// still be verified, and removed with it.
+	AuditKeys []string
 	// Network is the Docker network; PinRoot the bpffs directory of the eBPF state.
 	Network, PinRoot string
 	// NFTNetNS is the network namespace (path) whose inet and netdev NFTTable tables
@@ -126,7 +130,7 @@ func Purge(ctx context.Context, cfg Config, cli *client.Client) error {
 	}
 	if !cfg.PurgeAudit {
 		if _, err := os.Stat(cfg.AuditDir); err == nil {
-			fmt.Fprintf(cfg.Out, "kept the audit log %s (--purge-audit removes it)\n", cfg.AuditDir)
+			fmt.Fprintf(cfg.Out, "kept the audit log %s and its signing key (--purge-audit removes them)\n", cfg.AuditDir)
 		}
 	}
 	return errors.Join(errs...)
@@ -281,21 +285,27 @@ func removeState(cfg Config) (int, error) {
 		n++
 		fmt.Fprintf(cfg.Out, "removed %s\n", p)
 	}
-	audit, _ := filepath.Abs(cfg.AuditDir)
+	kept := map[string]bool{}
+	for _, p := range append([]string{cfg.AuditDir}, cfg.AuditKeys...) {
+		a, _ := filepath.Abs(p)
+		kept[a] = true
+	}
 	entries, err := os.ReadDir(cfg.StateDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return 0, err
 	}
 	for _, e := range entries {
 		p, _ := filepath.Abs(filepath.Join(cfg.StateDir, e.Name()))
-		if p == audit {
+		if kept[p] {
 			continue
 		}
 		rm(p)
 	}
 	if cfg.PurgeAudit {
-		if _, err := os.Stat(cfg.AuditDir); err == nil {
-			rm(cfg.AuditDir)
+		for _, p := range append([]string{cfg.AuditDir}, cfg.AuditKeys...) {
+			if _, err := os.Stat(p); err == nil {
+				rm(p)
+			}
 		}
 	}
 	if err == nil {

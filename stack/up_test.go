@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"os"
@@ -105,12 +105,12 @@ func TestEgressNFTTable(t *testing.T) {
 	if err := c.setDefaults(); err != nil || c.Egress.NFTTable != "airlock" {
 		t.Fatalf("default nftTable %q %v", c.Egress.NFTTable, err)
 	}
-	c = Config{Egress: EgressConfig{NFTTable: "airlock_b"}}
+	c = Config{Egress: EgressdConfig{NFTTable: "airlock_b"}}
 	if err := c.setDefaults(); err != nil || c.Egress.NFTTable != "airlock_b" {
 		t.Fatalf("nftTable %q %v", c.Egress.NFTTable, err)
 	}
 	for _, bad := range []string{"2nd", "air lock", "a;b"} {
-		c = Config{Egress: EgressConfig{NFTTable: bad}}
+		c = Config{Egress: EgressdConfig{NFTTable: bad}}
 		if err := c.setDefaults(); err == nil || !strings.Contains(err.Error(), "egress.nftTable") {
 			t.Errorf("nftTable %q: %v, want an error naming egress.nftTable", bad, err)
 		}

@@ -1,11 +1,10 @@
-package up
+package stack
 
 import (
 	"net/http"
 	"time"
 
 	"github.com/airlockdev/airlock/console"
-	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -30,7 +29,9 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	}
 	ov := policies.BaseOverlay()
 	if !s.cfg.Egress.Disabled {
-		ov.DenyAddrs(egressd.HostAddrs()...) // as egressd compiles policies
+		if ov, err = s.cfg.Egress.Overlay(); err != nil { // as egressd compiles policies
+			return nil, nil, err
+		}
 	}
 	scheme := "http"
 	if s.cfg.Gateway.TLS != "" && !s.cfg.Gateway.Disabled {

@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func accessStack(t *testing.T, defaultAccess string, noAuth bool) *Stack {
 	s, _ := startTestStack(t, func(cfg *Config) {
 		cfg.NoAuth = noAuth
 		cfg.Gateway.DefaultAccess = defaultAccess
-		cfg.Egress = EgressConfig{Disabled: true}
+		cfg.Egress = EgressdConfig{Disabled: true}
 	})
 	return s
 }

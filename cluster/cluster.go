@@ -30,50 +30,118 @@ import (
 	"github.com/airlockdev/airlock/policies/library"
 )
 
-// Config configures one control-plane replica.
+// Config configures one control-plane replica. `airlock lifecycle`'s flags fill it and
+// show the defaults, which DefaultConfig holds; a setting left empty in a Go literal
+// gets its default in Start. The fields without a YAML key come from the environment
+// (secrets, the Kubernetes client) or are injected.
 type Config struct {
-	// Kube is the API server's client configuration (in-cluster or a kubeconfig).
-	Kube *rest.Config
-	// Listen is the API's address (default ":8080").
-	Listen string
-	// Namespace runs the sandbox pods; SystemNamespace holds the store (Sandbox and
-	// Policy resources, access-token Secrets, the Lease) and the components.
-	Namespace, SystemNamespace string
-	// Provider, ExecdImage, RuntimeClassName, DNS and AllowedHostRoots configure the
-	// runtime (kube.Config).
-	Provider, ExecdImage, RuntimeClassName string
-	DNS                                    []netip.Addr
-	AllowedHostRoots                       []string
-	// APIKey is the OPEN-SANDBOX-API-KEY clients must send; empty only with NoAuth.
-	APIKey string
-	NoAuth bool
-	// GatewayKey is the key the gateways send for sandbox port 18080 (the egress API,
-	// answered here); empty: such requests need the sandbox's token.
-	GatewayKey string
+	// Listen is the API's address; default ":8080".
+	Listen string `yaml:"listen"`
+	// Namespace runs the sandbox pods; default airlock-sandboxes. SystemNamespace holds
+	// the store (Sandbox and Policy resources, access-token Secrets, the Lease) and the
+	// components; default airlock-system (`airlock lifecycle`: $POD_NAMESPACE first).
+	Namespace       string `yaml:"namespace"`
+	SystemNamespace string `yaml:"systemNamespace"`
+	// Provider is the sandbox workload: pod (the default) or agent-sandbox (the
+	// kubernetes-sigs/agent-sandbox Sandbox resource).
+	Provider string `yaml:"provider"`
+	// ExecdImage carries the static execd for the init container; default
+	// airlock/execd:<version> (kube.Config).
+	ExecdImage string `yaml:"execdImage"`
+	// RuntimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default.
+	RuntimeClassName string `yaml:"runtimeClassName"`
+	// DNS is the sandboxes' resolver: egressd's node-local DNS address; default
+	// [169.254.20.10] (egressd.DefaultLocalDNS).
+	DNS []netip.Addr `yaml:"dns"`
+	// AllowedHostRoots are the node directories under which host-path volumes may be
+	// mounted; default none (host volumes refused).
+	AllowedHostRoots []string `yaml:"allowedHostRoots"`
 	// Gateway is the gateway's public host[:port] for endpoints, BaseDomain selects the
-	// host form, SigningKeys mint signed endpoints (the first is the active one). Empty
-	// Gateway: endpoints point at this server's proxy.
-	Gateway     string
-	BaseDomain  string
-	SigningKeys []signedurl.Key
-	// DefaultAccess of user ports (public or token).
-	DefaultAccess watch.AccessMode
+	// host form (<port>-<id>.<BaseDomain>). Empty Gateway (the default): endpoints point
+	// at this server's proxy.
+	Gateway    string `yaml:"gateway"`
+	BaseDomain string `yaml:"baseDomain"`
+	// DefaultAccess of user ports: public (the default) or token; execd and the egress
+	// API always need the token.
+	DefaultAccess watch.AccessMode `yaml:"defaultAccess"`
 	// PolicyDir is the policy library (a mounted ConfigMap); DefaultPolicy names the
-	// policy of sandboxes created without one. Empty PolicyDir: no library.
-	PolicyDir, DefaultPolicy string
+	// policy of sandboxes created without one. Empty PolicyDir (the default): no
+	// library.
+	PolicyDir     string `yaml:"policyDir"`
+	DefaultPolicy string `yaml:"defaultPolicy"`
 	// EgressdPort is where the egressd of every node serves its enforcement status
 	// (watch.EnforcedPath, on its --metrics-listen at the node's address): a new
 	// sandbox's entrypoint is released, and a policy change answered, only once the
-	// node's egressd enforces it. 0 disables the gate (a cluster without egressd; tests).
-	EgressdPort int
-	// Identity names this replica in the Lease; LeaseDuration tunes takeover.
-	Identity      string
-	LeaseDuration time.Duration
-	// Limits, timeouts and loop intervals (lifecycle.Config's meanings; zero: defaults).
-	Limits                                     lifecycle.Limits
-	ReadyTimeout, ReapInterval, ResyncInterval time.Duration
-	Registry                                   *prometheus.Registry
-	Log                                        *slog.Logger
+	// node's egressd enforces it. Default 9102; 0 disables the gate (a cluster without
+	// egressd; tests).
+	EgressdPort int `yaml:"egressdPort"`
+	// Identity names this replica in the Lease (`airlock lifecycle`: default $POD_NAME,
+	// then the host name); LeaseDuration is how long a stopped leader's Lease blocks a
+	// takeover, default 15s.
+	Identity      string        `yaml:"identity"`
+	LeaseDuration time.Duration `yaml:"leaseDuration"`
+	// Limits, timeouts and loop intervals have lifecycle.Config's meanings; zero:
+	// lifecycle's defaults (a 24h longest timeout, 120s to become ready).
+	Limits         lifecycle.Limits `yaml:"-"`
+	ReadyTimeout   time.Duration    `yaml:"readyTimeout"`
+	ReapInterval   time.Duration    `yaml:"-"`
+	ResyncInterval time.Duration    `yaml:"-"`
+
+	// APIKey is the OPEN-SANDBOX-API-KEY clients must send; empty only with NoAuth.
+	APIKey string `yaml:"-"`
+	NoAuth bool   `yaml:"-"`
+	// GatewayKey is the key the gateways send for sandbox port 18080 (the egress API,
+	// answered here); empty: such requests need the sandbox's token.
+	GatewayKey string `yaml:"-"`
+	// SigningKeys mint signed endpoints (the first is the active one); the gateways
+	// verify with the same keys.
+	SigningKeys []signedurl.Key `yaml:"-"`
+	// Kube is the API server's client configuration (in-cluster or a kubeconfig).
+	Kube *rest.Config `yaml:"-"`
+	// Registry receives the metrics; nil: a new registry.
+	Registry *prometheus.Registry `yaml:"-"`
+	// Log is the replica's logger; nil discards.
+	Log *slog.Logger `yaml:"-"`
+}
+
+// DefaultConfig is every default of a control-plane replica (the flags of `airlock
+// lifecycle` show them).
+func DefaultConfig() Config {
+	return Config{
+		Listen:          ":8080",
+		Namespace:       "airlock-sandboxes",
+		SystemNamespace: "airlock-system",
+		Provider:        "pod",
+		DNS:             []netip.Addr{netip.MustParseAddr("169.254.20.10")},
+		DefaultAccess:   watch.Public,
+		EgressdPort:     9102,
+		LeaseDuration:   15 * time.Second,
+	}
+}
+
+// resolved is c with the settings a Go literal leaves empty filled from DefaultConfig
+// (EgressdPort 0 stays off).
+func (c Config) resolved() Config {
+	d := DefaultConfig()
+	if c.Listen == "" {
+		c.Listen = d.Listen
+	}
+	if c.Provider == "" {
+		c.Provider = d.Provider
+	}
+	if c.DefaultAccess == "" {
+		c.DefaultAccess = d.DefaultAccess
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = d.LeaseDuration
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return c
 }
 
 // ControlPlane is one running replica.
@@ -101,15 +169,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if cfg.APIKey == "" && !cfg.NoAuth {
 		return nil, errors.New("cluster: an API key is required (OPEN_SANDBOX_API_KEY); NoAuth only for tests")
 	}
-	if cfg.Listen == "" {
-		cfg.Listen = ":8080"
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
-	}
+	cfg = cfg.resolved()
 	cs, err := kubernetes.NewForConfig(cfg.Kube)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)

@@ -1,4 +1,4 @@
-package up
+package stack
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func TestStartFailureStopsInReverse(t *testing.T) {
 	}
 	defer busy.Close()
 	dir := t.TempDir()
-	cfg := Config{Listen: busy.Addr().String(), StateDir: dir, Egress: EgressConfig{Disabled: true},
+	cfg := Config{Listen: busy.Addr().String(), StateDir: dir, Egress: EgressdConfig{Disabled: true},
 		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t)}}
 	s, err := New(cfg, nil)
 	if err != nil {
@@ -85,8 +85,8 @@ func TestStackThroughGateway(t *testing.T) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: dir,
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress: EgressConfig{Mode: "ebpf", PinRoot: testPinRoot(t), NFTTable: nfttest.Table(t),
-			Upstreams: []string{fakeResolver(t)}, ProxyPort: 13128},
+		Egress: EgressdConfig{Mode: "ebpf", PinRoot: testPinRoot(t), NFTTable: nfttest.Table(t),
+			Upstreams: []string{fakeResolver(t)}, L7Port: DefaultEgressdConfig().L7Port, ProxyPort: 13128},
 		Docker: DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	s, err := New(cfg, nil)
@@ -319,7 +319,7 @@ func startTestStack(t *testing.T, mut func(*Config)) (*Stack, *sdk.Client) {
 	cfg := Config{
 		Listen: "127.0.0.1:0", StateDir: t.TempDir(),
 		Gateway: GatewayConfig{Listen: "127.0.0.1:0"},
-		Egress:  EgressConfig{Mode: "ebpf"},
+		Egress:  EgressdConfig{Mode: "ebpf", L7Port: DefaultEgressdConfig().L7Port},
 		Docker:  DockerConfig{Network: "altest-up0", ExecdPath: lctest.Execd(t), NamePrefix: lctest.NamePrefix},
 	}
 	if mut != nil {

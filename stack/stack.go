@@ -1,8 +1,14 @@
-// Package up assembles Airlock's components into the one process `airlock up` runs:
+// Package stack assembles Airlock's components into the one process `airlock up` runs:
 // the embedded store, the audit log, the Docker runtime, the lifecycle server and its
 // HTTP listener, the ingress gateway (embedded Caddy) and egressd. Components start in
 // order and stop in reverse; a failed start stops what had started.
-package up
+//
+// It is also the one place egressd and the gateway are built: NewEgressd and
+// NewGateway, with their settings and defaults in EgressdConfig and GatewayConfig, are
+// what `airlock up` (filled from airlock.yaml) and the standalone `airlock egressd` and
+// `airlock gateway` (filled from flags) run; OpenAudit opens the hash-chained, signed
+// audit log of each.
+package stack
 
 import (
 	"context"
@@ -26,7 +32,6 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
@@ -53,8 +58,8 @@ type Stack struct {
 	Audit     *audit.Writer
 	Docker    *docker.Runtime
 	Lifecycle *lifecycle.Server
-	Gateway   *gateway.Server // nil when the gateway is disabled
-	Egress    *egressd.Daemon // nil when egress enforcement is disabled
+	Gateway   *Gateway // nil when the gateway is disabled
+	Egress    *Egressd // nil when egress enforcement is disabled
 	// Vault is the Credential Vault (credentialProxy sandboxes); nil without egress or
 	// without the L7 proxy.
 	Vault  *vault.Store

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/airlockdev/airlock/stack"
+)
+
+// Helpers of the flags of the servers that run alone (egressd, gateway, lifecycle):
+// the flags fill the component's configuration, whose defaults they show.
+
+// registerAuditFlags adds the --audit-* flags that fill c (stack.AuditConfig: the
+// same hash-chained, signed log as airlock up's).
+func registerAuditFlags(f *pflag.FlagSet, c *stack.AuditConfig) {
+	f.StringVar(&c.Dir, "audit-dir", c.Dir, "directory of the hash-chained, signed audit log, one per server (empty: no audit)")
+	f.StringVar(&c.SigningKeyFile, "audit-signing-key", c.SigningKeyFile, "Ed25519 key file that signs the audit checkpoints (default <audit-dir>.key; generated with <audit-dir>.pub at the first start when missing)")
+	f.Int64Var(&c.MaxFileBytes, "audit-max-file-bytes", c.MaxFileBytes, "size in bytes at which an audit file is sealed by a signed checkpoint and the next begun")
+}
+
+// addrValue is a flag holding a netip.Addr; empty is the zero (invalid) address.
+type addrValue struct{ a *netip.Addr }
+
+func (v addrValue) String() string {
+	if v.a == nil || !v.a.IsValid() {
+		return ""
+	}
+	return v.a.String()
+}
+
+func (v addrValue) Set(s string) error {
+	if s == "" {
+		*v.a = netip.Addr{}
+		return nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return err
+	}
+	*v.a = a
+	return nil
+}
+
+func (v addrValue) Type() string { return "address" }
+
+// parseHeaders parses "Name: value" lines.
+func parseHeaders(lines []string) (http.Header, error) {
+	h := http.Header{}
+	for _, l := range lines {
+		name, value, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("header %q: want \"Name: value\"", l)
+		}
+		h.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	return h, nil
+}
+
+// parseLevel is the slog level of s (debug, info, warn, error); info when unknown.
+func parseLevel(s string) slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
+
+// newLogger is a text logger on stderr at level s.
+func newLogger(s string) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(s)}))
+}
+
+// envList splits the comma-separated environment variable k; nil when unset or empty.
+func envList(k string) []string {
+	if v := os.Getenv(k); v != "" {
+		return strings.Split(v, ",")
+	}
+	return nil
+}
+
+var _ pflag.Value = addrValue{}

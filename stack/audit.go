@@ -1,0 +1,103 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/airlockdev/airlock/audit"
+)
+
+// AuditConfig configures a hash-chained, signed audit log (package audit): the one log
+// `airlock up` shares between its components (airlock.yaml's audit section) or the log
+// of a standalone `airlock egressd` or `airlock gateway` (their --audit-* flags).
+// Whoever opens it, OpenAudit opens it the same way.
+type AuditConfig struct {
+	// Dir holds the JSON Lines files and checkpoints.jsonl (created 0700). airlock up:
+	// default <stateDir>/audit. A standalone egressd or gateway: empty writes no audit
+	// (it says so in its log at start). One writer per directory: two servers on one
+	// host need two directories.
+	Dir string `yaml:"dir"`
+	// SigningKeyFile is the Ed25519 key that signs every checkpoint: one line of
+	// base64, the 32-byte seed (`airlock audit keygen`). Default: Dir+".key", beside the
+	// directory. Generated (0600) at the first start when the file does not exist; its
+	// public key is written beside it (".pub" for ".key", 0644) when missing. `airlock
+	// audit verify DIR` checks signatures with DIR.pub by default.
+	SigningKeyFile string `yaml:"signingKeyFile"`
+	// MaxFileBytes is the size, in bytes, at which a log file is sealed by a signed
+	// checkpoint and the next one begun; default audit.DefaultMaxFileBytes (64 MiB).
+	MaxFileBytes int64 `yaml:"maxFileBytes"`
+}
+
+// DefaultAuditConfig is every default of the audit log but Dir, which depends on who
+// runs it (see AuditConfig.Dir).
+func DefaultAuditConfig() AuditConfig {
+	return AuditConfig{MaxFileBytes: audit.DefaultMaxFileBytes}
+}
+
+// KeyFiles are the signing key file and its public key file: SigningKeyFile and the
+// .pub beside it, else audit.DefaultKeyFiles(Dir).
+func (c AuditConfig) KeyFiles() (priv, pub string) {
+	if c.SigningKeyFile != "" {
+		return c.SigningKeyFile, audit.PublicKeyFile(c.SigningKeyFile)
+	}
+	return audit.DefaultKeyFiles(c.Dir)
+}
+
+// resolved fills what is empty from DefaultAuditConfig and checks the result.
+func (c AuditConfig) resolved() (AuditConfig, error) {
+	if c.MaxFileBytes == 0 {
+		c.MaxFileBytes = DefaultAuditConfig().MaxFileBytes
+	}
+	if c.MaxFileBytes < 0 {
+		return c, fmt.Errorf("config: audit.maxFileBytes %d: want a size in bytes", c.MaxFileBytes)
+	}
+	return c, nil
+}
+
+// OpenAudit opens the audit log of c (c.Dir must be set): its signing key loaded, or
+// generated with its public key at the first start (AuditConfig.SigningKeyFile), and
+// the writer started with every checkpoint signed. reg receives the airlock_audit_*
+// metrics (nil: none). The caller closes the writer.
+func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*audit.Writer, error) {
+	c, err := c.resolved()
+	if err != nil {
+		return nil, err
+	}
+	if c.Dir == "" {
+		return nil, fmt.Errorf("audit: no directory")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	privPath, pubPath := c.KeyFiles()
+	key, created, err := audit.LoadOrCreateSigningKey(privPath, pubPath)
+	if err != nil {
+		return nil, fmt.Errorf("audit signing key: %w", err)
+	}
+	if created {
+		log.Info("audit signing key generated", "key", privPath, "public_key", pubPath)
+	}
+	return audit.New(audit.Config{
+		Dir:          c.Dir,
+		MaxFileBytes: c.MaxFileBytes,
+		SigningKey:   key,
+		Logger:       log,
+		Registry:     reg,
+	})
+}
+
+// startAudit opens the audit log every component writes to (StateDir/audit by default).
+func (s *Stack) startAudit(context.Context) error {
+	w, err := OpenAudit(s.cfg.Audit, s.registry, s.log.With("component", "audit"))
+	if err != nil {
+		return err
+	}
+	s.Audit = w
+	return nil
+}
+
+// AuditDir is the directory of the audit log.
+func (s *Stack) AuditDir() string { return s.cfg.Audit.Dir }
