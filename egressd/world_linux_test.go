@@ -31,7 +31,7 @@ import (
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
-	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/sdk"
@@ -423,7 +423,7 @@ func (w *world) noOwnTrafficDenied(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range recs {
-		if r.Source == audit.SourceBPF && r.Action == "deny" && strings.HasSuffix(r.Src, ":"+strconv.Itoa(lifecycle.DefaultExecdPort)) {
+		if r.Source == audit.SourceBPF && r.Action == "deny" && strings.HasSuffix(r.Src, ":"+strconv.Itoa(opensandbox.ExecdPort)) {
 			t.Errorf("Airlock's own traffic denied: %+v", r)
 		}
 	}

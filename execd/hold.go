@@ -20,14 +20,6 @@ import (
 // OpenSandbox SDKs) then simply see their first command start after enforcement.
 const HoldWait = 30 * time.Second
 
-// ReleasePath and Release are opensandbox's (the release path and body, an Airlock
-// extension of execd). Kept until lifecycle uses opensandbox; removed after the merge.
-const ReleasePath = opensandbox.ReleasePath
-
-// Release is opensandbox.Release. Kept until lifecycle uses opensandbox; removed after
-// the merge.
-type Release = opensandbox.Release
-
 // maxReleaseBody bounds a release body (env values included).
 const maxReleaseBody = 1 << 20
 

@@ -1,6 +1,8 @@
 package execd
 
 import (
+	"github.com/airlockdev/airlock/opensandbox"
+
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -53,13 +55,13 @@ func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 		t.Fatalf("command answered while held: %s", b)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if code, _ := do("POST", ReleasePath, "", ""); code != http.StatusUnauthorized {
+	if code, _ := do("POST", opensandbox.ReleasePath, "", ""); code != http.StatusUnauthorized {
 		t.Fatalf("anonymous release: %d, want 401", code)
 	}
 	if !hold.Held() {
 		t.Fatal("an anonymous client released the hold")
 	}
-	if code, _ := do("POST", ReleasePath, "", "tok"); code != http.StatusNoContent {
+	if code, _ := do("POST", opensandbox.ReleasePath, "", "tok"); code != http.StatusNoContent {
 		t.Fatalf("release: %d", code)
 	}
 	select {
@@ -96,23 +98,23 @@ func TestReleaseWithEnv(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, b := post(ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":`); code != http.StatusBadRequest || !hold.Held() {
+	if code, b := post(opensandbox.ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":`); code != http.StatusBadRequest || !hold.Held() {
 		t.Fatalf("malformed release: %d %s, held %v", code, b, hold.Held())
 	}
-	if code, b := post(ReleasePath, `{"env":{"BAD=NAME":"x"}}`); code != http.StatusBadRequest || !hold.Held() {
+	if code, b := post(opensandbox.ReleasePath, `{"env":{"BAD=NAME":"x"}}`); code != http.StatusBadRequest || !hold.Held() {
 		t.Fatalf("bad env name: %d %s, held %v", code, b, hold.Held())
 	}
 	t.Cleanup(func() { os.Unsetenv("AIRLOCK_T_CLAIM") })
-	if code, b := post(ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":"claimed-value"},"entrypoint":["sleep","1"]}`); code != http.StatusNoContent {
+	if code, b := post(opensandbox.ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":"claimed-value"},"entrypoint":["sleep","1"]}`); code != http.StatusNoContent {
 		t.Fatalf("release with env: %d %s", code, b)
 	}
 	if got := hold.Entrypoint(); strings.Join(got, " ") != "sleep 1" {
 		t.Fatalf("entrypoint handed over: %q", got)
 	}
-	if code, b := post(ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":"second"}}`); code != http.StatusConflict {
+	if code, b := post(opensandbox.ReleasePath, `{"env":{"AIRLOCK_T_CLAIM":"second"}}`); code != http.StatusConflict {
 		t.Fatalf("second release with a body: %d %s, want 409", code, b)
 	}
-	if code, _ := post(ReleasePath, ""); code != http.StatusNoContent {
+	if code, _ := post(opensandbox.ReleasePath, ""); code != http.StatusNoContent {
 		t.Fatalf("plain release after release: %d, want 204 (idempotent)", code)
 	}
 	_, b := post("/command", `{"command":"echo v=$AIRLOCK_T_CLAIM"}`)

@@ -46,7 +46,7 @@ type Config struct {
 	// A fresh tracker when nil.
 	Procs *Procs
 	// Hold, when set, refuses every request but GET /ping with 503 STARTING until it
-	// is released through POST ReleasePath (see Hold). Nil: no hold.
+	// is released through POST opensandbox.ReleasePath (see Hold). Nil: no hold.
 	Hold *Hold
 }
 

@@ -7,25 +7,6 @@ import (
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
-// Kept for importers outside lifecycle until they use opensandbox; removed after the merge.
-type (
-	State     = opensandbox.State
-	ErrorBody = opensandbox.ErrorBody
-)
-
-// Kept for importers outside lifecycle until they use opensandbox; removed after the merge.
-const (
-	Pending          = opensandbox.Pending
-	Running          = opensandbox.Running
-	Pausing          = opensandbox.Pausing
-	Paused           = opensandbox.Paused
-	Resuming         = opensandbox.Resuming
-	Stopping         = opensandbox.Stopping
-	Terminated       = opensandbox.Terminated
-	Failed           = opensandbox.Failed
-	DefaultExecdPort = opensandbox.ExecdPort
-)
-
 // Status is the wire form of a sandbox's status (SandboxStatus).
 type Status struct {
 	State            opensandbox.State `json:"state"`
