@@ -18,20 +18,6 @@ import (
 	"unicode"
 )
 
-// pendingLayout lists folders docs/architecture.md names as the layout that the ongoing
-// restructuring creates (see its "Components and layout"). A citation of one of them, or
-// of something under it, is accepted while the folder does not exist. Once it exists the
-// test fails until it is removed from this list, so that from then on its citations are
-// checked like any other.
-var pendingLayout = []string{
-	"stack",
-	"stack/doctor",
-	"stack/purge",
-	"cluster",
-	"lifecycle/boltstore",
-	"egressd/cgroupv2",
-}
-
 // examplePaths are paths the documents name as files the reader creates (an overlay of
 // their own), not files of the repository.
 var examplePaths = []string{
@@ -74,11 +60,6 @@ func TestDocumentsCiteWhatExists(t *testing.T) {
 		t.Fatalf("module root not found from %s: %v", root, err)
 	}
 	c := &checker{root: root, anchors: map[string]map[string]bool{}}
-	for _, p := range pendingLayout {
-		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
-			c.failf("docs/links_test.go", 0, "%s/ exists now: remove it from pendingLayout", p)
-		}
-	}
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -323,7 +304,7 @@ func (c *checker) checkTarget(rel string, line int, dir, p, anchor, what string)
 		switch {
 		case len(inside) == 0:
 			c.failf(rel, line, "%s points outside the repository", what)
-		case slices.ContainsFunc(inside, func(p string) bool { return under(p, pendingLayout) || under(p, examplePaths) }):
+		case slices.ContainsFunc(inside, func(p string) bool { return under(p, examplePaths) }):
 		default:
 			c.failf(rel, line, "%s: %s does not exist", what, strings.Join(inside, " nor "))
 		}
@@ -384,7 +365,7 @@ func repoPath(root, dir, s string) (p, anchor string, ok bool) {
 		_, err := os.Stat(filepath.Join(root, filepath.FromSlash(path.Join(d, elems[first]))))
 		return err == nil
 	}
-	if docExt || exists(base) || (first == 0 && exists(".")) || (first == 0 && under(elems[0], pendingLayout)) {
+	if docExt || exists(base) || (first == 0 && exists(".")) {
 		return p, anchor, true
 	}
 	return "", "", false

@@ -78,7 +78,8 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 		sb, tok := e.View()
 		mode := sb.Access.ModeFor(c.Port)
 		// Control ports are never public, whatever the sandbox's access settings say
-		// (DESIGN.md §10): a public mode on them counts as token.
+		// (docs/architecture.md#control-surfaces-are-never-public): a public mode on them
+		// counts as token.
 		if mode == watch.Public && opensandbox.IsControlPort(c.Port) {
 			mode = watch.Token
 		}
