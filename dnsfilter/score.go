@@ -33,8 +33,22 @@ const DefaultMaxLabelBits = 160
 // vpce-0a1b2c3d4e5f67890-abcdefgh 68. Not caught: data written as pronounceable or
 // dictionary words; the distinct-name caps bound what such a tunnel moves.
 //
-// labelScore does not allocate.
+// labelScore does not allocate; a label of words costs one pass over its bytes.
 func labelScore(label string) float64 {
+	start := 0
+	for i := 0; i <= len(label); i++ {
+		if i == len(label) || label[i] == '-' || label[i] == '_' {
+			if !wordLike(label[start:i]) {
+				return randomBits(label)
+			}
+			start = i + 1
+		}
+	}
+	return 0
+}
+
+// randomBits is n·H over the tokens of label that are not words (labelScore).
+func randomBits(label string) float64 {
 	var counts [256]uint16
 	var seen [256]byte
 	distinct, n := 0, 0
@@ -49,10 +63,7 @@ func labelScore(label string) float64 {
 			continue
 		}
 		for j := 0; j < len(tok); j++ {
-			c := tok[j]
-			if c >= 'A' && c <= 'Z' {
-				c += 'a' - 'A'
-			}
+			c := fold[tok[j]]
 			if counts[c] == 0 {
 				seen[distinct] = c
 				distinct++
@@ -78,15 +89,11 @@ func labelScore(label string) float64 {
 func wordLike(tok string) bool {
 	vowels, run := 0, 0
 	for i := 0; i < len(tok); i++ {
-		c := tok[i]
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		switch {
-		case c == 'a' || c == 'e' || c == 'i' || c == 'o' || c == 'u' || c == 'y':
+		switch letterClass[tok[i]] {
+		case vowel:
 			vowels++
 			run = 0
-		case c >= 'a' && c <= 'z':
+		case consonant:
 			if run++; run > 4 {
 				return false
 			}
@@ -96,6 +103,28 @@ func wordLike(tok string) bool {
 	}
 	return 4*vowels >= len(tok)
 }
+
+const (
+	vowel     = 1
+	consonant = 2
+)
+
+// letterClass classifies bytes for wordLike: vowel, consonant or 0 (not a letter); fold
+// maps A–Z to a–z and every other byte to itself.
+var letterClass, fold = func() (class, fold [256]byte) {
+	for c := range 256 {
+		fold[c] = byte(c)
+	}
+	for c := byte('a'); c <= 'z'; c++ {
+		k := byte(consonant)
+		if c == 'a' || c == 'e' || c == 'i' || c == 'o' || c == 'u' || c == 'y' {
+			k = vowel
+		}
+		class[c], class[c-'a'+'A'] = k, k
+		fold[c-'a'+'A'] = c
+	}
+	return class, fold
+}()
 
 // xlog2xTable holds x·log2(x) for the character counts of a label in presentation form
 // (at most 63 bytes, each at most 4 characters as \DDD).
