@@ -195,13 +195,13 @@ func TestWrongKeyRejected(t *testing.T) {
 func TestLoginRateLimited(t *testing.T) {
 	h := newHarness(t, testKey)
 	c := h.client()
-	for range loginBurst {
+	for range loginPerClient {
 		if r := h.login(c, "wrong"); r.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("failed login: %d", r.StatusCode)
 		}
 	}
 	if r := h.login(c, testKey); r.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("login after %d failures: %d, want 429", loginBurst, r.StatusCode)
+		t.Fatalf("login after %d failures: %d, want 429", loginPerClient, r.StatusCode)
 	}
 	h.advance(time.Minute)
 	if r := h.login(c, testKey); r.StatusCode != http.StatusSeeOther {

@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sync"
 	"time"
@@ -184,32 +185,103 @@ func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
-// loginLimiter slows key guessing: at most loginBurst failed logins per minute for the
-// whole console; further attempts are 429 until the minute passes.
+// Sign-in limits, per minute: failed sign-ins per client (see loginClient) and for the
+// whole console. The ceiling keeps many clients together from guessing fast; it is well
+// above one client's share, so one client alone never locks the operators out.
+const (
+	loginPerClient = 10
+	loginCeiling   = 200
+)
+
+// loginLimiter slows key guessing. Each client gets loginPerClient failed sign-ins per
+// minute and the console loginCeiling; past either, attempts are 429 until that minute
+// (a fixed window from the first failure) passes. An attempt takes its slot before the
+// key is checked, under one lock with the check (take), and an attempt that turns out
+// not to be a wrong key gives its slot back (refund): concurrent wrong guesses never
+// exceed the limits. The table holds only clients with failures in a minute not yet
+// over, so it never holds more than 2 × loginCeiling entries.
 type loginLimiter struct {
-	now      func() time.Time
-	mu       sync.Mutex
-	start    time.Time
-	failures int
+	now     func() time.Time
+	mu      sync.Mutex
+	global  loginWindow
+	clients map[netip.Prefix]loginWindow
 }
 
-const loginBurst = 20
+// loginWindow counts the failures of one minute that began at start.
+type loginWindow struct {
+	start time.Time
+	n     int
+}
 
-func newLoginLimiter(now func() time.Time) *loginLimiter { return &loginLimiter{now: now} }
+// loginSlot is a taken attempt: whose, and in which windows.
+type loginSlot struct {
+	client             netip.Prefix
+	globalAt, clientAt time.Time
+}
 
-func (l *loginLimiter) allow() bool {
+func newLoginLimiter(now func() time.Time) *loginLimiter {
+	return &loginLimiter{now: now, clients: map[netip.Prefix]loginWindow{}}
+}
+
+// loginClient is the client a request counts against: the connection's remote address
+// (X-Forwarded-For is not trusted: the console has no trusted-proxy setting, so behind
+// a proxy every client is the proxy), an IPv6 address by its /64 (one host commonly
+// holds a whole /64). An unreadable address counts as one shared client.
+func loginClient(remoteAddr string) netip.Prefix {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	a := ap.Addr().Unmap().WithZone("")
+	if a.Is4() {
+		return netip.PrefixFrom(a, 32)
+	}
+	p, _ := a.Prefix(64)
+	return p
+}
+
+// take reserves one attempt for client: false (and nothing taken) when the client or
+// the console is at its limit this minute.
+func (l *loginLimiter) take(client netip.Prefix) (loginSlot, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.now().Sub(l.start) >= time.Minute {
-		l.start, l.failures = l.now(), 0
+	now := l.now()
+	if now.Sub(l.global.start) >= time.Minute {
+		l.global = loginWindow{start: now}
+		for k, w := range l.clients {
+			if now.Sub(w.start) >= time.Minute {
+				delete(l.clients, k)
+			}
+		}
 	}
-	return l.failures < loginBurst
+	w, ok := l.clients[client]
+	if !ok || now.Sub(w.start) >= time.Minute {
+		w = loginWindow{start: now}
+	}
+	if w.n >= loginPerClient || l.global.n >= loginCeiling {
+		return loginSlot{}, false
+	}
+	w.n++
+	l.global.n++
+	l.clients[client] = w
+	return loginSlot{client: client, globalAt: l.global.start, clientAt: w.start}, true
 }
 
-func (l *loginLimiter) fail() {
+// refund gives back a slot whose attempt was not a wrong key (a sign-in that succeeded,
+// a form that could not be read). A slot of a minute that has passed is already void.
+func (l *loginLimiter) refund(s loginSlot) {
 	l.mu.Lock()
-	l.failures++
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if l.global.start.Equal(s.globalAt) && l.global.n > 0 {
+		l.global.n--
+	}
+	if w, ok := l.clients[s.client]; ok && w.start.Equal(s.clientAt) {
+		if w.n--; w.n <= 0 {
+			delete(l.clients, s.client)
+		} else {
+			l.clients[s.client] = w
+		}
+	}
 }
 
 func (c *Console) handleLoginPage(w http.ResponseWriter, r *http.Request) {
@@ -237,24 +309,27 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusForbidden, "login.html", d)
 		return
 	}
-	if !c.logins.allow() {
+	slot, ok := c.logins.take(loginClient(r.RemoteAddr))
+	if !ok {
+		c.log.Warn("console sign-in refused", "reason", "too many failures", "client", r.RemoteAddr)
 		d.Error = "Too many failed sign-ins: wait a minute and try again."
 		c.render(w, http.StatusTooManyRequests, "login.html", d)
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 	if err := r.ParseForm(); err != nil {
+		c.logins.refund(slot)
 		d.Error = "The sign-in form could not be read."
 		c.render(w, http.StatusBadRequest, "login.html", d)
 		return
 	}
 	if c.cfg.APIKey != "" && !tokenEqual(r.PostForm.Get("key"), c.cfg.APIKey) {
-		c.logins.fail()
 		c.log.Warn("console sign-in failed", "client", r.RemoteAddr)
 		d.Error = "Wrong API key."
 		c.render(w, http.StatusUnauthorized, "login.html", d)
 		return
 	}
+	c.logins.refund(slot)
 	if old, err := r.Cookie(CookieName); err == nil {
 		c.sessions.remove(old.Value) // never keep a session id from before sign-in
 	}

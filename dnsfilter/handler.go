@@ -65,11 +65,11 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	report := d.Mode() == policies.Report
 	var wouldDeny []string
 
-	// 1. tunnelling guard: lengths, entropy, names per parent domain
+	// 1. tunnelling guard: lengths, entropy, label score
 	opts := d.DNS()
 	reason := opts.CheckName(name)
-	if reason == "" && opts.MaxQueriesPerMinute > 0 && s.guard.exceeded(sb.ID, name, opts.MaxQueriesPerMinute, start) {
-		reason = fmt.Sprintf("more than %d names under %s in a minute (possible DNS tunnelling)", opts.MaxQueriesPerMinute, parent(name))
+	if reason == "" && opts.MaxLabelEntropy > 0 {
+		reason = s.checkLabels(name)
 	}
 	if reason != "" {
 		if !report {
@@ -95,6 +95,19 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	if dec.WouldDeny {
 		wouldDeny = append(wouldDeny, dec.Reason)
+	}
+	// 3b. tunnelling guard: distinct names per sandbox, registrable domain and rule (a
+	// denied name carries nothing out, so only names that may reach an upstream count)
+	caps := s.caps
+	if opts.MaxQueriesPerMinute > 0 {
+		caps.domain = opts.MaxQueriesPerMinute
+	}
+	if reason := s.guard.admit(sb.ID, name, dec.Rule, caps, start); reason != "" {
+		if !report {
+			deny(dns.RcodeRefused, "guard", "dns.tunnelGuard", reason, dns.ExtendedErrorCodeProhibited)
+			return
+		}
+		wouldDeny = append(wouldDeny, reason)
 	}
 	// 4. an answer prepared from the cache for this policy and this form of query
 	key := cacheKey{name, q.Qtype}
@@ -259,10 +272,25 @@ func qtypeString(t uint16) string {
 	return fmt.Sprintf("TYPE%d", t)
 }
 
-// parent is name without its first label (the name itself when it has one label).
-func parent(name string) string {
-	if _, rest, ok := strings.Cut(name, "."); ok {
-		return rest
+// checkLabels scores each label of name (labelScore) against the operator's
+// MaxLabelBits, and all of them together against twice that (data split over several
+// labels): "" when the name passes, else the reason.
+func (s *Server) checkLabels(name string) string {
+	limit := s.cfg.Guard.MaxLabelBits
+	if limit <= 0 {
+		return ""
 	}
-	return name
+	var total float64
+	for label := range strings.SplitSeq(name, ".") {
+		b := labelScore(label)
+		if b > limit {
+			return fmt.Sprintf("label of %d characters carries about %.0f bits of random-looking text (limit %.0f; possible DNS tunnelling)",
+				len(label), b, limit)
+		}
+		total += b
+	}
+	if total > 2*limit {
+		return fmt.Sprintf("labels carry about %.0f bits of random-looking text together (limit %.0f; possible DNS tunnelling)", total, 2*limit)
+	}
+	return ""
 }

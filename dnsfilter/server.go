@@ -11,10 +11,13 @@
 //	unknown source address                    REFUSED
 //	not one question / not QUERY / not IN     FORMERR / NOTIMP / NOTIMP
 //	name too long, high-entropy label,        REFUSED (tunnelling guard)
-//	too many names under one parent
+//	label scoring as encoded data
 //	query type not allowed by the policy     NOTIMP (Config.QTypeRcode: REFUSED)
 //	name denied by the policy                NXDOMAIN (Config.DenyRcode: REFUSED),
 //	                                          no upstream traffic at all
+//	a new name over a cap of distinct names   REFUSED (tunnelling guard)
+//	per minute (sandbox, registrable
+//	domain, rule; GuardConfig)
 //	CNAME hop to a denied name               the deny rcode
 //	upstream failure, learning hook failure  SERVFAIL
 //
@@ -112,6 +115,9 @@ type Config struct {
 	MinTTL, MaxTTL time.Duration
 	// CacheSize is the most answers cached; default 10000; negative disables the cache.
 	CacheSize int
+	// Guard is the operator's part of the tunnelling guard (distinct-name caps and the
+	// label score); the zero value is the defaults, which are on.
+	Guard GuardConfig
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registry receives the airlock_dnsfilter_* metrics; nil means none.
@@ -130,7 +136,8 @@ type Server struct {
 	metrics *metrics
 	cache   *cache
 	flight  singleflight.Group
-	guard   *rateGuard
+	guard   *nameGuard
+	caps    nameCaps
 	pools   map[string]*udpPool
 	udp     net.PacketConn
 	tcp     net.Listener
@@ -193,14 +200,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, guard: newRateGuard(), done: make(chan struct{}),
+	var err error
+	if cfg.Guard, err = cfg.Guard.withDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, guard: newNameGuard(), done: make(chan struct{}),
 		work: make(chan udpQuery)}
+	s.caps = nameCaps{sandbox: cfg.Guard.NamesPerSandbox, domain: cfg.Guard.NamesPerDomain, rule: cfg.Guard.NamesPerRule}
 	s.cache = newCache(cfg.CacheSize)
 	s.pools = map[string]*udpPool{}
 	for _, u := range cfg.Upstreams {
 		s.pools[u] = newUDPPool(u)
 	}
-	var err error
 	if s.metrics, err = newMetrics(cfg.Registry, s.cache.len); err != nil {
 		return nil, err
 	}
@@ -243,7 +254,14 @@ func (s *Server) Addr() netip.AddrPort {
 // returns nil (or the first serving error).
 func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
-	go func() { errc <- s.serveUDP() }()
+	// Counted here, not in the goroutine: Close waits for inflight, and an Add that
+	// could run concurrently with that Wait from a zero count is a race (a filter
+	// closed right after it started).
+	s.inflight.Add(1)
+	go func() {
+		defer s.inflight.Done()
+		errc <- s.serveUDP()
+	}()
 	go func() { errc <- s.tcpSrv.ActivateAndServe() }()
 	var err error
 	select {

@@ -344,9 +344,9 @@ type DNSSettings struct {
 	QueryTypes            []string
 	MaxLabelLength        int
 	MaxNameLength         int
-	MaxLabelEntropy       float64 // 0: off
+	MaxLabelEntropy       float64 // 0: off (dnsfilter's label score too)
 	MinEntropyLabelLength int
-	MaxQueriesPerMinute   int // 0: off
+	MaxQueriesPerMinute   int // 0: dnsfilter's default
 	qtypes                map[uint16]bool
 }
 

@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -148,8 +149,8 @@ egress:
 	runCases(t, d, []decideCase{
 		{"metadata-beats-sandbox-allow", "169.254.169.254", 80, TCP, Deny, "overlay.alwaysDeny[0]", false},
 		{"metadata-v6", "fd00:ec2::254", 80, TCP, Deny, "overlay.alwaysDeny[1]", false},
-		{"control-plane", "control.airlock.internal", 443, TCP, Deny, "overlay.alwaysDeny[13]", false},
-		{"host-addr", "192.0.2.10", 443, TCP, Deny, "overlay.alwaysDeny[14]", false},
+		{"control-plane", "control.airlock.internal", 443, TCP, Deny, "overlay.alwaysDeny[21]", false},
+		{"host-addr", "192.0.2.10", 443, TCP, Deny, "overlay.alwaysDeny[22]", false},
 		{"loopback", "127.0.0.1", 443, TCP, Deny, "overlay.alwaysDeny[5]", false},
 		{"always-allow-beats-sandbox-deny", "mirror.corp.example", 443, TCP, Allow, "overlay.alwaysAllow[0]", false},
 		{"deny-beats-allow-in-overlay", "169.254.1.1", 443, TCP, Deny, "overlay.alwaysDeny[3]", false},
@@ -243,5 +244,62 @@ func TestDNSSettings(t *testing.T) {
 	}
 	if r := def.CheckName("e3b0c44298fc1c149afbf4c8996fb924.cdn.example.com"); r != "" {
 		t.Errorf("hex label refused: %q", r)
+	}
+}
+
+// TestBuiltinDenyProviderEndpoints: every cloud provider control endpoint the base overlay
+// lists is denied even when the sandbox policy allows it explicitly (an IP rule for an
+// address, a name rule for a name) on top of defaultAction allow and a catch-all, and an
+// address is dropped from a DNS answer of an allowed name too.
+func TestBuiltinDenyProviderEndpoints(t *testing.T) {
+	cases := []struct{ provider, target string }{
+		{"aws-gcp-azure-oracle-do-imds", "169.254.169.254"},
+		{"aws-imds-v6", "fd00:ec2::254"},
+		{"aws-dns-v6", "fd00:ec2::253"},
+		{"aws-time-sync", "169.254.169.123"},
+		{"aws-time-sync-v6", "fd00:ec2::123"},
+		{"aws-ecs-task-metadata", "169.254.170.2"},
+		{"aws-eks-pod-identity", "169.254.170.23"},
+		{"aws-eks-pod-identity-v6", "fd00:ec2::23"},
+		{"azure-wireserver", "168.63.129.16"},
+		{"alibaba-metadata", "100.100.100.200"},
+		{"gcp-metadata-v6", "fd20:ce::254"},
+		{"gcp-metadata-name", "metadata.google.internal"},
+		{"gcp-metadata-short-name", "metadata"},
+		{"tencent-metadata", "169.254.0.23"},
+		{"tencent-metadata-name", "metadata.tencentyun.com"},
+		{"ibm-metadata-name", "api.metadata.cloud.ibm.com"},
+		{"scaleway-metadata", "169.254.42.42"},
+		{"scaleway-metadata-v6", "fd00:42::42"},
+	}
+	var doc strings.Builder
+	doc.WriteString("defaultAction: allow\negress:\n")
+	for _, c := range cases {
+		fmt.Fprintf(&doc, "  - {action: allow, target: %q}\n", c.target)
+	}
+	doc.WriteString("  - {action: allow, target: \"*\"}\n")
+	d := compile(t, doc.String(), BaseOverlay())
+	for _, c := range cases {
+		t.Run(c.provider, func(t *testing.T) {
+			for _, port := range []uint16{0, 80, 443} {
+				got := d.Decide(c.target, port, TCP)
+				if got.Action != Deny || !strings.HasPrefix(got.Rule, "overlay.alwaysDeny[") {
+					t.Errorf("Decide(%s, %d) = %s %s (%s); want an overlay denial", c.target, port, got.Action, got.Rule, got.Reason)
+				}
+			}
+			if a, err := netip.ParseAddr(c.target); err == nil {
+				got := d.DecideLearned("allowed.example.com", a, 0, "")
+				if got.Action != Deny || !strings.HasPrefix(got.Rule, "overlay.alwaysDeny[") {
+					t.Errorf("DecideLearned(%s) = %s %s; want an overlay denial", c.target, got.Action, got.Rule)
+				}
+			}
+		})
+	}
+	// report mode relaxes the policy, never the overlay
+	rep := compile(t, "mode: report\n"+doc.String(), BaseOverlay())
+	for _, c := range cases {
+		if got := rep.Decide(c.target, 443, TCP); got.Action != Deny || got.WouldDeny {
+			t.Errorf("report mode: Decide(%s) = %s would_deny=%t", c.target, got.Action, got.WouldDeny)
+		}
 	}
 }

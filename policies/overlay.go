@@ -26,13 +26,28 @@ type Overlay struct {
 	AlwaysAllow []Rule `json:"alwaysAllow,omitempty"`
 }
 
-// BuiltinDeny is what BaseOverlay denies: cloud metadata endpoints (AWS, GCP, Azure,
-// Alibaba, OpenStack), link-local, loopback and unspecified addresses, localhost names.
-// Egressd adds the host's own addresses and the control plane's.
+// BuiltinDeny is what BaseOverlay denies: cloud provider control endpoints (instance
+// metadata and credentials, the platform's agent and DNS channels), link-local, loopback
+// and unspecified addresses, localhost names. Egressd adds the host's own addresses and
+// the control plane's. New entries go at the end, so that the rule references of the
+// existing ones ("overlay.alwaysDeny[0]") stay what audit consumers have seen.
+//
+// Link-local 169.254.0.0/16 covers, besides 169.254.169.254, the AWS Time Sync Service
+// (169.254.169.123), Route 53 Resolver (169.254.169.253), ECS task metadata
+// (169.254.170.2), EKS Pod Identity (169.254.170.23), Tencent Cloud metadata
+// (169.254.0.23) and Scaleway metadata (169.254.42.42). The IPv6 endpoints sit in
+// unique-local space (fc00::/7), which the special-address guard already keeps from
+// catch-alls; listing them here denies them against an explicit allow too.
 var BuiltinDeny = []string{
-	"169.254.169.254", // AWS, GCP, Azure, OpenStack metadata
-	"fd00:ec2::254",   // AWS IMDS over IPv6
-	"100.100.100.200", // Alibaba Cloud metadata
+	// Instance metadata of AWS, GCP, Azure, Oracle Cloud, DigitalOcean, IBM Cloud,
+	// Hetzner, OpenStack.
+	"169.254.169.254",
+	// AWS IMDS over IPv6 (Nitro instances):
+	// https://docs.aws.amazon.com/whitepapers/latest/ipv6-on-aws/supporting-amazon-vpc-services.html
+	"fd00:ec2::254",
+	// Alibaba Cloud metadata:
+	// https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata
+	"100.100.100.200",
 	"169.254.0.0/16",
 	"fe80::/10",
 	"127.0.0.0/8",
@@ -43,6 +58,29 @@ var BuiltinDeny = []string{
 	"*.localhost",
 	"metadata.google.internal",
 	"metadata",
+	// Azure WireServer, a public address: VM agent and extensions channel, DHCP, DNS,
+	// load balancer probes:
+	// https://learn.microsoft.com/azure/virtual-network/what-is-ip-address-168-63-129-16
+	"168.63.129.16",
+	// AWS Route 53 Resolver and Time Sync Service over IPv6:
+	// https://docs.aws.amazon.com/whitepapers/latest/ipv6-on-aws/supporting-amazon-vpc-services.html
+	"fd00:ec2::253",
+	"fd00:ec2::123",
+	// AWS EKS Pod Identity Agent over IPv6 (pod credentials):
+	// https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html
+	"fd00:ec2::23",
+	// GCP metadata server over IPv6 (IPv6-only instances):
+	// https://cloud.google.com/compute/docs/metadata/querying-metadata
+	"fd20:ce::254",
+	// Scaleway metadata over IPv6:
+	// https://www.scaleway.com/en/developers/api/instance/user-data
+	"fd00:42::42",
+	// Tencent Cloud metadata by name (169.254.0.23):
+	// https://www.tencentcloud.com/document/product/213/4934
+	"metadata.tencentyun.com",
+	// IBM Cloud VPC metadata and identity tokens by name (169.254.169.254):
+	// https://cloud.ibm.com/apidocs/vpc-metadata
+	"api.metadata.cloud.ibm.com",
 }
 
 // BaseOverlay returns a new overlay denying BuiltinDeny.

@@ -257,13 +257,17 @@ func (o DNSOptions) clone() DNSOptions {
 // random-looking labels and as many distinct names under one domain.
 type TunnelGuard struct {
 	// MaxLabelEntropy is the highest Shannon entropy, in bits per character, accepted for
-	// a label of at least MinLabelLength characters; default 4.0; 0 turns the check off.
-	// Random base32/base64 labels score above 4.2, hex and words below 4.
+	// a label of at least MinLabelLength characters; default 4.0. Random base32/base64
+	// labels score above 4.2, hex and words below 4 (dnsfilter's label score, which
+	// measures bits per label, catches long hex). 0 turns off both label checks: this one
+	// and dnsfilter's label score.
 	MaxLabelEntropy *float64 `json:"maxLabelEntropy,omitempty"`
 	// MinLabelLength is the shortest label the entropy check scores; default 24.
 	MinLabelLength int `json:"minLabelLength,omitempty"`
-	// MaxQueriesPerMinute caps the queries for distinct names under one parent domain
-	// (the name without its first label), per sandbox and minute; default 0 (off).
-	// dnsfilter enforces it.
+	// MaxQueriesPerMinute caps the distinct names under one registrable domain (eTLD+1:
+	// a.b.example.co.uk counts under example.co.uk) that a sandbox may resolve per
+	// minute; 0 (the default) leaves dnsfilter's operator cap in force (100 unless the
+	// operator set another). dnsfilter enforces it, beside its per-sandbox and per-rule
+	// caps, which the policy cannot raise.
 	MaxQueriesPerMinute int `json:"maxQueriesPerMinute,omitempty"`
 }
