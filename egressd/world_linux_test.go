@@ -151,7 +151,8 @@ func (w *world) internet(t *testing.T) {
 	datapathtest.IP(t, "-6", "addr", "add", "fd00:251::1/64", "dev", host, "nodad")
 	datapathtest.IP(t, "-n", ns.Name, "-6", "addr", "add", "fd00:251::2/64", "dev", peer, "nodad")
 	for _, a := range []netip.Addr{cidr6, denied6, name6} {
-		datapathtest.IP(t, "-n", ns.Name, "-6", "addr", "add", a.String()+"/128", "dev", "lo")
+		// nodad: bindable at once (a tentative address refuses bind with EADDRNOTAVAIL).
+		datapathtest.IP(t, "-n", ns.Name, "-6", "addr", "add", a.String()+"/128", "dev", "lo", "nodad")
 	}
 	datapathtest.IP(t, "-n", ns.Name, "-6", "route", "add", "default", "via", "fd00:251::1")
 	datapathtest.IP(t, "-6", "route", "replace", "2001:db8:a1e::/48", "via", "fd00:251::2")
