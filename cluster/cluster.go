@@ -219,7 +219,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			e.Keys = kr
 		}
 		endpoints = func(er lifecycle.EndpointRequest) (string, error) {
-			ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires)
+			ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires, er.SignedEpoch)
 			if err != nil {
 				return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
 			}
