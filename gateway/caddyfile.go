@@ -36,6 +36,8 @@ func init() {
 //			timeout <duration>
 //		}
 //		tombstone_ttl <duration>
+//		max_certificates_per_sandbox <n>     # on-demand TLS hosts per sandbox; default 16
+//		signed_host_certificates             # on-demand TLS for verified signed host labels
 //		egress_api <lifecycle host:port> {
 //			header <name> <value>
 //		}

@@ -80,7 +80,8 @@ func TestCaddyfileGolden(t *testing.T) {
 		t.Fatalf("airlock app JSON: %v", err)
 	}
 	if app.Watch == nil || app.Watch.Headers.Get("Authorization") == "" || len(app.SigningKeys) != 2 || app.Renew == nil ||
-		app.EgressAPI == nil || app.EgressAPI.Dial != "127.0.0.1:8080" || app.EgressAPI.Headers.Get("OPEN-SANDBOX-API-KEY") == "" {
+		app.EgressAPI == nil || app.EgressAPI.Dial != "127.0.0.1:8080" || app.EgressAPI.Headers.Get("OPEN-SANDBOX-API-KEY") == "" ||
+		app.MaxCertificatesPerSandbox != 8 || !app.SignedHostCertificates {
 		t.Fatalf("app config lost options: %+v", app)
 	}
 }
