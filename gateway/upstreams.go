@@ -91,7 +91,7 @@ func (p *Permission) CertificateAllowed(_ context.Context, name string) error {
 	res, err := p.app.certificateAllowed(name, time.Now())
 	p.app.metrics.certs.WithLabelValues(res).Inc()
 	if err != nil {
-		p.app.log.Warn("on-demand certificate refused", "host", name, "result", res, "err", err)
+		p.app.log.Debug("on-demand certificate refused", "host", name, "result", res, "err", err)
 	}
 	return err
 }
