@@ -82,10 +82,12 @@ type Config struct {
 	LeaseDuration time.Duration `yaml:"leaseDuration"`
 	// Limits, timeouts and loop intervals have lifecycle.Config's meanings; zero:
 	// lifecycle's defaults (a 24h longest timeout, 120s to become ready).
-	Limits         lifecycle.Limits `yaml:"-"`
-	ReadyTimeout   time.Duration    `yaml:"readyTimeout"`
-	ReapInterval   time.Duration    `yaml:"-"`
-	ResyncInterval time.Duration    `yaml:"-"`
+	Limits       lifecycle.Limits `yaml:"-"`
+	ReadyTimeout time.Duration    `yaml:"readyTimeout"`
+	// MaxSignedURLLifetime caps ?expires= of signed endpoints (lifecycle's default 24h).
+	MaxSignedURLLifetime time.Duration `yaml:"maxSignedURLLifetime"`
+	ReapInterval         time.Duration `yaml:"-"`
+	ResyncInterval       time.Duration `yaml:"-"`
 
 	// APIKey is the OPEN-SANDBOX-API-KEY clients must send; empty only with NoAuth.
 	APIKey string `yaml:"-"`
@@ -219,7 +221,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			e.Keys = kr
 		}
 		endpoints = func(er lifecycle.EndpointRequest) (string, error) {
-			ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires)
+			ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires, er.SignedEpoch)
 			if err != nil {
 				return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
 			}
@@ -238,7 +240,8 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		Limits:  cfg.Limits,
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,
 		ReadyTimeout: cfg.ReadyTimeout, ReapInterval: cfg.ReapInterval, ResyncInterval: cfg.ResyncInterval,
-		ReadyGate: readyGate, PolicyGate: policyGate,
+		MaxSignedURLLifetime: cfg.MaxSignedURLLifetime,
+		ReadyGate:            readyGate, PolicyGate: policyGate,
 		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {

@@ -16,9 +16,9 @@ import (
 )
 
 // apiRoutes are the lifecycle routes the console passes through (path after
-// /console/api): sandboxes and their endpoints, policies, audit and metadata, and the
-// named-policy library. Never the server proxy, the watch stream or metrics.
-var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy|audit|endpoints/[0-9]+))?)?|policies(/[A-Za-z0-9_.-]+)?)$`)
+// /console/api): sandboxes and their endpoints, policies, audit and metadata, signed-URL
+// revocation, and the named-policy library. Never the server proxy, the watch stream or metrics.
+var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy|audit|endpoints/[0-9]+|signed-urls/revoke))?)?|policies(/[A-Za-z0-9_.-]+)?)$`)
 
 // api passes /console/api/v1/… to the lifecycle API with the API key: reads need a
 // session, writes also the CSRF token and a same-origin request. Answers, including the

@@ -353,6 +353,27 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("opening %s/ping: %+v %v", signed, resp, err)
 	}
 
+	// Revoke: the button bumps the sandbox's signed-URL epoch; the gateway refuses the
+	// URL minted before (401) within the watch latency.
+	do(t, ctx, "revoke the signed URLs", 20*time.Second,
+		chromedp.Navigate(base+"/console/sandboxes/"+sbID), chromedp.WaitVisible(id("sign-revoke")),
+		chromedp.Click(id("sign-revoke")),
+		waitJS(`document.getElementById('sign-msg')?.textContent.includes('revoked')`))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		st := 0
+		if r, err := http.Get(strings.TrimSuffix(signed, "/") + "/ping"); err == nil {
+			st = r.StatusCode
+			r.Body.Close()
+		}
+		if st == http.StatusUnauthorized {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the revoked signed URL still answers %d, want 401", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
 	// CSRF: a write without the token from the console's own page, the classic
 	// cross-origin form post, and a foreign Origin with a valid session and token are
 	// all refused, and the sandbox stays Running.

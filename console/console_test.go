@@ -46,6 +46,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method == "GET" && r.URL.Path == "/v1/sandboxes/sb1/policy":
 		opensandbox.WriteJSON(w, 200, map[string]any{"sandboxId": "sb1", "version": 3, "name": "python-packages",
 			"policy": json.RawMessage(`{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org","ports":[443]}]}`)})
+	case r.Method == "POST" && r.URL.Path == "/v1/sandboxes/sb1/signed-urls/revoke":
+		f.writes.Add(1)
+		opensandbox.WriteJSON(w, 200, map[string]any{"signedUrlEpoch": 1})
 	case r.Method == "POST" && r.URL.Path == "/v1/sandboxes":
 		f.writes.Add(1)
 		writeError(w, 400, "INVALID_REQUEST", "image.uri is required")
@@ -392,6 +395,11 @@ func TestAPIPassThrough(t *testing.T) {
 		"OPEN-SANDBOX-API-KEY": "from-the-browser"})
 	if r.StatusCode != 400 || !strings.Contains(string(b), `"code":"INVALID_REQUEST"`) || !strings.Contains(string(b), "image.uri is required") {
 		t.Errorf("create error: %d %s", r.StatusCode, b)
+	}
+	// The revoke button's route passes through (a write: CSRF token and same origin).
+	r, b = h.do(c, "POST", "/console/api/v1/sandboxes/sb1/signed-urls/revoke", "", map[string]string{"Origin": h.srv.URL, CSRFHeader: tok})
+	if r.StatusCode != 200 || !strings.Contains(string(b), `"signedUrlEpoch":1`) {
+		t.Errorf("revoke signed URLs: %d %s", r.StatusCode, b)
 	}
 	for _, p := range []string{"/console/api/v1/sandboxes/sb1/proxy/44772/ping", "/console/api/v1/internal/v1/watch", "/console/api/v1/metrics"} {
 		if r, _ := h.do(c, "GET", p, "", nil); r.StatusCode != 404 {

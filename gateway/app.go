@@ -49,6 +49,8 @@ const (
 	DefaultMaxConnsPerSandbox = 1024
 	DefaultRenewInterval      = time.Minute
 	DefaultRenewTimeout       = 10 * time.Second
+	// DefaultMaxCertificatesPerSandbox is App.MaxCertificatesPerSandbox's default.
+	DefaultMaxCertificatesPerSandbox = 16
 )
 
 // App is the airlock Caddy app: the route table and what feeds it. Its JSON lives under
@@ -94,6 +96,21 @@ type App struct {
 	// default 1h.
 	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
 
+	// MaxCertificatesPerSandbox caps the distinct host names the on-demand TLS
+	// permission (tls.permission.airlock) lets Caddy obtain certificates for, per
+	// sandbox, for the app's lifetime (a deleted sandbox's count is dropped): without a
+	// cap anyone who knows a sandbox id could have a certificate issued for every one of
+	// its 65535 ports, twice. 0 means 16; negative removes the cap.
+	MaxCertificatesPerSandbox int `json:"max_certificates_per_sandbox,omitempty"`
+
+	// SignedHostCertificates lets on-demand TLS obtain certificates for signed host
+	// labels ("<port>-<id>-<exp>-<tag>.<domain>") whose tag verifies, never for control
+	// ports. Off by default: a certificate is published in Certificate Transparency
+	// logs, so its signed host label, a working credential until it expires, becomes
+	// public. Lifecycle mints signed endpoints in the path form; serve signed host
+	// labels under a wildcard certificate instead.
+	SignedHostCertificates bool `json:"signed_host_certificates,omitempty"`
+
 	// Instance names the Go values (audit sink, metrics registry, logger) that an
 	// embedding program registered for this app (see Server). Empty in stock Caddy: the
 	// app then uses Caddy's metrics registry and logger and has no audit sink.
@@ -106,6 +123,7 @@ type App struct {
 	apiKey   *accesstoken.Digest
 	domains  []string
 	maxConns int
+	certs    *certHosts
 	watcher  *watch.Client
 	renewer  *renewer
 	metrics  *metrics
@@ -226,6 +244,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	default:
 		a.maxConns = a.MaxConnsPerSandbox
 	}
+	a.certs = &certHosts{max: max(a.MaxCertificatesPerSandbox, 0)}
+	if a.MaxCertificatesPerSandbox == 0 {
+		a.certs.max = DefaultMaxCertificatesPerSandbox
+	}
 
 	var reg prometheus.Registerer = ctx.GetMetricsRegistry()
 	if a.Instance != "" {
@@ -240,6 +262,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		TombstoneTTL: time.Duration(a.TombstoneTTL),
 		OnChange:     func(n int) { a.metrics.routes.Set(float64(n)) },
 		OnDelete: func(s *watch.Sandbox) {
+			a.certs.forget(s.ID)
 			a.upstream.closeAddr(s.Address)
 			a.upstream.closeAddr(s.Address6)
 		},

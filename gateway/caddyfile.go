@@ -36,6 +36,8 @@ func init() {
 //			timeout <duration>
 //		}
 //		tombstone_ttl <duration>
+//		max_certificates_per_sandbox <n>     # on-demand TLS hosts per sandbox; default 16
+//		signed_host_certificates             # on-demand TLS for verified signed host labels
 //		egress_api <lifecycle host:port> {
 //			header <name> <value>
 //		}
@@ -139,6 +141,20 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					return err
 				}
 			}
+		case "max_certificates_per_sandbox":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(d.Val())
+			if err != nil || d.NextArg() {
+				return d.Errf("max_certificates_per_sandbox %q: want one integer", d.Val())
+			}
+			a.MaxCertificatesPerSandbox = n
+		case "signed_host_certificates":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.SignedHostCertificates = true
 		case "tombstone_ttl":
 			dur, err := parseDurationArg(d)
 			if err != nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"flag"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -79,7 +80,8 @@ func TestCaddyfileGolden(t *testing.T) {
 		t.Fatalf("airlock app JSON: %v", err)
 	}
 	if app.Watch == nil || app.Watch.Headers.Get("Authorization") == "" || len(app.SigningKeys) != 2 || app.Renew == nil ||
-		app.EgressAPI == nil || app.EgressAPI.Dial != "127.0.0.1:8080" || app.EgressAPI.Headers.Get("OPEN-SANDBOX-API-KEY") == "" {
+		app.EgressAPI == nil || app.EgressAPI.Dial != "127.0.0.1:8080" || app.EgressAPI.Headers.Get("OPEN-SANDBOX-API-KEY") == "" ||
+		app.MaxCertificatesPerSandbox != 8 || !app.SignedHostCertificates {
 		t.Fatalf("app config lost options: %+v", app)
 	}
 }
@@ -205,7 +207,12 @@ func newHTTPServer(t *testing.T, h http.Handler) string {
 func TestPermission(t *testing.T) {
 	tab := routetable.New(routetable.Config{})
 	tab.Upsert(watch.Sandbox{ID: "abc", State: "Paused"}, 1)
-	p := &Permission{app: &App{table: tab, domains: []string{"sandbox.example.com"}}}
+	m, err := newMetrics(nil, func() (bool, float64, int) { return false, 0, 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Permission{app: &App{table: tab, domains: []string{"sandbox.example.com"}, metrics: m,
+		certs: &certHosts{max: DefaultMaxCertificatesPerSandbox}, log: slog.New(slog.DiscardHandler)}}
 	for name, want := range map[string]bool{
 		"8080-abc.sandbox.example.com":                       true,
 		"abc-8080.SANDBOX.example.com":                       true,
@@ -213,7 +220,7 @@ func TestPermission(t *testing.T) {
 		"sandbox.example.com":                                false,
 		"a.8080-abc.sandbox.example.com":                     false,
 		"8080-abc.example.org":                               false,
-		"8080-abc-x2qxvk-0123456789abck.sandbox.example.com": true,
+		"8080-abc-x2qxvk-0123456789abck.sandbox.example.com": false, // signed: no certificate by default
 	} {
 		if err := p.CertificateAllowed(t.Context(), name); (err == nil) != want {
 			t.Errorf("%s: allowed=%v (%v), want %v", name, err == nil, err, want)

@@ -178,7 +178,9 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		}
 		return ErrUnauthorized, fmt.Sprintf("port %d needs a credential: the sandbox's access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access, as GET /sandboxes/{id}/endpoints/{port} gives in headers), a signed URL or the API key", c.Port)
 	}
-	if err := d.keys.Verify(c.ID, c.Port, c.ExpiresB36, c.Tag, now); err != nil {
+	// The tag covers the sandbox's signed-URL epoch: lifecycle revokes every signed URL of
+	// the sandbox by bumping it (POST /sandboxes/{id}/signed-urls/revoke).
+	if err := d.keys.VerifyEpoch(c.ID, c.Port, c.ExpiresB36, c.Tag, dec.sb.Access.SignedEpoch, now); err != nil {
 		switch {
 		case errors.Is(err, signedurl.ErrExpired):
 			return ErrUnauthorized, "the signed URL has expired"

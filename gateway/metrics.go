@@ -18,6 +18,7 @@ import (
 //	airlock_gateway_watch_lag_seconds                   gauge, age of the last change when applied
 //	airlock_gateway_watch_reconnects_total              counter
 //	airlock_gateway_renew_intents_total{result}         counter: sent, failed, dropped
+//	airlock_gateway_certificate_permissions_total{result} counter: on-demand TLS answers (certResults)
 //
 // Label values are bounded: form is one of route.Form's names, result one of resultNames.
 type metrics struct {
@@ -26,6 +27,7 @@ type metrics struct {
 	active     prometheus.Gauge
 	routes     prometheus.Gauge
 	renew      *prometheus.CounterVec
+	certs      *prometheus.CounterVec
 	collectors []prometheus.Collector
 	reg        prometheus.Registerer
 }
@@ -49,6 +51,11 @@ func newMetrics(reg prometheus.Registerer, ws watchStatus) (*metrics, error) {
 		Name: "routes", Help: "Sandboxes in the route table."})
 	m.renew = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 		Name: "renew_intents_total", Help: "Renew-on-access intents by result (sent, failed, dropped)."}, []string{"result"})
+	m.certs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "certificate_permissions_total", Help: "On-demand TLS certificate permission answers by result."}, []string{"result"})
+	for _, res := range certResults {
+		m.certs.WithLabelValues(res)
+	}
 	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "watch_connected", Help: "1 while the lifecycle watch stream is connected."}, func() float64 {
 		if c, _, _ := ws(); c {
@@ -77,7 +84,7 @@ func newMetrics(reg prometheus.Registerer, ws watchStatus) (*metrics, error) {
 	for _, res := range []string{"sent", "failed", "dropped"} {
 		m.renew.WithLabelValues(res)
 	}
-	m.collectors = []prometheus.Collector{requests, duration, m.active, m.routes, m.renew, connected, lag, reconnects}
+	m.collectors = []prometheus.Collector{requests, duration, m.active, m.routes, m.renew, m.certs, connected, lag, reconnects}
 	if reg == nil {
 		return m, nil
 	}

@@ -258,7 +258,7 @@ func (s *Server) caddyConfig() ([]byte, error) {
 	}
 	cfg := map[string]any{
 		"admin":   admin,
-		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": c.CaddyLogLevel}}},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": c.CaddyLogLevel, "encoder": logEncoder()}}},
 		"apps":    apps,
 	}
 	if c.DataDir != "" {

@@ -77,6 +77,7 @@ func (a accessRules) watchAccess(rec *record) watch.Access {
 		sum := sha256.Sum256([]byte(rec.AccessToken))
 		w.TokenSHA256 = hex.EncodeToString(sum[:])
 	}
+	w.SignedEpoch = rec.SignedURLEpoch
 	return w
 }
 

@@ -18,9 +18,15 @@ type EndpointRequest struct {
 	// ServerProxy is use_server_proxy=true.
 	ServerProxy bool
 	// Expires is set for a signed endpoint (?expires=<Unix seconds>, OSEP-0011); never
-	// together with ServerProxy.
+	// together with ServerProxy. It is at most Config.MaxSignedURLLifetime from now.
 	Expires *time.Time
+	// SignedEpoch is the sandbox's signed-URL epoch, which the signature of a signed
+	// endpoint must cover (signedurl.Keyring.MintEpoch); Server.Endpoint sets it.
+	SignedEpoch uint64
 }
+
+// DefaultMaxSignedURLLifetime is the default of Config.MaxSignedURLLifetime.
+const DefaultMaxSignedURLLifetime = 24 * time.Hour
 
 // EndpointFunc returns the endpoint (host[:port][/path], no scheme) for er. Errors
 // wrapping the package's sentinels reach the client with their status.
@@ -47,6 +53,7 @@ func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 	var secure bool
 	if ok {
 		token, state, secure = e.rec.AccessToken, e.rec.Status.State, e.rec.secure()
+		er.SignedEpoch = e.rec.SignedURLEpoch
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -76,4 +83,46 @@ func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 		ep.Headers = map[string]string{AccessTokenHeader: token}
 	}
 	return ep, nil
+}
+
+// RevokeSignedURLs makes every signed URL minted so far for sandbox id stop working: it
+// increments the sandbox's signed-URL epoch, which the gateway learns from the watch
+// stream (a URL is refused with 401 from then on, within the watch latency). Signed URLs
+// minted afterwards work. It returns the new epoch; ErrNotFound for an unknown sandbox,
+// ErrInvalidState for a terminated one.
+func (s *Server) RevokeSignedURLs(id string) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sbx[id]
+	if !ok {
+		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	rec := e.rec
+	if rec.Status.State.Terminal() {
+		return 0, fmt.Errorf("%w: sandbox %s is %s", ErrInvalidState, id, rec.Status.State)
+	}
+	rec.SignedURLEpoch++
+	if err := s.commitLocked(rec); err != nil {
+		rec.SignedURLEpoch--
+		return 0, err
+	}
+	s.log.Info("signed urls revoked", "sandbox_id", id, "signed_url_epoch", rec.SignedURLEpoch)
+	return rec.SignedURLEpoch, nil
+}
+
+// RevokeSignedURLsResponse is the body of POST /sandboxes/{id}/signed-urls/revoke.
+type RevokeSignedURLsResponse struct {
+	// SignedURLEpoch is the sandbox's new signed-URL epoch.
+	SignedURLEpoch uint64 `json:"signedUrlEpoch"`
+}
+
+// handleRevokeSignedURLs serves POST /sandboxes/{id}/signed-urls/revoke (an Airlock
+// extension; the API key is required like on every lifecycle route).
+func (s *Server) handleRevokeSignedURLs(w http.ResponseWriter, r *http.Request) {
+	epoch, err := s.RevokeSignedURLs(r.PathValue("id"))
+	if err != nil {
+		fail(s.log, w, r, err)
+		return
+	}
+	opensandbox.WriteJSON(w, http.StatusOK, RevokeSignedURLsResponse{SignedURLEpoch: epoch})
 }

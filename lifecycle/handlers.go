@@ -37,6 +37,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /sandboxes/{id}/resume", s.handleResume)
 	m.HandleFunc("POST /sandboxes/{id}/renew-expiration", s.handleRenew)
 	m.HandleFunc("GET /sandboxes/{id}/endpoints/{port}", s.handleEndpoint)
+	m.HandleFunc("POST /sandboxes/{id}/signed-urls/revoke", s.handleRevokeSignedURLs)
 	s.policies.routes(m)
 	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
 	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
@@ -226,6 +227,10 @@ func (s *Server) handleEndpoint(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		at := time.Unix(int64(min(secs, 1<<62)), 0).UTC()
+		if limit := s.cfg.MaxSignedURLLifetime; time.Until(at) > limit {
+			fail(s.log, w, r, fmt.Errorf("%w: expires is more than the maximum signed URL lifetime (%s) from now", ErrInvalidRequest, limit))
+			return
+		}
 		er.Expires = &at
 	}
 	ep, err := s.Endpoint(er)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -321,7 +322,7 @@ func TestRoutes(t *testing.T) {
 				}
 			}
 		}
-		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=4102444800", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
+		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires="+strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10), nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=soon", nil, http.StatusBadRequest, "INVALID_REQUEST")
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/8080?expires=4102444800&use_server_proxy=true", nil, http.StatusBadRequest, "INVALID_REQUEST")
 		c.want("GET", "/v1/sandboxes/"+main.ID+"/endpoints/0", nil, http.StatusBadRequest, "INVALID_REQUEST")

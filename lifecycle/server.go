@@ -62,6 +62,10 @@ type Config struct {
 	Endpoint EndpointFunc
 	// Limits bounds create requests.
 	Limits Limits
+	// MaxSignedURLLifetime caps how far in the future a signed endpoint may expire
+	// (GET /sandboxes/{id}/endpoints/{port}?expires=<Unix seconds>): a later expiry is
+	// 400. Zero or negative means DefaultMaxSignedURLLifetime (24 h).
+	MaxSignedURLLifetime time.Duration
 	// Library holds the operator's named policies (GET /v1/policies; sandboxes name one
 	// with the create extension ExtPolicy or PUT /v1/sandboxes/{id}/policy?name=); nil
 	// means none. DefaultPolicy, when set, names the library policy of sandboxes created
@@ -191,6 +195,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.TerminatedRetention <= 0 {
 		cfg.TerminatedRetention = time.Hour
+	}
+	if cfg.MaxSignedURLLifetime <= 0 {
+		cfg.MaxSignedURLLifetime = DefaultMaxSignedURLLifetime
 	}
 	switch cfg.DefaultAccess {
 	case "":

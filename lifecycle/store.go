@@ -82,6 +82,10 @@ type record struct {
 	// Pool names the warm pool of a member not yet claimed (PoolSpec.Name): such a
 	// record is not a sandbox of the API. Empty for every claimed or cold sandbox.
 	Pool string `json:"pool,omitempty"`
+	// SignedURLEpoch is covered by the tag of every signed URL minted for the sandbox
+	// (signedurl.Keyring.MintEpoch); revoking the sandbox's signed URLs increments it.
+	// Records from before it existed read as 0, the epoch of URLs minted without one.
+	SignedURLEpoch uint64 `json:"signedUrlEpoch,omitempty"`
 }
 
 const historyLen = 16

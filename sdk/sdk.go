@@ -368,6 +368,17 @@ func (c *Client) Renew(ctx context.Context, id string, at time.Time) (time.Time,
 	return out.ExpiresAt, err
 }
 
+// RevokeSignedURLs makes every signed URL minted so far for the sandbox stop working
+// (Airlock extension POST /sandboxes/{id}/signed-urls/revoke) and returns the sandbox's
+// new signed-URL epoch. Signed URLs minted afterwards work.
+func (c *Client) RevokeSignedURLs(ctx context.Context, id string) (uint64, error) {
+	var out struct {
+		SignedURLEpoch uint64 `json:"signedUrlEpoch"`
+	}
+	err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/signed-urls/revoke", nil, &out)
+	return out.SignedURLEpoch, err
+}
+
 // PatchMetadata merges patch into the sandbox's metadata (a nil value deletes the key)
 // and returns the sandbox.
 func (c *Client) PatchMetadata(ctx context.Context, id string, patch map[string]*string) (*Sandbox, error) {

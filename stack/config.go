@@ -60,6 +60,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	stateDir: /var/lib/airlock
 //	lifecycle:
 //	  maxTimeout: 24h
+//	  maxSignedURLLifetime: 24h           # longest ?expires= of a signed endpoint
 //	gateway:
 //	  listen: 127.0.0.1:8081
 //	  baseDomain: sandboxes.example.com   # host-form endpoints; empty: path form
@@ -156,6 +157,10 @@ type LifecycleConfig struct {
 	MaxTimeout Duration `yaml:"maxTimeout"`
 	// ReadyTimeout is how long execd may take to answer after start; default 120s.
 	ReadyTimeout Duration `yaml:"readyTimeout"`
+	// MaxSignedURLLifetime caps how far in the future a signed endpoint may expire
+	// (GET /v1/sandboxes/{id}/endpoints/{port}?expires=); default 24h
+	// (lifecycle.DefaultMaxSignedURLLifetime).
+	MaxSignedURLLifetime Duration `yaml:"maxSignedURLLifetime"`
 }
 
 // DockerConfig configures the Docker runtime (package lifecycle/docker).

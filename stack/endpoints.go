@@ -98,7 +98,7 @@ func (s *Stack) endpoint(er lifecycle.EndpointRequest) (string, error) {
 		}
 		return lifecycle.ServerProxyEndpoint(host, er.ID, er.Port), nil
 	}
-	ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires)
+	ep, err := e.For(er.ID, er.Port, er.ServerProxy, er.Expires, er.SignedEpoch)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalidRequest, err)
 	}

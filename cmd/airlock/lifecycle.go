@@ -115,6 +115,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
+	f.DurationVar(&c.MaxSignedURLLifetime, "max-signed-url-lifetime", c.MaxSignedURLLifetime, "longest lifetime of a signed endpoint (?expires=) (default lifecycle's, 24h)")
 	f.DurationVar(&c.ReadyTimeout, "ready-timeout", c.ReadyTimeout, "how long a pod may take to run and answer execd /ping (default lifecycle's, 120s)")
 	f.StringVar(&lf.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&c.NoAuth, "no-auth", c.NoAuth, "serve without an API key (a test cluster only)")

@@ -58,7 +58,7 @@ The server is --server, else $AIRLOCK_SERVER, else ` + sdk.DefaultBaseURL + `; t
 	pf.StringVar(&f.server, "server", "", "lifecycle API URL (default $AIRLOCK_SERVER or "+sdk.DefaultBaseURL+")")
 	pf.StringVar(&f.apiKey, "api-key", "", "API key (default $OPEN_SANDBOX_API_KEY or the key airlock up stored)")
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbVault(f), sbPolicy(f))
+	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbRevokeURLs(f), sbVault(f), sbPolicy(f))
 	return cmd
 }
 
@@ -325,6 +325,31 @@ func sbPause(f *sandboxFlags, pause bool) *cobra.Command {
 				return err
 			}
 			return printSandboxes(cmd.OutOrStdout(), f.json, []sdk.Sandbox{*sb})
+		},
+	}
+}
+
+func sbRevokeURLs(f *sandboxFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke-urls ID",
+		Short: "Make every signed URL minted so far for a sandbox stop working",
+		Long: `Revoke the sandbox's signed URLs: the gateway refuses (401) every signed URL minted
+before, within its watch latency; signed URLs minted afterwards work.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			epoch, err := c.RevokeSignedURLs(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"id": args[0], "signedUrlEpoch": epoch})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s signed URLs revoked (epoch %d)\n", args[0], epoch)
+			return nil
 		},
 	}
 }

@@ -64,6 +64,12 @@ func TestSandboxCLI(t *testing.T) {
 	if out := runSandbox(t, h, "renew", id, "--for", "1h"); !strings.Contains(out, id+" expires at") {
 		t.Errorf("renew: %s", out)
 	}
+	if out := runSandbox(t, h, "revoke-urls", id); out != id+" signed URLs revoked (epoch 1)\n" {
+		t.Errorf("revoke-urls: %q", out)
+	}
+	if w, _ := h.Server.Hub().Get(id); w.Access.SignedEpoch != 1 {
+		t.Errorf("after revoke-urls the watch publishes signed epoch %d, want 1", w.Access.SignedEpoch)
+	}
 	var got []sdk.Sandbox
 	if err := json.Unmarshal([]byte(runSandbox(t, h, "get", id, "--json")), &got); err != nil || got[0].ID != id {
 		t.Errorf("get --json: %v %+v", err, got)

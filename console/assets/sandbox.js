@@ -105,6 +105,16 @@ q('sign-form').addEventListener('submit', async (e) => {
   });
 });
 
+q('sign-revoke').addEventListener('click', (e) => {
+  const msg = q('sign-msg');
+  clear(msg);
+  run(e.currentTarget, msg, 'Revoking the signed URLs', async () => {
+    const r = await api('POST', `${base}/signed-urls/revoke`);
+    q('sign-out').hidden = true;
+    note(msg, `Every signed URL minted before is revoked (epoch ${r.signedUrlEpoch}).`);
+  });
+});
+
 // The effective policy as a rules table.
 async function loadPolicy() {
   const msg = q('policy-msg');

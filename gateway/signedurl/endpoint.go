@@ -1,7 +1,6 @@
 package signedurl
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -40,36 +39,29 @@ func (e Endpoints) ServerProxy(id string, port int) string {
 	return strings.TrimSuffix(e.Gateway, "/") + "/sandboxes/" + id + "/proxy/" + strconv.Itoa(port)
 }
 
-// Signed returns a signed endpoint of port of sandbox id valid until expires: the host
-// form "<port>-<id>-<exp>-<tag>.<BaseDomain>[:port]" when a base domain is set and the
-// label fits 63 octets, otherwise the path form "<Gateway>/<id>/<port>/<exp>/<tag>".
-func (e Endpoints) Signed(id string, port int, expires time.Time) (string, error) {
+// Signed returns a signed endpoint of port of sandbox id valid until expires, under the
+// sandbox's signed-URL epoch: always the path form "<Gateway>/<id>/<port>/<exp>/<tag>",
+// whatever BaseDomain says. A signed host label would be a credential in the TLS server
+// name: with on-demand TLS every such host gets a certificate, published in Certificate
+// Transparency logs where anyone can read it; in a path it stays inside TLS.
+func (e Endpoints) Signed(id string, port int, expires time.Time, epoch uint64) (string, error) {
 	if e.Keys == nil {
 		return "", fmt.Errorf("%w: no signing keys configured", ErrInvalidKey)
 	}
-	r, err := e.Keys.Mint(id, port, expires)
+	r, err := e.Keys.MintEpoch(id, port, expires, epoch)
 	if err != nil {
 		return "", err
-	}
-	if e.BaseDomain != "" {
-		l, err := r.Label()
-		if err == nil {
-			return e.hostForm(l), nil
-		}
-		if !errors.Is(err, ErrTooLong) && !errors.Is(err, ErrInvalidRoute) {
-			return "", err
-		}
 	}
 	return strings.TrimSuffix(e.Gateway, "/") + r.Path(), nil
 }
 
 // For returns the endpoint lifecycle answers GET /sandboxes/{id}/endpoints/{port}
-// with: Signed when expires is set (OSEP-0011), the path form when serverProxy
-// (use_server_proxy=true), Endpoint otherwise. Only Signed fails.
-func (e Endpoints) For(id string, port int, serverProxy bool, expires *time.Time) (string, error) {
+// with: Signed (under epoch) when expires is set (OSEP-0011), the path form when
+// serverProxy (use_server_proxy=true), Endpoint otherwise. Only Signed fails.
+func (e Endpoints) For(id string, port int, serverProxy bool, expires *time.Time, epoch uint64) (string, error) {
 	switch {
 	case expires != nil:
-		return e.Signed(id, port, *expires)
+		return e.Signed(id, port, *expires, epoch)
 	case serverProxy:
 		return e.ServerProxy(id, port), nil
 	default:

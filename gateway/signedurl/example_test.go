@@ -11,7 +11,8 @@ import (
 // with Python hmac + base64.b32hexencode).
 //
 // Lifecycle builds one Endpoints value from its configuration and answers
-// GET /sandboxes/{id}/endpoints/{port}[?expires=<unix seconds>] with it.
+// GET /sandboxes/{id}/endpoints/{port}[?expires=<unix seconds>] with it. Signed
+// endpoints are always in the path form, even with a base domain.
 func ExampleEndpoints() {
 	key, _ := signedurl.ParseKey("a=hex:000102030405060708090a0b0c0d0e0f")
 	keys, _ := signedurl.NewKeyring("a", key)
@@ -19,10 +20,10 @@ func ExampleEndpoints() {
 
 	fmt.Println(ep.Endpoint("sbx1", 44772))
 	fmt.Println(ep.ServerProxy("sbx1", 44772))
-	signed, _ := ep.Signed("sbx1", 8080, time.Unix(2_000_000_000, 0))
+	signed, _ := ep.Signed("sbx1", 8080, time.Unix(2_000_000_000, 0), 0)
 	fmt.Println(signed)
 	// Output:
 	// 44772-sbx1.airlock.localhost:8081
 	// 127.0.0.1:8081/sandboxes/sbx1/proxy/44772
-	// 8080-sbx1-x2qxvk-qcpih1cv8os92a.airlock.localhost:8081
+	// 127.0.0.1:8081/sbx1/8080/x2qxvk/qcpih1cv8os92a
 }

@@ -25,7 +25,7 @@ func FuzzVerify(f *testing.F) {
 			if !ValidTag(tag) || !ValidExpiry(exp) {
 				t.Fatalf("Verify accepted malformed parts %q %q", exp, tag)
 			}
-			if want := kr.tag(tag[MACLen], id, port, exp); want != tag {
+			if want := kr.tag(tag[MACLen], id, port, exp, 0); want != tag {
 				t.Fatalf("Verify accepted tag %q, Mint's is %q", tag, want)
 			}
 			return

@@ -16,6 +16,13 @@
 //
 //	"airlock-route-v1\n" + key id + "\n" + sandbox id + "\n" + port + "\n" + expires_b36 + "\n"
 //
+// followed, when the sandbox's signed-URL epoch is not 0, by "epoch " + decimal epoch +
+// "\n". The epoch is not part of the route: lifecycle keeps it with the sandbox and bumps
+// it to revoke every signed URL minted before (POST /sandboxes/{id}/signed-urls/revoke),
+// the gateway learns it from the watch stream and verifies against the current one. A
+// route minted before epochs existed was signed with epoch 0 and keeps working until the
+// first revocation.
+//
 // Unlike OSEP-0011's 32-bit tag, the tag is an HMAC of at least 64 bits; the route shape
 // and the expiry encoding are the same.
 package signedurl
@@ -177,6 +184,8 @@ type Route struct {
 	Expires    time.Time
 	ExpiresB36 string
 	Tag        string
+	// Epoch is the sandbox's signed-URL epoch the tag covers (not part of the route).
+	Epoch uint64
 }
 
 // Label returns the host label form "<port>-<id>-<expires_b36>-<tag>", or ErrTooLong.
@@ -201,6 +210,12 @@ func (r Route) Path() string {
 // lowercase [a-z0-9-]); port 1..65535; expires after the Unix epoch. The caller decides
 // whether an expiry in the past is acceptable.
 func (kr *Keyring) Mint(id string, port int, expires time.Time) (Route, error) {
+	return kr.MintEpoch(id, port, expires, 0)
+}
+
+// MintEpoch is Mint for a sandbox whose signed-URL epoch is epoch: the route verifies
+// only while the sandbox's epoch stays the same (VerifyEpoch).
+func (kr *Keyring) MintEpoch(id string, port int, expires time.Time, epoch uint64) (Route, error) {
 	if !ValidID(id) {
 		return Route{}, fmt.Errorf("%w: sandbox id %q", ErrInvalidRoute, id)
 	}
@@ -214,14 +229,14 @@ func (kr *Keyring) Mint(id string, port int, expires time.Time) (Route, error) {
 	exp := strconv.FormatUint(uint64(sec), 36)
 	return Route{
 		ID: id, Port: port, Expires: time.Unix(sec, 0).UTC(), ExpiresB36: exp,
-		Tag: kr.tag(kr.active, id, port, exp),
+		Tag: kr.tag(kr.active, id, port, exp, epoch), Epoch: epoch,
 	}, nil
 }
 
 // tag computes the 14-character tag with key id kid.
-func (kr *Keyring) tag(kid byte, id string, port int, exp string) string {
+func (kr *Keyring) tag(kid byte, id string, port int, exp string, epoch uint64) string {
 	m := hmac.New(sha256.New, kr.secrets[keyIndex(kid)])
-	m.Write([]byte(canonical(kid, id, port, exp)))
+	m.Write([]byte(canonical(kid, id, port, exp, epoch)))
 	sum := m.Sum(nil)
 	var out [TagLen]byte
 	mac32.Encode(out[:MACLen], sum[:8])
@@ -229,14 +244,24 @@ func (kr *Keyring) tag(kid byte, id string, port int, exp string) string {
 	return string(out[:])
 }
 
-func canonical(kid byte, id string, port int, exp string) string {
-	return "airlock-route-v1\n" + string(kid) + "\n" + id + "\n" + strconv.Itoa(port) + "\n" + exp + "\n"
+func canonical(kid byte, id string, port int, exp string, epoch uint64) string {
+	s := "airlock-route-v1\n" + string(kid) + "\n" + id + "\n" + strconv.Itoa(port) + "\n" + exp + "\n"
+	if epoch != 0 {
+		s += "epoch " + strconv.FormatUint(epoch, 10) + "\n"
+	}
+	return s
 }
 
 // Verify checks a signed route for port of sandbox id at time now: syntax (ErrMalformed),
 // key id (ErrUnknownKey), tag by constant-time comparison (ErrBadSignature), then expiry
 // (ErrExpired when now is after the expiry second).
 func (kr *Keyring) Verify(id string, port int, expB36, tag string, now time.Time) error {
+	return kr.VerifyEpoch(id, port, expB36, tag, 0, now)
+}
+
+// VerifyEpoch is Verify for a sandbox whose current signed-URL epoch is epoch: a route
+// minted under another epoch is ErrBadSignature.
+func (kr *Keyring) VerifyEpoch(id string, port int, expB36, tag string, epoch uint64, now time.Time) error {
 	sec, err := ParseExpiry(expB36)
 	if err != nil {
 		return err
@@ -248,7 +273,7 @@ func (kr *Keyring) Verify(id string, port int, expB36, tag string, now time.Time
 	if kr == nil || kr.secrets[keyIndex(kid)] == nil {
 		return fmt.Errorf("%w: %q", ErrUnknownKey, string(kid))
 	}
-	want := kr.tag(kid, id, port, expB36)
+	want := kr.tag(kid, id, port, expB36, epoch)
 	if subtle.ConstantTimeCompare([]byte(want), []byte(tag)) != 1 {
 		return ErrBadSignature
 	}

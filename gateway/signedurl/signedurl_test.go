@@ -225,18 +225,23 @@ func TestEndpoints(t *testing.T) {
 		t.Errorf("server proxy %q", got)
 	}
 	r, _ := kr.Mint("sbx-1", 8080, exp)
-	if got, _ := host.Signed("sbx-1", 8080, exp); got != "8080-sbx-1-"+r.ExpiresB36+"-"+r.Tag+".airlock.localhost:8081" {
-		t.Errorf("signed host endpoint %q", got)
+	// Signed endpoints are always in the path form: a signed host label would be a
+	// credential in the TLS server name (and in Certificate Transparency logs).
+	for _, ep := range []Endpoints{host, path} {
+		if got, _ := ep.Signed("sbx-1", 8080, exp, 0); got != ep.Gateway+r.Path() {
+			t.Errorf("signed endpoint %q, want %q", got, ep.Gateway+r.Path())
+		}
 	}
-	if got, _ := path.Signed("sbx-1", 8080, exp); got != "gw.example:8081"+r.Path() {
-		t.Errorf("signed path endpoint %q", got)
+	r7, _ := kr.MintEpoch("sbx-1", 8080, exp, 7)
+	if got, _ := host.Signed("sbx-1", 8080, exp, 7); got != host.Gateway+r7.Path() || r7.Tag == r.Tag {
+		t.Errorf("signed endpoint under epoch 7 %q (tag %s, epoch 0 tag %s)", got, r7.Tag, r.Tag)
 	}
 	long := "0b7f3c5e-9a41-4d2b-8c6e-1f2a3b4c5d6e"
-	got, err := host.Signed(long, 44772, exp)
+	got, err := host.Signed(long, 44772, exp, 0)
 	if err != nil || !strings.HasPrefix(got, "127.0.0.1:8081/"+long+"/44772/") {
-		t.Errorf("signed endpoint too long for a label: %q %v, want path form", got, err)
+		t.Errorf("signed endpoint %q %v, want path form", got, err)
 	}
-	if _, err := (Endpoints{Gateway: "x:1"}).Signed("a", 1, exp); !errors.Is(err, ErrInvalidKey) {
+	if _, err := (Endpoints{Gateway: "x:1"}).Signed("a", 1, exp, 0); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("no keys: %v", err)
 	}
 	// For picks the form lifecycle's endpoint request asks for.
@@ -247,13 +252,46 @@ func TestEndpoints(t *testing.T) {
 	}{
 		{false, nil, host.Endpoint("sbx-1", 8080)},
 		{true, nil, host.ServerProxy("sbx-1", 8080)},
-		{true, &exp, "8080-sbx-1-" + r.ExpiresB36 + "-" + r.Tag + ".airlock.localhost:8081"},
+		{true, &exp, "127.0.0.1:8081" + r.Path()},
 	} {
-		if got, err := host.For("sbx-1", 8080, c.proxy, c.exp); err != nil || got != c.want {
+		if got, err := host.For("sbx-1", 8080, c.proxy, c.exp, 0); err != nil || got != c.want {
 			t.Errorf("For(proxy %v, expires %v) = %q %v, want %q", c.proxy, c.exp, got, err, c.want)
 		}
 	}
-	if _, err := (Endpoints{Gateway: "x:1"}).For("a", 1, false, &exp); !errors.Is(err, ErrInvalidKey) {
+	if _, err := (Endpoints{Gateway: "x:1"}).For("a", 1, false, &exp, 0); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("For signed without keys: %v", err)
+	}
+}
+
+// TestEpoch: a route verifies only under the epoch it was minted with; epoch 0 is the
+// route minted without one (the canonical string of before epochs existed), so routes
+// minted before stay valid until the first revocation.
+func TestEpoch(t *testing.T) {
+	kr := testKeyring(t, "a", "a")
+	now := time.Unix(1_800_000_000, 0)
+	exp := now.Add(time.Hour)
+	r0, _ := kr.Mint("sbx-1", 8080, exp)
+	if e0, _ := kr.MintEpoch("sbx-1", 8080, exp, 0); e0.Tag != r0.Tag {
+		t.Fatalf("epoch 0 tag %s differs from Mint's %s", e0.Tag, r0.Tag)
+	}
+	r1, _ := kr.MintEpoch("sbx-1", 8080, exp, 1)
+	for _, c := range []struct {
+		tag          string
+		epoch        uint64
+		wantVerified bool
+	}{
+		{r0.Tag, 0, true},
+		{r0.Tag, 1, false},
+		{r1.Tag, 1, true},
+		{r1.Tag, 0, false},
+		{r1.Tag, 2, false},
+	} {
+		err := kr.VerifyEpoch("sbx-1", 8080, r0.ExpiresB36, c.tag, c.epoch, now)
+		if (err == nil) != c.wantVerified || (err != nil && !errors.Is(err, ErrBadSignature)) {
+			t.Errorf("tag %s under epoch %d: %v, want verified=%v", c.tag, c.epoch, err, c.wantVerified)
+		}
+	}
+	if err := kr.Verify("sbx-1", 8080, r0.ExpiresB36, r1.Tag, now); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("Verify (epoch 0) accepted an epoch 1 route: %v", err)
 	}
 }

@@ -125,6 +125,11 @@ type Access struct {
 	// TokenSHA256 is the hex SHA-256 of the sandbox's access token; the token itself
 	// never leaves lifecycle.
 	TokenSHA256 string `json:"tokenSHA256,omitempty"`
+	// SignedEpoch is the sandbox's signed-URL epoch: a signed URL verifies only under the
+	// epoch it was minted with (signedurl.Keyring.VerifyEpoch), so lifecycle revokes every
+	// signed URL of the sandbox by incrementing it. 0 (absent) for a sandbox whose URLs
+	// were never revoked.
+	SignedEpoch uint64 `json:"signedEpoch,omitempty"`
 }
 
 // ModeFor returns the admission mode of port.
