@@ -21,12 +21,23 @@ type Endpoints struct {
 	BaseDomain string
 	// Keys mints signed endpoints; nil means Signed fails with ErrInvalidKey.
 	Keys *Keyring
+	// PathPorts, when set, names the ports whose endpoints (plain and signed) keep the
+	// path form even with BaseDomain set. airlock up passes opensandbox.IsControlPort:
+	// execd and the egress API are used by SDK clients, whose resolvers (Node, Go, glibc)
+	// may not resolve *.localhost names, and are never browsed.
+	PathPorts func(port int) bool
+}
+
+// hostFormFor reports whether port's endpoints use the host form.
+func (e Endpoints) hostFormFor(port int) bool {
+	return e.BaseDomain != "" && (e.PathPorts == nil || !e.PathPorts(port))
 }
 
 // Endpoint returns the unsigned endpoint of port of sandbox id. Host form needs an id
-// that is a valid host label part (HostSafeID); other ids get the path form.
+// that is a valid host label part (HostSafeID) and a port not in PathPorts; others get
+// the path form.
 func (e Endpoints) Endpoint(id string, port int) string {
-	if e.BaseDomain != "" && HostSafeID(id) {
+	if e.hostFormFor(port) && HostSafeID(id) {
 		if l := strconv.Itoa(port) + "-" + id; len(l) <= MaxLabelLen {
 			return e.hostForm(l)
 		}
@@ -41,8 +52,9 @@ func (e Endpoints) ServerProxy(id string, port int) string {
 }
 
 // Signed returns a signed endpoint of port of sandbox id valid until expires: the host
-// form "<port>-<id>-<exp>-<tag>.<BaseDomain>[:port]" when a base domain is set and the
-// label fits 63 octets, otherwise the path form "<Gateway>/<id>/<port>/<exp>/<tag>".
+// form "<port>-<id>-<exp>-<tag>.<BaseDomain>[:port]" when a base domain is set, the port
+// is not in PathPorts and the label fits 63 octets, otherwise the path form
+// "<Gateway>/<id>/<port>/<exp>/<tag>".
 func (e Endpoints) Signed(id string, port int, expires time.Time) (string, error) {
 	if e.Keys == nil {
 		return "", fmt.Errorf("%w: no signing keys configured", ErrInvalidKey)
@@ -51,7 +63,7 @@ func (e Endpoints) Signed(id string, port int, expires time.Time) (string, error
 	if err != nil {
 		return "", err
 	}
-	if e.BaseDomain != "" {
+	if e.hostFormFor(port) {
 		l, err := r.Label()
 		if err == nil {
 			return e.hostForm(l), nil

@@ -257,3 +257,25 @@ func TestEndpoints(t *testing.T) {
 		t.Errorf("For signed without keys: %v", err)
 	}
 }
+
+// TestEndpointsPathPorts: ports in PathPorts keep the path form, plain and signed, while
+// the other ports of the same Endpoints use the host form.
+func TestEndpointsPathPorts(t *testing.T) {
+	kr := testKeyring(t, "a", "a")
+	exp := time.Unix(1_900_000_000, 0)
+	e := Endpoints{Gateway: "127.0.0.1:8081", BaseDomain: "airlock.localhost", Keys: kr,
+		PathPorts: func(p int) bool { return p == 44772 }}
+	if got := e.Endpoint("sbx-1", 44772); got != "127.0.0.1:8081/sandboxes/sbx-1/proxy/44772" {
+		t.Errorf("path port endpoint %q, want the path form", got)
+	}
+	if got := e.Endpoint("sbx-1", 8080); got != "8080-sbx-1.airlock.localhost:8081" {
+		t.Errorf("user port endpoint %q, want the host form", got)
+	}
+	r, _ := kr.Mint("sbx-1", 44772, exp)
+	if got, err := e.Signed("sbx-1", 44772, exp); err != nil || got != "127.0.0.1:8081"+r.Path() {
+		t.Errorf("signed path port endpoint %q %v, want the signed path form", got, err)
+	}
+	if got, err := e.For("sbx-1", 8080, false, &exp); err != nil || !strings.HasSuffix(got, ".airlock.localhost:8081") {
+		t.Errorf("signed user port endpoint %q %v, want the host form", got, err)
+	}
+}
