@@ -335,22 +335,35 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("explain allowed.test: %q", d)
 	}
 
-	// Mint a signed URL for execd and open <url>/ping in the browser.
+	// Mint a signed URL for execd: the console shows it to copy, never as a link the
+	// browser could open (nor are the execd and egress API routes links); the copied URL
+	// works from a client (/ping 200). A user port's signed URL is a link.
 	do(t, ctx, "mint a signed URL", 10*time.Second,
 		setVal("sign-port", "44772"),
 		setVal("sign-minutes", "30"),
 		chromedp.Click(id("sign-submit")),
-		chromedp.WaitVisible(id("signed-url")))
-	signed := get(t, ctx, "signed URL", chromedp.AttributeValue(id("signed-url"), "href")).Value
+		chromedp.WaitVisible(css("#signed-url code")))
+	signed := get(t, ctx, "signed URL", chromedp.Text(css("#signed-url code")))
 	if !strings.HasPrefix(signed, "http://"+s.Gateway.Addr()+"/"+sbID+"/44772/") {
 		t.Errorf("signed URL %q", signed)
 	}
+	links := get(t, ctx, "links to control ports", jsFetch[[]string](
+		`[...document.querySelectorAll('#sign-out a, #routes tr[data-port="44772"] a, #routes tr[data-port="18080"] a')].map(a => a.href)`))
+	if len(links) != 0 {
+		t.Errorf("the console links control-port URLs %q, want copy only", links)
+	}
 	shot(t, ctx, "03-sandbox")
-	pingCtx, pingCancel := context.WithTimeout(ctx, 15*time.Second)
-	resp, err := chromedp.RunResponse(pingCtx, chromedp.Navigate(strings.TrimSuffix(signed, "/")+"/ping"))
-	pingCancel()
-	if err != nil || resp == nil || resp.Status != 200 {
-		t.Errorf("opening %s/ping: %+v %v", signed, resp, err)
+	if resp, err := http.Get(strings.TrimSuffix(signed, "/") + "/ping"); err != nil {
+		t.Errorf("GET %s/ping: %v", signed, err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET %s/ping: %d, want 200", signed, resp.StatusCode)
+	}
+	do(t, ctx, "mint a signed URL for a user port", 10*time.Second,
+		setVal("sign-port", "8080"),
+		chromedp.Click(id("sign-submit")),
+		chromedp.WaitVisible(css("#signed-url a")))
+	if href := get(t, ctx, "signed user-port URL", chromedp.AttributeValue(css("#signed-url a"), "href")).Value; !strings.Contains(href, sbID) {
+		t.Errorf("signed user-port link %q", href)
 	}
 
 	// Revoke: the button bumps the sandbox's signed-URL epoch; the gateway refuses the

@@ -101,6 +101,9 @@ type recorder struct {
 	// so the handler can answer 410 when the end was the sandbox's deletion.
 	hold499 bool
 	holding bool
+	// prefix, when set, is the path prefix of a path-form route: the response headers
+	// are hardened (hardenPathForm) once, before the final status goes out.
+	prefix string
 }
 
 func newRecorder(w http.ResponseWriter) *recorder {
@@ -114,13 +117,16 @@ func (rr *recorder) WriteHeader(code int) {
 	}
 	if rr.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		rr.status = code
+		if rr.prefix != "" {
+			hardenPathForm(rr.Header(), rr.prefix)
+		}
 	}
 	rr.ResponseWriterWrapper.WriteHeader(code)
 }
 
 func (rr *recorder) Write(b []byte) (int, error) {
 	if rr.status == 0 {
-		rr.status = http.StatusOK
+		rr.WriteHeader(http.StatusOK)
 	}
 	n, err := rr.ResponseWriterWrapper.Write(b)
 	rr.bytes += int64(n)
@@ -130,7 +136,7 @@ func (rr *recorder) Write(b []byte) (int, error) {
 // ReadFrom keeps the underlying writer's fast path while counting bytes.
 func (rr *recorder) ReadFrom(r io.Reader) (int64, error) {
 	if rr.status == 0 {
-		rr.status = http.StatusOK
+		rr.WriteHeader(http.StatusOK)
 	}
 	n, err := rr.ResponseWriterWrapper.ReadFrom(r)
 	rr.bytes += n

@@ -43,7 +43,10 @@ const (
 // under the per-sandbox cap, send a throttled renew intent if the sandbox opted in, strip
 // the gateway's headers (OpenSandbox-Ingress-To, X-Airlock-Sandbox, X-Airlock-Port,
 // X-Airlock-Access-Token, OpenSandbox-Secure-Access, OPEN-SANDBOX-API-KEY) and the path
-// prefix of path forms (X-Forwarded-Prefix tells the app what was stripped), then proxy. Denials are JSON {code, message, requestId}
+// prefix of path forms (X-Forwarded-Prefix tells the app what was stripped), then proxy.
+// Path forms share one browser origin and are hardened (pathform.go): service worker
+// scripts are refused (403), and responses lose Service-Worker-Allowed, get cookies
+// scoped to the route's prefix and a CSP sandbox on documents. Denials are JSON {code, message, requestId}
 // with statuses 400, 401, 403, 404, 410, 429 or 503 (with Retry-After); an unreachable
 // upstream is 502. Every response carries X-Request-Id (the client's, when it sent a
 // sane one). A request in flight to a sandbox that is deleted is cut off.
@@ -138,6 +141,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	client := clientAddr(r)
 
 	dec := h.dec.decide(r, start)
+	if dec.err == nil && dec.cand.Prefix != "" && r.Header.Get(HeaderServiceWorker) != "" {
+		// Path forms share one origin: a service worker there would control every sandbox.
+		dec = dec.deny(ErrForbidden, "service workers are refused on path-form routes, which share one origin; use the host form <port>-<id>.<base domain>")
+	}
 	if dec.err == nil && !dec.entry.Acquire(h.app.maxConns) {
 		dec = dec.deny(ErrOverCapacity, fmt.Sprintf("sandbox %s has %d connections in flight, the most this gateway allows", dec.sb.ID, h.app.maxConns))
 		dec.retryAfter = 1
@@ -187,6 +194,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	rec := newRecorder(w)
 	rec.hold499 = true
+	rec.prefix = dec.cand.Prefix
 	h.app.metrics.active.Inc()
 	res := resProxied
 	defer func() {

@@ -71,7 +71,13 @@ func appSandbox(t *testing.T, s *Stack, c *sdk.Client) (string, string) {
 // signedEndpoint asks lifecycle for a signed endpoint of port valid for an hour.
 func signedEndpoint(t *testing.T, s *Stack, id string, port int) sdk.Endpoint {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/sandboxes/%s/endpoints/%d?expires=%d", s.Addr, id, port, time.Now().Add(time.Hour).Unix()), nil)
+	return endpointWith(t, s, id, port, fmt.Sprintf("expires=%d", time.Now().Add(time.Hour).Unix()))
+}
+
+// endpointWith asks lifecycle for the endpoint of port with the query string query.
+func endpointWith(t *testing.T, s *Stack, id string, port int, query string) sdk.Endpoint {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/sandboxes/%s/endpoints/%d?%s", s.Addr, id, port, query), nil)
 	req.Header.Set("OPEN-SANDBOX-API-KEY", s.APIKey)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -80,7 +86,7 @@ func signedEndpoint(t *testing.T, s *Stack, id string, port int) sdk.Endpoint {
 	defer resp.Body.Close()
 	var ep sdk.Endpoint
 	if err := json.NewDecoder(resp.Body).Decode(&ep); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("signed endpoint: %d %v", resp.StatusCode, err)
+		t.Fatalf("endpoint ?%s: %d %v", query, resp.StatusCode, err)
 	}
 	return ep
 }
@@ -174,6 +180,7 @@ func TestStackControlPortsNeedCredential(t *testing.T) {
 	if ep, err := c.Endpoint(t.Context(), id, 8000); err != nil || len(ep.Headers) != 0 {
 		t.Errorf("application port endpoint %+v %v", ep, err)
 	}
+	checkEndpointForms(t, s, c, id)
 
 	// Every refusal is audited as ingress; no credential is in the log.
 	deadline := time.Now().Add(10 * time.Second)
@@ -244,5 +251,30 @@ func TestStackDefaultAccessTokenNoAuth(t *testing.T) {
 	}
 	if err := c.Kill(t.Context(), id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkEndpointForms: airlock up hands out the host form for an application port (an
+// origin per sandbox port, under airlock.localhost by default) and it reaches the app;
+// execd, the egress API and use_server_proxy=true get the path form.
+func checkEndpointForms(t *testing.T, s *Stack, c *sdk.Client, id string) {
+	t.Helper()
+	gw := s.Gateway.Addr()
+	_, gwPort, _ := net.SplitHostPort(gw)
+	ep, err := c.Endpoint(t.Context(), id, 8000)
+	if want := "8000-" + id + ".airlock.localhost:" + gwPort; err != nil || ep.Endpoint != want {
+		t.Fatalf("application port endpoint %q %v, want the host form %q", ep.Endpoint, err, want)
+	}
+	if st := get(t, gw, ep.Endpoint, "/"); st != http.StatusOK {
+		t.Errorf("application port through its host-form endpoint %s: %d, want 200", ep.Endpoint, st)
+	}
+	for _, port := range []int{44772, 18080} {
+		ep, err := c.Endpoint(t.Context(), id, port)
+		if want := gw + "/sandboxes/" + id + "/proxy/" + fmt.Sprint(port); err != nil || ep.Endpoint != want {
+			t.Errorf("control port %d endpoint %q %v, want the path form %q", port, ep.Endpoint, err, want)
+		}
+	}
+	if ep := endpointWith(t, s, id, 8000, "use_server_proxy=true"); ep.Endpoint != gw+"/sandboxes/"+id+"/proxy/8000" {
+		t.Errorf("use_server_proxy=true endpoint %q, want the path form", ep.Endpoint)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/lifecycle"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // signingKey returns the signed-route key: the configured one, the stored one
@@ -79,13 +80,30 @@ func (s *Stack) startGateway(context.Context) error {
 	if public == "" {
 		public = srv.Addr()
 	}
-	s.endpoints.Store(&signedurl.Endpoints{Gateway: public, BaseDomain: g.BaseDomain, Keys: kr})
+	s.endpoints.Store(&signedurl.Endpoints{Gateway: public, BaseDomain: endpointDomain(g), Keys: kr,
+		PathPorts: opensandbox.IsControlPort})
 	return nil
 }
 
-// endpoint is lifecycle's EndpointFunc: through the gateway once it runs (path form, or
-// host form under gateway.baseDomain), lifecycle's own server proxy before that or when
-// the gateway is disabled.
+// endpointDomain is the base domain of host-form endpoints: gateway.baseDomain, else the
+// first of gateway.routeDomains (airlock.localhost by default, which browsers resolve to
+// loopback themselves); "" (path form) when host routing is off.
+func endpointDomain(g GatewayConfig) string {
+	if g.BaseDomain != "" {
+		return g.BaseDomain
+	}
+	if len(g.RouteDomains) > 0 {
+		return g.RouteDomains[0]
+	}
+	return ""
+}
+
+// endpoint is lifecycle's EndpointFunc: through the gateway once it runs, lifecycle's own
+// server proxy before that or when the gateway is disabled. Through the gateway, user
+// ports get the host form "<port>-<id>.<domain>" (an origin per sandbox port, for
+// browsers); execd and the egress API (opensandbox.IsControlPort) and requests with
+// use_server_proxy=true get the path form "<gateway>/sandboxes/<id>/proxy/<port>", which
+// SDK clients reach without resolving *.localhost names.
 func (s *Stack) endpoint(er lifecycle.EndpointRequest) (string, error) {
 	e := s.endpoints.Load()
 	if e == nil {

@@ -37,11 +37,16 @@ type GatewayConfig struct {
 	// PublicAddr is the host[:port] clients use to reach the gateway, written into
 	// endpoints; default the bound listen address. airlock up only.
 	PublicAddr string `yaml:"publicAddr"`
-	// BaseDomain, when set, makes endpoints host-form ("<port>-<id>.<baseDomain>"); it
-	// must resolve to the gateway (wildcard DNS), and it is always one of RouteDomains.
-	// Empty (the default) gives path-form endpoints ("<publicAddr>/sandboxes/<id>/proxy/<port>"),
-	// which every client can reach: glibc and Node do not resolve *.localhost names.
-	// airlock up only (on Kubernetes, `airlock lifecycle --base-domain` mints endpoints).
+	// BaseDomain is the domain of host-form endpoints ("<port>-<id>.<baseDomain>",
+	// one browser origin per sandbox port); it must resolve to the gateway (wildcard DNS),
+	// and it is always one of RouteDomains. Empty (the default): the first of
+	// RouteDomains, airlock.localhost unless configured (browsers and curl resolve
+	// *.localhost to loopback themselves); no RouteDomains: path-form endpoints
+	// ("<publicAddr>/sandboxes/<id>/proxy/<port>"). Execd (44772) and the egress API
+	// (18080) always get the path form, as does any endpoint asked with
+	// use_server_proxy=true: SDK clients reach it whatever their resolver (glibc and Node
+	// do not resolve *.localhost names). airlock up only (on Kubernetes,
+	// `airlock lifecycle --base-domain` mints endpoints).
 	BaseDomain string `yaml:"baseDomain"`
 	// RouteDomains are the base domains host-form requests are accepted under
 	// (`airlock gateway --base-domain`); default [airlock.localhost] (browsers and curl

@@ -146,6 +146,32 @@ export function endpointURL(ep) {
   return /^[a-z]+:\/\//.test(ep) ? ep : `${endpointScheme}://${ep}`;
 }
 
+// Control ports (opensandbox.IsControlPort): execd and the egress API. Their URLs are for
+// SDKs and curl; the console never opens them in the browser, it only offers to copy them
+// (a signed execd URL runs commands, and a browser tab is where a sandbox's page could
+// reach it).
+const controlPorts = new Set([44772, 18080]);
+export function isControlPort(port) {
+  return controlPorts.has(Number(port));
+}
+
+// endpointLink is a link that opens url, or for a control port the URL as text with a
+// Copy button (copy only).
+export function endpointLink(port, url, text = url) {
+  if (!isControlPort(port)) return el('a', { href: url, target: '_blank', rel: 'noopener noreferrer' }, text);
+  const code = el('code', { class: 'copy-only' }, url);
+  const btn = el('button', { type: 'button', 'aria-label': 'Copy URL' }, 'Copy');
+  btn.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(url);
+      btn.textContent = 'Copied';
+    } catch {
+      getSelection().selectAllChildren(code); // no clipboard access: select it for Ctrl+C
+    }
+  });
+  return el('span', {}, code, ' ', btn, ' ', el('small', {}, '(copy only: for an SDK or curl, never opened here)'));
+}
+
 // fromLocalInput converts a datetime-local value to RFC 3339 (UTC), '' when empty.
 export function fromLocalInput(v) {
   if (!v) return '';

@@ -1,6 +1,6 @@
 // A sandbox's page: summary and actions, routes and signed URLs, the effective policy as
 // rules with the explain box, a per-minute chart, and the live egress audit stream (SSE).
-import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL } from './common.js';
+import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL, endpointLink } from './common.js';
 import { drawMinutes } from './charts.js';
 
 const id = decodeURIComponent(location.pathname.split('/').pop());
@@ -74,7 +74,7 @@ async function addRoute(port) {
     const url = endpointURL(ep.endpoint);
     const needs = Object.keys(ep.headers ?? {});
     replace(tr, el('td', {}, port), el('td', {}, known[port] ?? 'service'),
-      el('td', {}, el('a', { href: url, target: '_blank', rel: 'noopener noreferrer' }, url)),
+      el('td', {}, endpointLink(port, url)),
       el('td', {}, needs.length ? `header ${needs.join(', ')} (or a signed URL)` : 'nothing (public)'));
     if (!existing) tbody.append(tr);
   } catch (e) {
@@ -96,12 +96,11 @@ q('sign-form').addEventListener('submit', async (e) => {
   const expires = Math.floor(Date.now() / 1000) + 60 * Number(q('sign-minutes').value);
   await run(q('sign-submit'), msg, 'Minting a signed URL', async () => {
     const ep = await api('GET', `${base}/endpoints/${port}?expires=${expires}`);
-    const a = q('signed-url');
-    a.href = endpointURL(ep.endpoint);
-    a.textContent = a.href;
+    const out = q('signed-url');
+    replace(out, endpointLink(port, endpointURL(ep.endpoint)));
     q('signed-expiry').textContent = `valid until ${fmtTime(new Date(expires * 1000).toISOString())}`;
     q('sign-out').hidden = false;
-    a.focus();
+    out.querySelector('a, button')?.focus();
   });
 });
 

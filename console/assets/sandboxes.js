@@ -1,6 +1,6 @@
 // The sandboxes page: list (refreshed every 2 s, rows updated in place so focus stays),
 // create, renew, pause/resume, delete and open an endpoint.
-import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL } from './common.js';
+import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL, endpointLink } from './common.js';
 
 const tbody = document.querySelector('#sandboxes tbody');
 const listMsg = document.getElementById('list-msg');
@@ -130,10 +130,11 @@ function endpointCell(sb) {
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     run(btn, listMsg, `Endpoint of ${id}`, async () => {
-      const ep = await api('GET', `/console/api/v1/sandboxes/${id}/endpoints/${Number(input.value)}`);
+      const port = Number(input.value);
+      const ep = await api('GET', `/console/api/v1/sandboxes/${id}/endpoints/${port}`);
       const url = endpointURL(ep.endpoint);
       const needs = Object.keys(ep.headers ?? {});
-      replace(out, el('a', { href: url, target: '_blank', rel: 'noopener noreferrer' }, 'open'),
+      replace(out, endpointLink(port, url, 'open'),
         needs.length ? el('small', {}, ` needs ${needs.join(', ')}: mint a signed URL on the sandbox's page`) : '');
     });
   });

@@ -20,12 +20,23 @@ type Endpoints struct {
 	BaseDomain string
 	// Keys mints signed endpoints; nil means Signed fails with ErrInvalidKey.
 	Keys *Keyring
+	// PathPorts, when set, names the ports whose endpoints (plain and signed) keep the
+	// path form even with BaseDomain set. airlock up passes opensandbox.IsControlPort:
+	// execd and the egress API are used by SDK clients, whose resolvers (Node, Go, glibc)
+	// may not resolve *.localhost names, and are never browsed.
+	PathPorts func(port int) bool
+}
+
+// hostFormFor reports whether port's endpoints use the host form.
+func (e Endpoints) hostFormFor(port int) bool {
+	return e.BaseDomain != "" && (e.PathPorts == nil || !e.PathPorts(port))
 }
 
 // Endpoint returns the unsigned endpoint of port of sandbox id. Host form needs an id
-// that is a valid host label part (HostSafeID); other ids get the path form.
+// that is a valid host label part (HostSafeID) and a port not in PathPorts; others get
+// the path form.
 func (e Endpoints) Endpoint(id string, port int) string {
-	if e.BaseDomain != "" && HostSafeID(id) {
+	if e.hostFormFor(port) && HostSafeID(id) {
 		if l := strconv.Itoa(port) + "-" + id; len(l) <= MaxLabelLen {
 			return e.hostForm(l)
 		}

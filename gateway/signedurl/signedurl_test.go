@@ -295,3 +295,26 @@ func TestEpoch(t *testing.T) {
 		t.Errorf("Verify (epoch 0) accepted an epoch 1 route: %v", err)
 	}
 }
+
+// TestEndpointsPathPorts: ports in PathPorts keep the path form while the other ports of
+// the same Endpoints use the host form; signed endpoints are in path form for every port.
+func TestEndpointsPathPorts(t *testing.T) {
+	kr := testKeyring(t, "a", "a")
+	exp := time.Unix(1_900_000_000, 0)
+	e := Endpoints{Gateway: "127.0.0.1:8081", BaseDomain: "airlock.localhost", Keys: kr,
+		PathPorts: func(p int) bool { return p == 44772 }}
+	if got := e.Endpoint("sbx-1", 44772); got != "127.0.0.1:8081/sandboxes/sbx-1/proxy/44772" {
+		t.Errorf("path port endpoint %q, want the path form", got)
+	}
+	if got := e.Endpoint("sbx-1", 8080); got != "8080-sbx-1.airlock.localhost:8081" {
+		t.Errorf("user port endpoint %q, want the host form", got)
+	}
+	for _, port := range []int{44772, 8080} {
+		// Signed endpoints are always in path form (a signed host label would be a
+		// credential in the TLS server name).
+		r, _ := kr.Mint("sbx-1", port, exp)
+		if got, err := e.For("sbx-1", port, false, &exp, 0); err != nil || got != "127.0.0.1:8081"+r.Path() {
+			t.Errorf("signed endpoint of %d: %q %v, want the signed path form", port, got, err)
+		}
+	}
+}

@@ -4,6 +4,9 @@
 //
 //	GET  /anything        {"method","host","path","rawPath","query","proto","headers"}
 //	GET  /plain           "ok\n" (benchmarks)
+//	GET  /respond?h=N:V…  200 with each h ("Name: value") added as a response header, in
+//	                      order, and the body "<p>respond</p>" (no Content-Type unless an h
+//	                      sets one; Go's server then sniffs text/html)
 //	GET  /ws              WebSocket (RFC 6455) echo, message by message
 //	GET  /sse?n=N&key=K   text/event-stream; event i+1 is sent only after GET /ack?key=K
 //	GET  /ack?key=K       releases the next SSE event of stream K
@@ -17,6 +20,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +59,7 @@ func Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.HandleFunc("/respond", respond)
 	mux.HandleFunc("/", echo)
 	return mux
 }
@@ -70,6 +75,16 @@ func wsEcho(c *websocket.Conn) {
 			return
 		}
 	}
+}
+
+// respond answers with the response headers the query's h parameters name.
+func respond(w http.ResponseWriter, r *http.Request) {
+	for _, h := range r.URL.Query()["h"] {
+		if k, v, ok := strings.Cut(h, ":"); ok {
+			w.Header().Add(strings.TrimSpace(k), strings.TrimSpace(v))
+		}
+	}
+	_, _ = w.Write([]byte("<p>respond</p>"))
 }
 
 func echo(w http.ResponseWriter, r *http.Request) {
