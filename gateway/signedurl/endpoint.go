@@ -20,7 +20,7 @@ type Endpoints struct {
 	BaseDomain string
 	// Keys mints signed endpoints; nil means Signed fails with ErrInvalidKey.
 	Keys *Keyring
-	// PathPorts, when set, names the ports whose endpoints (plain and signed) keep the
+	// PathPorts, when set, names the ports whose unsigned endpoints keep the
 	// path form even with BaseDomain set. airlock up passes opensandbox.IsControlPort:
 	// execd and the egress API are used by SDK clients, whose resolvers (Node, Go, glibc)
 	// may not resolve *.localhost names, and are never browsed.
