@@ -55,6 +55,10 @@ func TestRateLimitPerSandboxAndClient(t *testing.T) {
 		if i%100 == 0 {
 			w.Append(rec("sb-quiet", i))
 		}
+		if i%1000 == 0 { // the flooding sandbox's other sources keep their own budgets
+			w.Append(Record{SandboxID: "sb-flood", Source: SourceL7, Action: "allow", DstHost: "pypi.org"})
+			w.Append(Record{SandboxID: "sb-flood", Source: SourceCredential, Action: "allow", Rule: "pypi"})
+		}
 		g := Record{Source: SourceGateway, Action: "deny", Src: "203.0.113.9:5000", Reason: "no such sandbox"}
 		w.Append(g)
 	}
@@ -71,6 +75,11 @@ func TestRateLimitPerSandboxAndClient(t *testing.T) {
 	}
 	if q, s := suppressedOf(recs, SourceDNS, "sb-quiet", ""); q != flood/100 || s != 0 {
 		t.Errorf("sb-quiet: %d written, %d suppressed; want all %d written", q, s, flood/100)
+	}
+	for _, src := range []Source{SourceL7, SourceCredential} {
+		if n, s := suppressedOf(recs, src, "sb-flood", ""); n != flood/1000 || s != 0 {
+			t.Errorf("sb-flood %s: %d written, %d suppressed; want all %d written", src, n, s, flood/1000)
+		}
 	}
 	gw, gs := suppressedOf(recs, SourceGateway, "", "203.0.113.9")
 	if gw > 25 || gw+gs != flood {

@@ -27,6 +27,9 @@ type RateLimit struct {
 	RefusalRate float64 `yaml:"refusalRate"`
 	// RefusalBurst is RefusalRate's burst; default RefusalRate.
 	RefusalBurst int `yaml:"refusalBurst"`
+	// Window is how long a key's suppressed count gathers before its suppressed record
+	// is due (Flush); default SuppressWindow. egressd's flow audit uses its flow window.
+	Window time.Duration `yaml:"-"`
 }
 
 // DefaultRateLimit is the rate limit airlock's servers use (stack.DefaultAuditConfig):
@@ -38,7 +41,7 @@ func DefaultRateLimit() RateLimit {
 }
 
 // SuppressWindow is how long a key's suppressed count gathers before its suppressed
-// record is written.
+// record is written (RateLimit.Window's default).
 const SuppressWindow = time.Second
 
 // maxLimitKeys bounds the keys a Limiter tracks; when it is full, a new key shares
@@ -78,6 +81,9 @@ func NewLimiter(cfg RateLimit) *Limiter {
 	}
 	if cfg.RefusalBurst <= 0 {
 		cfg.RefusalBurst = max(1, int(cfg.RefusalRate))
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = SuppressWindow
 	}
 	return &Limiter{cfg: cfg, keys: map[limitKey]*bucket{}}
 }
@@ -136,6 +142,21 @@ func (l *Limiter) Allow(r *Record) bool {
 	if now.IsZero() {
 		now = time.Now()
 	}
+	return l.take(k, rate, burst, now)
+}
+
+// AllowSandbox takes a token of sandbox's bucket for source at time at, whatever the
+// source (flow records included), with RateLimit.Rate and Burst; false counts one
+// into the sandbox's next suppressed record. egressd's flow audit admits each flow so.
+func (l *Limiter) AllowSandbox(source Source, sandbox string, at time.Time) bool {
+	if l.cfg.Rate <= 0 {
+		return true
+	}
+	return l.take(limitKey{source: source, sandbox: sandbox}, l.cfg.Rate, l.cfg.Burst, at)
+}
+
+// take takes a token of k's bucket at now, or counts a suppressed record.
+func (l *Limiter) take(k limitKey, rate float64, burst int, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b := l.keys[k]
@@ -168,14 +189,14 @@ func (l *Limiter) Allow(r *Record) bool {
 }
 
 // Flush returns the suppressed records of the keys whose first suppressed record is
-// at least SuppressWindow before now (every pending one when all is set), and
+// at least RateLimit.Window before now (every pending one when all is set), and
 // forgets keys that are idle (bucket full, nothing pending).
 func (l *Limiter) Flush(now time.Time, all bool) []Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []Record
 	for k, b := range l.keys {
-		if b.suppressed > 0 && (all || now.Sub(b.first) >= SuppressWindow) {
+		if b.suppressed > 0 && (all || now.Sub(b.first) >= l.cfg.Window) {
 			r := Record{Time: b.first, SandboxID: k.sandbox, Source: k.source, Action: ActionSuppressed,
 				Reason: "audit rate limit", Extra: map[string]any{"suppressed": b.suppressed,
 					"last_seen": b.last.UTC().Format(time.RFC3339Nano)}}
