@@ -172,9 +172,6 @@ func (w *Writer) Append(r Record) {
 	if r.Time.IsZero() {
 		r.Time = time.Now()
 	}
-	if !w.admit(&r) {
-		return
-	}
 	w.mu.RLock()
 	if w.closed {
 		w.mu.RUnlock()
@@ -182,7 +179,9 @@ func (w *Writer) Append(r Record) {
 		w.metrics.afterClose.Inc()
 		return
 	}
-	if !w.enqueue(r) {
+	// admitted under the read lock: Close waits for it, so the writer's last flush
+	// of suppressed records sees every count
+	if w.admit(&r) && !w.enqueue(r) {
 		w.countLost(r.Source)
 	}
 	w.mu.RUnlock()
@@ -228,15 +227,12 @@ func (w *Writer) TryAppend(r Record) bool {
 	if r.Time.IsZero() {
 		r.Time = time.Now()
 	}
-	if !w.admit(&r) {
-		return true
-	}
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	if w.closed {
 		return false
 	}
-	return w.enqueue(r)
+	return !w.admit(&r) || w.enqueue(r)
 }
 
 func (w *Writer) countLost(s Source) {
