@@ -41,6 +41,22 @@ func TestBenchAuditAppend(t *testing.T) {
 	}
 	benchreport.Value("audit", "append lossy", "%d appended in %s, %d lost (all recorded in loss records)", n, time.Since(start).Round(time.Millisecond), rep.Lost)
 
+	// the same with the servers' rate limit on (one token bucket per sandbox): the
+	// caller-side cost of the limiter; the one sandbox is mostly suppressed
+	wl, err := New(Config{Dir: t.TempDir(), QueueSize: 1 << 16, RateLimit: DefaultRateLimit()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := benchreport.MeasureParallel("append with DefaultRateLimit (caller side)", workers, n, func() error {
+		wl.Append(r)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl.Close()
+	benchreport.Print("audit", l)
+
 	// durable throughput without losses: TryAppend with backoff, until fsync'd
 	w2, err := New(Config{Dir: t.TempDir(), QueueSize: 1 << 16})
 	if err != nil {

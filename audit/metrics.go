@@ -14,9 +14,11 @@ type metrics struct {
 	rotations   prometheus.Counter
 	tornTails   prometheus.Counter
 	fsync       prometheus.Histogram
+	suppressed  *prometheus.CounterVec
+	retained    prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, queueLen func() float64, diskBytes func() int64) (*metrics, error) {
 	opts := func(name, help string) prometheus.CounterOpts {
 		return prometheus.CounterOpts{Namespace: "airlock", Subsystem: "audit", Name: name, Help: help}
 	}
@@ -30,13 +32,17 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		tornTails:   prometheus.NewCounter(opts("torn_tails_total", "Torn last lines cut off when opening the log after a crash.")),
 		fsync: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "airlock", Subsystem: "audit", Name: "fsync_duration_seconds",
 			Help: "Time per fsync of the audit log.", Buckets: prometheus.ExponentialBuckets(0.0001, 4, 9)}),
+		suppressed: prometheus.NewCounterVec(opts("suppressed_total", "Records not written because their sandbox or client was over its rate limit (counted in suppressed records)."), []string{"source"}),
+		retained:   prometheus.NewCounter(opts("retained_files_total", "Finished log files deleted by retention.")),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "airlock", Subsystem: "audit", Name: "queue_length",
 		Help: "Records waiting to be written."}, queueLen)
-	for _, c := range []prometheus.Collector{m.records, m.bytes, m.lost, m.afterClose, m.writeErrors, m.rotations, m.tornTails, m.fsync, queue} {
+	disk := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "airlock", Subsystem: "audit", Name: "disk_bytes",
+		Help: "Bytes the audit log files take in the directory (checkpoints.jsonl not counted)."}, func() float64 { return float64(diskBytes()) })
+	for _, c := range []prometheus.Collector{m.records, m.bytes, m.lost, m.afterClose, m.writeErrors, m.rotations, m.tornTails, m.fsync, m.suppressed, m.retained, queue, disk} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // ErrBroken is wrapped by Verify's error when the chain does not hold.
@@ -65,6 +66,12 @@ type Report struct {
 	// Warnings are findings that do not break the chain (a finished file without a
 	// checkpoint, for example).
 	Warnings []string `json:"warnings,omitempty"`
+	// RetainedFiles counts the finished files before the first one present, removed by
+	// retention (audit.Retention) or archived: expected, since the first remaining
+	// record links to AnchoredBy's checkpoint (its file's last hash).
+	RetainedFiles int `json:"retained_files,omitempty"`
+	// AnchoredBy is the file whose checkpoint anchors a log that starts after seq 1.
+	AnchoredBy string `json:"anchored_by,omitempty"`
 	// Broken is the first break, nil when the chain holds.
 	Broken *Break `json:"broken,omitempty"`
 }
@@ -162,7 +169,7 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 				// the oldest files were removed: start from the checkpoint before this one
 				if cp, ok := bySeq[loc.Seq-1]; ok && cp.LastHash == p {
 					prev, next = p, loc.Seq
-					rep.Warnings = append(rep.Warnings, fmt.Sprintf("log starts at seq %d (older files removed; anchored by checkpoint of %s)", loc.Seq, cp.File))
+					rep.RetainedFiles, rep.AnchoredBy = retainedAway(cps, files, loc.Seq), cp.File
 				}
 			}
 			if p != prev {
@@ -212,7 +219,24 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s is finished but has no checkpoint", name))
 		}
 	}
+	for i, c := range cps {
+		if rep.Records > 0 && c.LastSeq >= rep.FirstSeq && !slices.Contains(files, c.File) {
+			return rep.broken(Location{File: CheckpointFile, Line: i + 1, Seq: c.LastSeq},
+				fmt.Sprintf("%s, sealed by this checkpoint, is missing (only the oldest files may be retained away)", c.File))
+		}
+	}
 	return rep, nil
+}
+
+// retainedAway counts the checkpointed files that end before seq and are not in files.
+func retainedAway(cps []Checkpoint, files []string, seq uint64) int {
+	n := 0
+	for _, c := range cps {
+		if c.LastSeq < seq && !slices.Contains(files, c.File) {
+			n++
+		}
+	}
+	return n
 }
 
 func (rep *Report) broken(loc Location, reason string) (*Report, error) {

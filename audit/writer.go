@@ -31,8 +31,15 @@ type Config struct {
 	// means no wait. A record is not durable before the next fsync either way.
 	Linger time.Duration
 	// QueueSize is how many records Append may buffer before counting losses; default
-	// 65536.
+	// 65536. Half of it is reserved in equal shares per source, so that a flood of one
+	// source loses only its own records (see shares in queue.go).
 	QueueSize int
+	// RateLimit bounds the records per sandbox (or client address) and source; the
+	// zero value limits nothing. Servers use DefaultRateLimit (stack.AuditConfig).
+	RateLimit RateLimit
+	// Retention deletes the oldest finished files by total size and age; the zero
+	// value keeps every file.
+	Retention Retention
 	// SigningKey, when set, signs every rotation checkpoint (Ed25519); Verify checks
 	// signatures with the matching public key.
 	SigningKey ed25519.PrivateKey
@@ -67,7 +74,9 @@ type Writer struct {
 
 	mu     sync.RWMutex // write-locked only by Close, to stop Appends
 	closed bool
-	queue  chan Record
+	queue  chan queued
+	shares *shares
+	limit  *Limiter // nil: no rate limit
 	lost   sync.Map // Source -> *atomic.Uint64
 	stop   chan struct{}
 	done   chan struct{}
@@ -88,6 +97,11 @@ type Writer struct {
 	sealer     sealer   // chain position while a batch is sealed; prev once written
 	buf        []byte   // the sealed lines not yet written
 	sources    []Source // the source of each line in buf, for loss accounting
+
+	// diskBytes is the size of the log files in Dir (metric airlock_audit_disk_bytes).
+	diskBytes atomic.Int64
+	// retained is when retention last ran (run goroutine).
+	retained time.Time
 
 	synced  atomic.Uint64
 	written atomic.Uint64
@@ -128,10 +142,13 @@ func open(cfg Config) (*Writer, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
-	w := &Writer{cfg: cfg, log: cfg.Logger, queue: make(chan Record, cfg.QueueSize),
+	w := &Writer{cfg: cfg, log: cfg.Logger, queue: make(chan queued, cfg.QueueSize), shares: newShares(cfg.QueueSize),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.RateLimit.Rate > 0 || cfg.RateLimit.RefusalRate > 0 {
+		w.limit = NewLimiter(cfg.RateLimit)
+	}
 	var err error
-	if w.metrics, err = newMetrics(cfg.Registry, func() float64 { return float64(len(w.queue)) }); err != nil {
+	if w.metrics, err = newMetrics(cfg.Registry, func() float64 { return float64(len(w.queue)) }, w.diskBytes.Load); err != nil {
 		return nil, err
 	}
 	if err := w.recover(); err != nil {
@@ -142,12 +159,15 @@ func open(cfg Config) (*Writer, error) {
 	}
 	w.synced.Store(w.seq)
 	w.written.Store(w.seq)
+	w.retain(time.Now(), true)
 	return w, nil
 }
 
 // Append queues r for writing and returns at once. Seq, Prev and Hash are assigned by
-// the writer; a zero Time becomes the time of Append. When the queue is full (or the
-// writer is closed) the record is counted as lost for its source.
+// the writer; a zero Time becomes the time of Append. A record over its key's rate
+// (Config.RateLimit) is counted into a suppressed record instead. When the source's
+// share of the queue is full (or the writer is closed) the record is counted as lost
+// for its source.
 func (w *Writer) Append(r Record) {
 	if r.Time.IsZero() {
 		r.Time = time.Now()
@@ -159,17 +179,50 @@ func (w *Writer) Append(r Record) {
 		w.metrics.afterClose.Inc()
 		return
 	}
-	select {
-	case w.queue <- r:
-	default:
+	// admitted under the read lock: Close waits for it, so the writer's last flush
+	// of suppressed records sees every count
+	if w.admit(&r) && !w.enqueue(r) {
 		w.countLost(r.Source)
 	}
 	w.mu.RUnlock()
 }
 
+// admit applies the rate limit: false when r is counted as suppressed.
+func (w *Writer) admit(r *Record) bool {
+	if w.limit == nil || w.limit.Allow(r) {
+		return true
+	}
+	w.metrics.suppressed.WithLabelValues(string(r.Source)).Inc()
+	return false
+}
+
+// enqueue puts r in its source's share of the queue; false when that is full.
+func (w *Writer) enqueue(r Record) bool {
+	shared, ok := w.shares.take(r.Source)
+	if !ok {
+		return false
+	}
+	e := queued{rec: r, shared: shared}
+	select {
+	case w.queue <- e:
+		return true
+	default: // not reached: the shares add up to the channel's capacity
+		w.shares.release(&e)
+		return false
+	}
+}
+
+// dequeue takes the next record off the queue (which must not be empty).
+func (w *Writer) dequeue() Record {
+	e := <-w.queue
+	w.shares.release(&e)
+	return e.rec
+}
+
 // TryAppend is Append for callers that can wait: it reports false, counting nothing,
-// when the queue is full or the writer closed, so the caller may retry. The data path
-// uses Append.
+// when the source's share of the queue is full or the writer closed, so the caller may
+// retry. A record over its rate limit is counted as suppressed and reported true. The
+// data path uses Append.
 func (w *Writer) TryAppend(r Record) bool {
 	if r.Time.IsZero() {
 		r.Time = time.Now()
@@ -179,12 +232,7 @@ func (w *Writer) TryAppend(r Record) bool {
 	if w.closed {
 		return false
 	}
-	select {
-	case w.queue <- r:
-		return true
-	default:
-		return false
-	}
+	return !w.admit(&r) || w.enqueue(r)
 }
 
 func (w *Writer) countLost(s Source) {
@@ -232,10 +280,11 @@ func (w *Writer) run() {
 	linger.Stop()
 	for {
 		select {
-		case r := <-w.queue:
-			w.batch = append(w.batch[:0], r)
+		case e := <-w.queue:
+			w.shares.release(&e)
+			w.batch = append(w.batch[:0], e.rec)
 			for len(w.batch) < maxBatch && len(w.queue) > 0 {
-				w.batch = append(w.batch, <-w.queue)
+				w.batch = append(w.batch, w.dequeue())
 			}
 			if w.cfg.Linger > 0 && len(w.batch) < lingerBatch {
 				// Sleep out the linger instead of taking records one by one: a parked
@@ -248,24 +297,27 @@ func (w *Writer) run() {
 				linger.Stop()
 			}
 			for len(w.batch) < maxBatch && len(w.queue) > 0 {
-				w.batch = append(w.batch, <-w.queue)
+				w.batch = append(w.batch, w.dequeue())
 			}
 			w.writeBatch(w.batch)
 			w.writeLoss()
-		case <-tick.C:
+		case now := <-tick.C:
+			w.writeSuppressed(now, false)
 			w.writeLoss()
 			w.sync()
+			w.retain(now, false)
 		case <-w.stop:
 			for {
 				w.batch = w.batch[:0]
 				for len(w.batch) < maxBatch && len(w.queue) > 0 {
-					w.batch = append(w.batch, <-w.queue)
+					w.batch = append(w.batch, w.dequeue())
 				}
 				if len(w.batch) == 0 {
 					break
 				}
 				w.writeBatch(w.batch)
 			}
+			w.writeSuppressed(time.Now(), true)
 			w.writeLoss()
 			w.sync()
 			if err := w.f.Close(); err != nil {
@@ -273,6 +325,18 @@ func (w *Writer) run() {
 			}
 			return
 		}
+	}
+}
+
+// writeSuppressed writes the rate limiter's suppressed records that are due (all of
+// them when all is set). They never pass through the queue, so they cannot be lost to
+// a full one.
+func (w *Writer) writeSuppressed(now time.Time, all bool) {
+	if w.limit == nil {
+		return
+	}
+	if recs := w.limit.Flush(now, all); len(recs) > 0 {
+		w.writeBatch(recs)
 	}
 }
 
@@ -352,6 +416,7 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	}
 	w.fileHash.Write(w.buf)
 	w.size += int64(len(w.buf))
+	w.diskBytes.Add(int64(len(w.buf)))
 	w.seq, w.prev, w.firstTime, w.lastTime = seq, w.sealer.prev, first, last
 	w.dirty = true
 	w.written.Store(seq)
@@ -404,6 +469,7 @@ func (w *Writer) rotate() {
 		return
 	}
 	w.metrics.rotations.Inc()
+	w.retain(time.Now(), true)
 }
 
 // openFile creates the file whose first record will be seq.

@@ -41,13 +41,11 @@ const (
 type flowAudit struct {
 	window     time.Duration
 	counter    datapath.FlowCounter // nil: every dropped packet is an event
-	limit      rate.Limit
-	burst      int
+	limit      *audit.Limiter       // per sandbox; suppressed records per window
 	write      func(audit.Record)
 	onSuppress func(n int)
 
-	open    map[flowKey]*openFlow
-	budgets map[string]*budget
+	open map[flowKey]*openFlow
 }
 
 type flowKey struct {
@@ -72,17 +70,9 @@ type openFlow struct {
 	suppressed bool
 }
 
-// budget is a sandbox's record rate limiter and what it suppressed since its last
-// suppressed record.
-type budget struct {
-	lim         *rate.Limiter
-	flows       uint64
-	first, last time.Time
-}
-
 func newFlowAudit(window time.Duration, counter datapath.FlowCounter, limit rate.Limit, burst int, write func(audit.Record)) *flowAudit {
-	return &flowAudit{window: window, counter: counter, limit: limit, burst: burst, write: write,
-		onSuppress: func(int) {}, open: map[flowKey]*openFlow{}, budgets: map[string]*budget{}}
+	return &flowAudit{window: window, counter: counter, write: write, onSuppress: func(int) {}, open: map[flowKey]*openFlow{},
+		limit: audit.NewLimiter(audit.RateLimit{Rate: float64(limit), Burst: burst, Window: window})}
 }
 
 // add takes one event and the record it would be on its own.
@@ -123,19 +113,9 @@ func (a *flowAudit) counted(ev datapath.Event) bool {
 
 // admit takes a token of the event's sandbox, or counts the event as suppressed.
 func (a *flowAudit) admit(ev datapath.Event) bool {
-	b := a.budgets[ev.Sandbox]
-	if b == nil {
-		b = &budget{lim: rate.NewLimiter(a.limit, a.burst)}
-		a.budgets[ev.Sandbox] = b
-	}
-	if b.lim.AllowN(ev.Time, 1) {
+	if a.limit.AllowSandbox(audit.SourceBPF, ev.Sandbox, ev.Time) {
 		return true
 	}
-	if b.flows == 0 {
-		b.first = ev.Time
-	}
-	b.flows++
-	b.last = ev.Time
 	a.onSuppress(1)
 	return false
 }
@@ -159,13 +139,8 @@ func (a *flowAudit) tick(now time.Time) {
 			f.packets, f.bytes, f.since = 0, 0, f.last
 		}
 	}
-	for id, b := range a.budgets {
-		if b.flows > 0 && now.Sub(b.first) >= a.window {
-			a.writeSuppressed(id, b)
-		}
-		if b.flows == 0 && b.lim.TokensAt(now) >= float64(a.burst) {
-			delete(a.budgets, id)
-		}
+	for _, r := range a.limit.Flush(now, false) {
+		a.write(r)
 	}
 }
 
@@ -193,10 +168,8 @@ func (a *flowAudit) close() {
 		a.flush(f)
 		delete(a.open, k)
 	}
-	for id, b := range a.budgets {
-		if b.flows > 0 {
-			a.writeSuppressed(id, b)
-		}
+	for _, r := range a.limit.Flush(time.Now(), true) {
+		a.write(r)
 	}
 }
 
@@ -217,12 +190,4 @@ func (a *flowAudit) flush(f *openFlow) {
 		rec.Extra["refused"] = true
 	}
 	a.write(rec)
-}
-
-func (a *flowAudit) writeSuppressed(id string, b *budget) {
-	a.write(audit.Record{
-		Time: b.first, SandboxID: id, Source: audit.SourceBPF, Action: audit.ActionSuppressed,
-		Extra: map[string]any{"suppressed": b.flows, "last_seen": b.last.UTC().Format(time.RFC3339Nano)},
-	})
-	b.flows = 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -29,12 +30,40 @@ type AuditConfig struct {
 	// MaxFileBytes is the size, in bytes, at which a log file is sealed by a signed
 	// checkpoint and the next one begun; default audit.DefaultMaxFileBytes (64 MiB).
 	MaxFileBytes int64 `yaml:"maxFileBytes"`
+	// RateLimit bounds the records per sandbox and source, and the gateway's refusals
+	// per client address (audit.RateLimit: rate, burst, refusalRate, refusalBurst);
+	// what goes over is counted in `suppressed` records. Default
+	// audit.DefaultRateLimit (100/s, burst 1000; refusals 20/s, burst 100); a negative
+	// rate means no limit.
+	RateLimit audit.RateLimit `yaml:"rateLimit"`
+	// Retention deletes the oldest finished log files while the files exceed maxBytes
+	// or once their last record is older than maxAge. Default 10 GiB and 90 days
+	// (audit.DefaultRetention); a negative value means no limit of that kind.
+	Retention AuditRetention `yaml:"retention"`
+}
+
+// AuditRetention is audit.Retention as written in airlock.yaml.
+type AuditRetention struct {
+	// MaxBytes is the most the log files may hold together, in bytes.
+	MaxBytes int64 `yaml:"maxBytes"`
+	// MaxAge is how old the last record of a finished file may be ("2160h").
+	MaxAge Duration `yaml:"maxAge"`
 }
 
 // DefaultAuditConfig is every default of the audit log but Dir, which depends on who
 // runs it (see AuditConfig.Dir).
 func DefaultAuditConfig() AuditConfig {
-	return AuditConfig{MaxFileBytes: audit.DefaultMaxFileBytes}
+	r := audit.DefaultRetention()
+	return AuditConfig{MaxFileBytes: audit.DefaultMaxFileBytes, RateLimit: audit.DefaultRateLimit(),
+		Retention: AuditRetention{MaxBytes: r.MaxBytes, MaxAge: Duration(r.MaxAge)}}
+}
+
+// writerLimits are c's rate limit and retention as audit.Config takes them (negative:
+// none).
+func (c AuditConfig) writerLimits() (audit.RateLimit, audit.Retention) {
+	rl := c.RateLimit
+	rl.Rate, rl.RefusalRate = max(rl.Rate, 0), max(rl.RefusalRate, 0)
+	return rl, audit.Retention{MaxBytes: max(c.Retention.MaxBytes, 0), MaxAge: max(time.Duration(c.Retention.MaxAge), 0)}
 }
 
 // KeyFiles are the signing key file and its public key file: SigningKeyFile and the
@@ -50,6 +79,12 @@ func (c AuditConfig) KeyFiles() (priv, pub string) {
 func (c AuditConfig) resolved() (AuditConfig, error) {
 	if c.MaxFileBytes == 0 {
 		c.MaxFileBytes = DefaultAuditConfig().MaxFileBytes
+	}
+	if c.RateLimit == (audit.RateLimit{}) {
+		c.RateLimit = DefaultAuditConfig().RateLimit
+	}
+	if c.Retention == (AuditRetention{}) {
+		c.Retention = DefaultAuditConfig().Retention
 	}
 	if c.MaxFileBytes < 0 {
 		return c, fmt.Errorf("config: audit.maxFileBytes %d: want a size in bytes", c.MaxFileBytes)
@@ -80,9 +115,12 @@ func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*aud
 	if created {
 		log.Info("audit signing key generated", "key", privPath, "public_key", pubPath)
 	}
+	rl, ret := c.writerLimits()
 	return audit.New(audit.Config{
 		Dir:          c.Dir,
 		MaxFileBytes: c.MaxFileBytes,
+		RateLimit:    rl,
+		Retention:    ret,
 		SigningKey:   key,
 		Logger:       log,
 		Registry:     reg,

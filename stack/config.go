@@ -296,7 +296,10 @@ func (c Config) Doctor() (doctor.Config, error) {
 		Network:    c.Docker.Network,
 		Egress:     !c.Egress.Disabled,
 		RecipeHash: sandboximage.DefaultRecipe().Hash(),
+		AuditDir:   c.Audit.Dir,
 	}
+	_, ret := c.Audit.writerLimits()
+	d.AuditMaxBytes, d.AuditMaxAge = ret.MaxBytes, ret.MaxAge
 	if !c.Gateway.Disabled {
 		d.GatewayListen = c.Gateway.Listen
 	}

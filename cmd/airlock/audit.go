@@ -71,6 +71,9 @@ checkpoint must be signed.`,
 			case keyFile != "":
 				fmt.Fprintf(out, "signatures:  %d verified with %s\n", rep.VerifiedSignatures, keyFile)
 			}
+			if rep.AnchoredBy != "" {
+				fmt.Fprintf(out, "retained:    %d files retained away (expected; the log starts at seq %d, anchored by the checkpoint of %s)\n", rep.RetainedFiles, rep.FirstSeq, rep.AnchoredBy)
+			}
 			if rep.TornTail != nil {
 				fmt.Fprintf(out, "torn tail:   %s line %d is incomplete (crash while writing); not part of the chain\n", rep.TornTail.File, rep.TornTail.Line)
 			}

@@ -1,7 +1,7 @@
 // Package doctor checks a host for Airlock: one row per prerequisite of `airlock up`
 // (root, kernel and BTF, bpffs, TCX or clsact, cgroup v2, nftables over netlink, the
 // Docker engine, the Airlock network, free ports, the sandbox image, the state
-// directory, Node for the SDK tests), each ok, missing or degraded, with the fix.
+// directory, the audit log's disk use, Node for the SDK tests), each ok, missing or degraded, with the fix.
 // `airlock doctor` prints the report; `airlock up` refuses to start when a hard row
 // fails. Every fact comes through Host, so tests can fake each failure.
 package doctor
@@ -135,7 +135,11 @@ func Run(ctx context.Context, cfg Config) Report {
 		c.network(ctx),
 	}
 	rows = append(rows, c.ports()...)
-	rows = append(rows, c.image(ctx), c.stateDir(), c.node())
+	rows = append(rows, c.image(ctx), c.stateDir())
+	if cfg.AuditDir != "" {
+		rows = append(rows, c.auditDisk())
+	}
+	rows = append(rows, c.node())
 	rep := Report{Rows: rows, OK: true}
 	for _, row := range rows {
 		if row.Failed() {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
@@ -35,6 +36,12 @@ type Config struct {
 	// Image is the sandbox image to find; default airlock/sandbox:latest. RecipeHash,
 	// when set, is the label value a current image carries (airlock.dev/image-recipe).
 	Image, RecipeHash string
+	// AuditDir is the audit log's directory; its row (disk use against retention and
+	// free space) is skipped when empty. AuditMaxBytes and AuditMaxAge are its
+	// retention (audit.retention; 0: none).
+	AuditDir      string
+	AuditMaxBytes int64
+	AuditMaxAge   time.Duration
 	// Host supplies the facts; zero fields read this host.
 	Host Host
 }
