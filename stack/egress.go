@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -18,6 +19,17 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		return fmt.Errorf("the Docker network has no gateway address for the DNS filter")
 	}
 	e := s.cfg.Egress
+	// Sandboxes never reach each other, whatever a policy allows: the operator overlay
+	// denies the Airlock network's subnets (Docker's inter-container block does not
+	// cover what egressd's explicit proxy dials from the host).
+	e.Deny = slices.Clone(e.Deny)
+	_, subnet, _ := s.Docker.Network()
+	subnet6, _ := s.Docker.Network6()
+	for _, p := range []netip.Prefix{subnet, subnet6} {
+		if p.IsValid() {
+			e.Deny = append(e.Deny, p.Masked().String())
+		}
+	}
 	e.WatchURL = "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch"
 	e.APIKey = s.APIKey
 	e.DNSListen = netip.AddrPortFrom(gw, 53).String()
