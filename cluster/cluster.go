@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/lifecycle/kubestore"
@@ -93,6 +94,10 @@ type Config struct {
 	// GatewayKey is the key the gateways send for sandbox port 18080 (the egress API,
 	// answered here); empty: such requests need the sandbox's token.
 	GatewayKey string `yaml:"-"`
+	// ExecdKey derives every sandbox's execd token (lifecycle.Config.ExecdKey); every
+	// replica and gateway must use the same. airlock lifecycle: $AIRLOCK_EXECD_KEY, else
+	// derived from the API key (execdtoken.FromAPIKey).
+	ExecdKey execdtoken.Key `yaml:"-"`
 	// SigningKeys mint signed endpoints (the first is the active one); the gateways
 	// verify with the same keys.
 	SigningKeys []signedurl.Key `yaml:"-"`
@@ -233,7 +238,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		readyGate, policyGate = g.ready, g.policy
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
-		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey,
+		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey, ExecdKey: cfg.ExecdKey,
 		DefaultAccess: cfg.DefaultAccess, Endpoint: endpoints,
 		Limits:  cfg.Limits,
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,

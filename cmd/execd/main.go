@@ -51,6 +51,7 @@ func main() {
 			"until POST "+opensandbox.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
 	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
+	installToken := fs.String("install-token", "", "write the access token ($EXECD_ACCESS_TOKEN) to `FILE` (mode 0444, in a folder the sandbox's execd may remove it from) and exit, after --install when both are given: the Kubernetes runtime's init container delivers each sandbox's token this way, for --access-token-file")
 	installTrustDir := fs.String("install-trust", "", "write `DIR`/"+trustBundleName+" (the image's "+systemBundle+" plus the PEM CA certificates in $AIRLOCK_TRUSTED_CA) and DIR/"+trustExtraName+" (the CAs alone), then exit: the Kubernetes runtime's trust init container")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -77,10 +78,24 @@ func main() {
 		}
 		return
 	}
-	if *install != "" {
-		if err := installSelf(*install); err != nil {
-			fmt.Fprintln(os.Stderr, "execd:", err)
-			os.Exit(1)
+	if *install != "" || *installToken != "" {
+		if *install != "" {
+			if err := installSelf(*install); err != nil {
+				fmt.Fprintln(os.Stderr, "execd:", err)
+				os.Exit(1)
+			}
+		}
+		if *installToken != "" {
+			// Readable by any user: the sandbox's execd may run as another user than this
+			// init container; it removes the file before anything else starts.
+			if strings.TrimSpace(*token) == "" {
+				fmt.Fprintln(os.Stderr, "execd: --install-token: $EXECD_ACCESS_TOKEN is empty")
+				os.Exit(1)
+			}
+			if err := writeFile(*installToken, []byte(*token), 0o444); err != nil {
+				fmt.Fprintln(os.Stderr, "execd: install-token:", err)
+				os.Exit(1)
+			}
 		}
 		return
 	}

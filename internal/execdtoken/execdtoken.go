@@ -69,6 +69,20 @@ func ParseKey(s string) (Key, error) {
 // String writes k in ParseKey's base64 form.
 func (k Key) String() string { return "base64:" + base64.StdEncoding.EncodeToString(k) }
 
+// FromAPIKey derives a key from the lifecycle API key, for deployments that configure
+// no execd key of their own (airlock lifecycle and airlock gateway on Kubernetes, where
+// every replica and gateway holds the API key): HMAC-SHA256 of the API key under a fixed
+// label. Changing the API key then changes every sandbox's token; set an execd key to
+// keep them apart. Empty for an empty API key.
+func FromAPIKey(apiKey string) Key {
+	if apiKey == "" {
+		return nil
+	}
+	m := hmac.New(sha256.New, []byte("airlock-execd-key-from-api-key"))
+	m.Write([]byte(apiKey))
+	return Key(m.Sum(nil))
+}
+
 // LoadOrCreate reads the key stored at path, or stores a new one there (mode 0600).
 func LoadOrCreate(path string) (Key, error) {
 	b, err := os.ReadFile(path)
