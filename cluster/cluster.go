@@ -95,8 +95,9 @@ type Config struct {
 	// answered here); empty: such requests need the sandbox's token.
 	GatewayKey string `yaml:"-"`
 	// ExecdKey derives every sandbox's execd token (lifecycle.Config.ExecdKey); every
-	// replica and gateway must use the same. airlock lifecycle: $AIRLOCK_EXECD_KEY, else
-	// derived from the API key (execdtoken.FromAPIKey).
+	// replica and gateway must use the same. Empty: derived from the API key
+	// (execdtoken.FromAPIKey; with NoAuth a random key per replica). airlock lifecycle:
+	// $AIRLOCK_EXECD_KEY.
 	ExecdKey execdtoken.Key `yaml:"-"`
 	// SigningKeys mint signed endpoints (the first is the active one); the gateways
 	// verify with the same keys.
@@ -175,6 +176,10 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		return nil, errors.New("cluster: an API key is required (OPEN_SANDBOX_API_KEY); NoAuth only for tests")
 	}
 	cfg = cfg.resolved()
+	if len(cfg.ExecdKey) == 0 {
+		// The same in every replica and gateway that holds the API key.
+		cfg.ExecdKey = execdtoken.FromAPIKey(cfg.APIKey)
+	}
 	cs, err := kubernetes.NewForConfig(cfg.Kube)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)

@@ -134,14 +134,12 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 	c.APIKey = os.Getenv("OPEN_SANDBOX_API_KEY")
 	c.GatewayKey = os.Getenv("AIRLOCK_GATEWAY_KEY")
 	// Every replica and gateway derives the same sandbox execd tokens: from
-	// AIRLOCK_EXECD_KEY, else from the API key they all hold.
+	// AIRLOCK_EXECD_KEY, else (cluster.Start) from the API key they all hold.
 	if k := os.Getenv("AIRLOCK_EXECD_KEY"); k != "" {
 		var err error
 		if c.ExecdKey, err = execdtoken.ParseKey(k); err != nil {
 			return c, fmt.Errorf("AIRLOCK_EXECD_KEY: %w", err)
 		}
-	} else {
-		c.ExecdKey = execdtoken.FromAPIKey(c.APIKey)
 	}
 	c.DNS = nil
 	for _, s := range lf.dns {
