@@ -44,7 +44,8 @@ const (
 // the gateway's headers (OpenSandbox-Ingress-To, X-Airlock-Sandbox, X-Airlock-Port,
 // X-Airlock-Access-Token, OpenSandbox-Secure-Access, OPEN-SANDBOX-API-KEY, and
 // X-EXECD-ACCESS-TOKEN except on execd's port, where the gateway sets the sandbox's own
-// when it has the execd key) and the path prefix of path forms (X-Forwarded-Prefix tells the app what was stripped), then proxy. Denials are JSON {code, message, requestId}
+// when it has the execd key) and the path prefix of path forms (X-Forwarded-Prefix tells
+// the app what was stripped), then proxy. Denials are JSON {code, message, requestId}
 // with statuses 400, 401, 403, 404, 410, 429 or 503 (with Retry-After); an unreachable
 // upstream is 502. Every response carries X-Request-Id (the client's, when it sent a
 // sane one). A request in flight to a sandbox that is deleted is cut off.
