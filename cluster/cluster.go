@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/lifecycle/kubestore"
@@ -95,6 +96,11 @@ type Config struct {
 	// GatewayKey is the key the gateways send for sandbox port 18080 (the egress API,
 	// answered here); empty: such requests need the sandbox's token.
 	GatewayKey string `yaml:"-"`
+	// ExecdKey derives every sandbox's execd token (lifecycle.Config.ExecdKey); every
+	// replica and gateway must use the same. Empty: derived from the API key
+	// (execdtoken.FromAPIKey; with NoAuth a random key per replica). airlock lifecycle:
+	// $AIRLOCK_EXECD_KEY.
+	ExecdKey execdtoken.Key `yaml:"-"`
 	// SigningKeys mint signed endpoints (the first is the active one); the gateways
 	// verify with the same keys.
 	SigningKeys []signedurl.Key `yaml:"-"`
@@ -172,6 +178,10 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		return nil, errors.New("cluster: an API key is required (OPEN_SANDBOX_API_KEY); NoAuth only for tests")
 	}
 	cfg = cfg.resolved()
+	if len(cfg.ExecdKey) == 0 {
+		// The same in every replica and gateway that holds the API key.
+		cfg.ExecdKey = execdtoken.FromAPIKey(cfg.APIKey)
+	}
 	cs, err := kubernetes.NewForConfig(cfg.Kube)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
@@ -235,7 +245,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		readyGate, policyGate = g.ready, g.policy
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
-		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey,
+		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey, ExecdKey: cfg.ExecdKey,
 		DefaultAccess: cfg.DefaultAccess, Endpoint: endpoints,
 		Limits:  cfg.Limits,
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,

@@ -16,6 +16,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/egressd/enforcer"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -582,6 +583,25 @@ func TestEgressdExplicitProxy(t *testing.T) {
 		w.waitAudit(t, sb.ID, "the proxy's DNS query", func(r audit.Record) bool {
 			return r.Source == audit.SourceDNS && r.Proto == "proxy" && r.DstHost == "allowed.test" && r.Action == "allow"
 		})
+	}, func(c *Config) { c.ProxyPort = 3128 })
+}
+
+// TestEgressdExplicitProxyRefusesSandboxes: the explicit proxy dials from the host,
+// where the sandbox network's isolation does not apply, so it refuses a sandbox's
+// address as a destination even when the policy allows the sandbox subnet (here with
+// an operator overlay that does not deny it).
+func TestEgressdExplicitProxyRefusesSandboxes(t *testing.T) {
+	w := newWorld(t)
+	_, subnet, _ := w.h.Runtime.Network()
+	policy := fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":%q}]}`, subnet.Masked().String())
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		d.mu.RLock()
+		addr := d.byID[sb.ID].view.Address
+		d.mu.RUnlock()
+		_, got := sh(t, x, fmt.Sprintf("curl -sS -m 3 -x http://%s:3128 http://%s:%d/ping -w ' %%{http_code}'", w.gw, addr, opensandbox.ExecdPort))
+		if !strings.Contains(got, "EGRESS_DENIED") || !strings.HasSuffix(got, " 403") {
+			t.Errorf("a sandbox's execd through the proxy under a policy allowing %s: %q, want 403 EGRESS_DENIED", subnet, got)
+		}
 	}, func(c *Config) { c.ProxyPort = 3128 })
 }
 

@@ -176,6 +176,13 @@ func (p *explicitProxy) decide(r *http.Request, hostport string, def uint16, pro
 	if !dec.Allowed() {
 		return deny(http.StatusForbidden, "EGRESS_DENIED", dec)
 	}
+	// The proxy dials from the host, where the sandbox network's isolation between
+	// sandboxes does not apply: a sandbox's address is never a destination, whatever
+	// the policy allows (the operator overlay denies the sandbox subnets as well).
+	if _, isSandbox := d.lookup(dst); isSandbox {
+		return deny(http.StatusForbidden, "EGRESS_DENIED", policies.Decision{Rule: "proxy",
+			Reason: "the destination is a sandbox: sandboxes never reach each other"})
+	}
 	rec.Action, rec.Rule, rec.Reason, rec.WouldDeny = string(policies.Allow), dec.Rule, dec.Reason, dec.WouldDeny
 	if d.cfg.Audit != nil && pol.ShouldAudit(dec) {
 		d.cfg.Audit.Append(rec)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/airlockdev/airlock/execd"
 	"github.com/airlockdev/airlock/execd/execdtest"
+	"github.com/airlockdev/airlock/opensandbox"
 )
 
 func TestCommandsInSandbox(t *testing.T) {
@@ -184,13 +185,13 @@ func TestAccessTokenInSandbox(t *testing.T) {
 	sb := execdtest.Start(t, execdtest.Options{Flags: []string{"--access-token", "s3cret"}})
 	expect(t, do(t, http.MethodGet, sb.URL+"/ping", nil), http.StatusOK)
 	expectError(t, do(t, http.MethodGet, sb.URL+"/metrics", nil), http.StatusUnauthorized, "UNAUTHORIZED")
-	expectError(t, do(t, http.MethodGet, sb.URL+"/metrics", nil, execd.TokenHeader, "wrong"), http.StatusUnauthorized, "UNAUTHORIZED")
+	expectError(t, do(t, http.MethodGet, sb.URL+"/metrics", nil, opensandbox.HeaderExecdAccessToken, "wrong"), http.StatusUnauthorized, "UNAUTHORIZED")
 	var m execd.Metrics
-	decodeInto(t, do(t, http.MethodGet, sb.URL+"/metrics", nil, execd.TokenHeader, "s3cret", "OPEN-SANDBOX-API-KEY", "ignored"), &m)
+	decodeInto(t, do(t, http.MethodGet, sb.URL+"/metrics", nil, opensandbox.HeaderExecdAccessToken, "s3cret", "OPEN-SANDBOX-API-KEY", "ignored"), &m)
 	if m.CPUCount <= 0 || m.MemTotalMiB <= 0 || m.MemUsedMiB <= 0 || m.Timestamp == 0 {
 		t.Fatalf("metrics %+v", m)
 	}
-	resp := do(t, http.MethodGet, sb.URL+"/metrics/watch", nil, execd.TokenHeader, "s3cret")
+	resp := do(t, http.MethodGet, sb.URL+"/metrics/watch", nil, opensandbox.HeaderExecdAccessToken, "s3cret")
 	st := openStream(t, resp)
 	for i := range 2 {
 		ev, ok := st.next() // Metrics objects decode as events with only a timestamp

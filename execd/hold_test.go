@@ -32,7 +32,7 @@ func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 	do := func(method, path, body, token string) (int, string) {
 		req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
 		if token != "" {
-			req.Header.Set(TokenHeader, token)
+			req.Header.Set(opensandbox.HeaderExecdAccessToken, token)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

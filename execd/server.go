@@ -20,16 +20,14 @@ import (
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
-// TokenHeader carries the access token when execd was given one.
-const TokenHeader = "X-EXECD-ACCESS-TOKEN"
-
 // Config configures a Server. The zero value serves on :44772 (opensandbox.ExecdPort)
 // without a token.
 type Config struct {
 	// Addr is the listen address, ":44772" when empty.
 	Addr string
-	// AccessToken, when set, must arrive in X-EXECD-ACCESS-TOKEN on every request
-	// except GET /ping (liveness stays open).
+	// AccessToken, when set, must arrive in X-EXECD-ACCESS-TOKEN
+	// (opensandbox.HeaderExecdAccessToken) on every request except GET /ping (liveness
+	// stays open); the hold's release (opensandbox.ReleasePath) needs it too.
 	AccessToken string
 	// Workdir is the working directory of commands, sessions and kernels that ask for
 	// none, and the base of relative paths. Default: /workspace when it exists, else /.
@@ -238,9 +236,9 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 			}
 		}()
 		if len(token) > 0 && !(r.Method == http.MethodGet && r.URL.Path == "/ping") {
-			got := []byte(r.Header.Get(TokenHeader))
+			got := []byte(r.Header.Get(opensandbox.HeaderExecdAccessToken))
 			if subtle.ConstantTimeCompare(got, token) != 1 {
-				writeError(w, errorf(ErrUnauthorized, "missing or wrong %s header", TokenHeader))
+				writeError(w, errorf(ErrUnauthorized, "missing or wrong X-EXECD-ACCESS-TOKEN header"))
 				return
 			}
 		}

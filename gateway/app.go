@@ -37,6 +37,7 @@ import (
 	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
@@ -78,6 +79,15 @@ type App struct {
 	// reaches a sandbox.
 	APIKeySHA256 string `json:"api_key_sha256,omitempty"`
 	APIKey       string `json:"api_key,omitempty"`
+
+	// ExecdKey is lifecycle's execd key ("base64:…" or "hex:…", package
+	// internal/execdtoken; placeholders such as {env.AIRLOCK_EXECD_KEY} work): the
+	// gateway derives each sandbox's execd token from it, sends the token to execd (port
+	// 44772) with every request it admits there, and admits a request to that port that
+	// carries the token in X-EXECD-ACCESS-TOKEN (as the endpoint lists it). Without it
+	// the gateway forwards the client's X-EXECD-ACCESS-TOKEN to execd unchecked and
+	// admits by it nothing.
+	ExecdKey string `json:"execd_key,omitempty"`
 
 	// MaxConnsPerSandbox caps the requests and streams in flight to one sandbox (all its
 	// ports together); over the cap the gateway answers 429. 0 means 1024; negative
@@ -121,6 +131,7 @@ type App struct {
 	upstream *upstreamConns
 	keys     *signedurl.Keyring
 	apiKey   *accesstoken.Digest
+	execdKey execdtoken.Key
 	domains  []string
 	maxConns int
 	certs    *certHosts
@@ -234,6 +245,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("airlock: api_key_sha256: %w", err)
 		}
 		a.apiKey = &d
+	}
+
+	if k := repl.ReplaceKnown(a.ExecdKey, ""); k != "" {
+		if a.execdKey, err = execdtoken.ParseKey(k); err != nil {
+			return fmt.Errorf("airlock: execd_key: %w", err)
+		}
 	}
 
 	switch {

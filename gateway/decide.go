@@ -10,6 +10,7 @@ import (
 	"github.com/airlockdev/airlock/gateway/route"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
 )
@@ -38,10 +39,12 @@ type decision struct {
 
 // decider routes and admits requests against a route table. decide performs no I/O.
 type decider struct {
-	table   *routetable.Table
-	keys    *signedurl.Keyring  // nil: no signed routes verify
-	apiKey  *accesstoken.Digest // SHA-256 of lifecycle's API key; nil: the key admits nothing
-	domains []string
+	table  *routetable.Table
+	keys   *signedurl.Keyring  // nil: no signed routes verify
+	apiKey *accesstoken.Digest // SHA-256 of lifecycle's API key; nil: the key admits nothing
+	// execdKey derives execd tokens (App.ExecdKey); empty: they admit nothing.
+	execdKey execdtoken.Key
+	domains  []string
 	// synced reports whether the table holds a complete snapshot; before that an unknown
 	// sandbox is "not loaded yet" (503), not "not found". nil means always synced.
 	synced func() bool
@@ -169,6 +172,15 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		dec.access = "token"
 		return nil, ""
 	}
+	// On execd's port, the sandbox's execd token as its endpoint lists it (the header
+	// OpenSandbox's execd clients send) decides on its own too.
+	if et, ok := h[opensandbox.HeaderExecdAccessToken]; ok && c.Port == opensandbox.ExecdPort && len(d.execdKey) > 0 {
+		if len(et) == 0 || !d.execdKey.Matches(dec.sb.ID, et[0]) {
+			return ErrUnauthorized, "the execd token does not match"
+		}
+		dec.access = "execd_token"
+		return nil, ""
+	}
 	if !c.Signed {
 		switch {
 		case dec.mode == watch.Signed:
@@ -176,7 +188,7 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		case keyPresent:
 			return ErrUnauthorized, "the API key does not match (or this gateway was not given it); send the sandbox's access token or a signed URL"
 		}
-		return ErrUnauthorized, fmt.Sprintf("port %d needs a credential: the sandbox's access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access, as GET /sandboxes/{id}/endpoints/{port} gives in headers), a signed URL or the API key", c.Port)
+		return ErrUnauthorized, fmt.Sprintf("port %d needs a credential: the sandbox's access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access; X-EXECD-ACCESS-TOKEN on port 44772, as GET /sandboxes/{id}/endpoints/{port} gives in headers), a signed URL or the API key", c.Port)
 	}
 	// The tag covers the sandbox's signed-URL epoch: lifecycle revokes every signed URL of
 	// the sandbox by bumping it (POST /sandboxes/{id}/signed-urls/revoke).

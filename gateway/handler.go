@@ -42,11 +42,13 @@ const (
 // execd 44772 and the egress API 18080 are always token ports), take a connection slot
 // under the per-sandbox cap, send a throttled renew intent if the sandbox opted in, strip
 // the gateway's headers (OpenSandbox-Ingress-To, X-Airlock-Sandbox, X-Airlock-Port,
-// X-Airlock-Access-Token, OpenSandbox-Secure-Access, OPEN-SANDBOX-API-KEY) and the path
-// prefix of path forms (X-Forwarded-Prefix tells the app what was stripped), then proxy.
-// Path forms share one browser origin and are hardened (pathform.go): service worker
-// scripts are refused (403), and responses lose Service-Worker-Allowed, get cookies
-// scoped to the route's prefix and a CSP sandbox on documents. Denials are JSON {code, message, requestId}
+// X-Airlock-Access-Token, OpenSandbox-Secure-Access, OPEN-SANDBOX-API-KEY, and
+// X-EXECD-ACCESS-TOKEN except on execd's port, where the gateway sets the sandbox's own
+// when it has the execd key) and the path prefix of path forms (X-Forwarded-Prefix tells
+// the app what was stripped), then proxy. Path forms share one browser origin and are
+// hardened (pathform.go): service worker scripts are refused (403), and responses lose
+// Service-Worker-Allowed, get cookies scoped to the route's prefix and a CSP sandbox on
+// documents. Denials are JSON {code, message, requestId}
 // with statuses 400, 401, 403, 404, 410, 429 or 503 (with Retry-After); an unreachable
 // upstream is 502. Every response carries X-Request-Id (the client's, when it sent a
 // sane one). A request in flight to a sandbox that is deleted is cut off.
@@ -95,7 +97,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.dec = decider{table: h.app.table, keys: h.app.keys, apiKey: h.app.apiKey, domains: domains}
+	h.dec = decider{table: h.app.table, keys: h.app.keys, apiKey: h.app.apiKey, execdKey: h.app.execdKey, domains: domains}
 	if h.app.watcher != nil {
 		h.dec.synced = func() bool { return h.app.watcher.Status().Synced }
 	}
@@ -163,6 +165,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		delete(r.Header, k)
 	}
 	delete(r.Header, "X-Forwarded-Prefix")
+	// execd's credential reaches execd only, and the gateway's own when it has the key.
+	if dec.cand.Port != opensandbox.ExecdPort {
+		delete(r.Header, opensandbox.HeaderExecdAccessToken)
+	} else if tok := h.app.execdKey.Derive(dec.sb.ID); tok != "" {
+		r.Header[opensandbox.HeaderExecdAccessToken] = []string{tok}
+	}
 	if dec.cand.Prefix != "" {
 		setEscapedPath(r.URL, dec.cand.Rest(r.URL.EscapedPath()))
 		r.Header["X-Forwarded-Prefix"] = []string{dec.cand.Prefix}

@@ -30,6 +30,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/logging"
 
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 )
 
 // Defaults of an embedded gateway (`airlock up`).
@@ -75,6 +76,9 @@ type Config struct {
 	// are admitted on token ports (App.APIKeySHA256). Only the digest enters the gateway's
 	// configuration, so no dump or log of it holds the key. Empty: the key admits nothing.
 	APIKeySHA256 string
+	// ExecdKey is lifecycle's execd key (App.ExecdKey): the gateway derives each
+	// sandbox's execd token from it. Empty: execd tokens admit nothing here.
+	ExecdKey execdtoken.Key
 	// MaxConnsPerSandbox: 0 means 1024, negative means no cap.
 	MaxConnsPerSandbox int
 	// RenewURL (with "{id}") and RenewHeader enable renew-on-access, for example
@@ -198,6 +202,9 @@ func (s *Server) appConfig() App {
 	}
 	if c.WatchURL != "" {
 		app.Watch = &WatchConfig{URL: c.WatchURL, Headers: c.WatchHeader}
+	}
+	if len(c.ExecdKey) > 0 {
+		app.ExecdKey = c.ExecdKey.String()
 	}
 	for _, k := range c.SigningKeys {
 		app.SigningKeys = append(app.SigningKeys, SigningKey{ID: k.ID, Secret: "base64:" + base64.StdEncoding.EncodeToString(k.Secret)})

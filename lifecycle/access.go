@@ -21,6 +21,12 @@ import (
 // under opensandbox.HeaderAccessToken.
 const AccessTokenHeader = "OpenSandbox-Secure-Access"
 
+// ExecdTokenHeader is the header under which the endpoint of execd's port lists the
+// sandbox's execd token, spelled as OpenSandbox's execd API and SDKs spell it
+// (execd-api.yaml, securitySchemes AccessToken); requests arrive with it as
+// opensandbox.HeaderExecdAccessToken.
+const ExecdTokenHeader = "X-EXECD-ACCESS-TOKEN"
+
 // newAccessToken returns a sandbox access token: 256 random bits as 64 hex digits.
 func newAccessToken() string { return randomHex(32) }
 
@@ -105,7 +111,8 @@ type proxySandbox struct {
 // admit decides whether r may use the server proxy to port of sandbox id: the API key
 // or the gateway key admits any sandbox; the sandbox's own access token (header
 // OpenSandbox-Secure-Access or X-Airlock-Access-Token) admits that sandbox only and,
-// when present, decides on its own (a wrong token is refused). With no API key
+// when present, decides on its own (a wrong token is refused); so does its execd token
+// (X-EXECD-ACCESS-TOKEN) for execd's port. With no API key
 // configured (--no-auth) a request without a token passes on public ports only: execd
 // and the egress API always need the token. Refusals wrap ErrAccessDenied (401).
 func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbox) error {
@@ -123,10 +130,18 @@ func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbo
 		}
 		return fmt.Errorf("%w: the access token does not match sandbox %s", ErrAccessDenied, id)
 	}
+	// The execd token (as the endpoint of execd's port lists it, OpenSandbox's header)
+	// admits that port of its own sandbox only, and decides on its own too.
+	if et, ok := r.Header[opensandbox.HeaderExecdAccessToken]; ok && sb.found && port == p.rules.execdPort {
+		if len(et) > 0 && p.execdKey.Matches(id, et[0]) {
+			return nil
+		}
+		return fmt.Errorf("%w: the execd token does not match sandbox %s", ErrAccessDenied, id)
+	}
 	if p.apiKey == "" && (!sb.found || p.rules.portMode(sb.secure, port) == watch.Public) {
 		return nil
 	}
-	return fmt.Errorf("%w: port %d of sandbox %s needs its access token (%s, as GET /sandboxes/%s/endpoints/%d gives in headers) or OPEN-SANDBOX-API-KEY",
+	return fmt.Errorf("%w: port %d of sandbox %s needs its access token (%s, or X-EXECD-ACCESS-TOKEN for execd's port, as GET /sandboxes/%s/endpoints/%d gives in headers) or OPEN-SANDBOX-API-KEY",
 		ErrAccessDenied, port, id, AccessTokenHeader, id, port)
 }
 

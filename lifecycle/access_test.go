@@ -55,12 +55,20 @@ func (c *client) endpoint(id, port string) lifecycle.Endpoint {
 	return ep
 }
 
-// token returns the access token an endpoint hands out (64 hex digits), failing without.
+// token returns the access token an endpoint hands out (64 hex digits), failing without;
+// execd's endpoint also lists the execd token (43 characters), others nothing else.
 func token(t *testing.T, ep lifecycle.Endpoint) string {
 	t.Helper()
 	tok := ep.Headers[lifecycle.AccessTokenHeader]
-	if len(tok) != 64 || len(ep.Headers) != 1 {
-		t.Fatalf("endpoint %+v: want exactly the %s header with a 64-digit token", ep, lifecycle.AccessTokenHeader)
+	want := 1
+	if strings.HasSuffix(ep.Endpoint, "/44772") {
+		if et := ep.Headers[lifecycle.ExecdTokenHeader]; len(et) != 43 {
+			t.Fatalf("execd endpoint %+v: no %s header with a 43-character token", ep, lifecycle.ExecdTokenHeader)
+		}
+		want = 2
+	}
+	if len(tok) != 64 || len(ep.Headers) != want {
+		t.Fatalf("endpoint %+v: want the %s header with a 64-digit token (and for execd %s only)", ep, lifecycle.AccessTokenHeader, lifecycle.ExecdTokenHeader)
 	}
 	return tok
 }

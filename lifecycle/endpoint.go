@@ -42,6 +42,7 @@ func ServerProxyEndpoint(host, id string, port int) string {
 // /sandboxes/{id}/endpoints/{port}): the configured EndpointFunc, or this server's
 // proxy. For a token port (execd, the egress API, any port of a secureAccess sandbox or
 // under DefaultAccess token) Headers carries the access token under AccessTokenHeader;
+// the endpoint of execd's port adds the sandbox's execd token under ExecdTokenHeader;
 // a signed endpoint carries its own credential and no headers. Signed endpoints
 // (Expires) need an EndpointFunc that mints them (the gateway's): without one they are
 // 501.
@@ -81,6 +82,12 @@ func (s *Server) Endpoint(er EndpointRequest) (Endpoint, error) {
 	}
 	if token != "" && er.Expires == nil && s.rules.portMode(secure, er.Port) == watch.Token {
 		ep.Headers = map[string]string{AccessTokenHeader: token}
+		if er.Port == s.cfg.ExecdPort {
+			// OpenSandbox's execd clients send only this one (NewExecdClient(endpoint,
+			// headers["X-EXECD-ACCESS-TOKEN"])): the gateway and the server proxy accept
+			// it for this port of this sandbox.
+			ep.Headers[ExecdTokenHeader] = s.cfg.ExecdKey.Derive(er.ID)
+		}
 	}
 	return ep, nil
 }

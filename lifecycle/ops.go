@@ -96,6 +96,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			return out, nil
 		}
 	}
+	v.spec.ExecdToken = s.cfg.ExecdKey.Derive(id)
 	inst, err := s.rt.Create(rctx, v.spec)
 	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {
 		err = fmt.Errorf("%w (this server serves %s from the local image %s: images.aliases)", err, asked, v.spec.Image)

@@ -139,7 +139,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 			env = map[string]string{}
 		}
 		maps.Copy(env, v.spec.Env)
-		err = s.releaseWith(rec.Address, opensandbox.Release{Env: env, Entrypoint: v.spec.Entrypoint})
+		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: env, Entrypoint: v.spec.Entrypoint})
 	}
 	if err != nil {
 		s.log.Warn("warm pool member failed at claim; serving the create cold", "pool", p.spec.Name, "sandbox_id", rec.ID, "err", err)
@@ -182,8 +182,8 @@ func (s *Server) awaitEnforced(ctx context.Context, id string, v uint64) error {
 	return nil
 }
 
-// releaseWith releases a held member's execd with rel.
-func (s *Server) releaseWith(addr interface{ String() string }, rel opensandbox.Release) error {
+// releaseWith releases held sandbox id's execd at addr with rel.
+func (s *Server) releaseWith(id string, addr interface{ String() string }, rel opensandbox.Release) error {
 	body, err := json.Marshal(rel)
 	if err != nil {
 		return err
@@ -193,6 +193,7 @@ func (s *Server) releaseWith(addr interface{ String() string }, rel opensandbox.
 	url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort)) + opensandbox.ReleasePath
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(opensandbox.HeaderExecdAccessToken, s.cfg.ExecdKey.Derive(id))
 	resp, err := s.ping.Do(req)
 	if err != nil {
 		return err
@@ -273,7 +274,7 @@ func (s *Server) warmOne(p *pool) (*record, error) {
 	defer cancel()
 	inst, err := s.rt.Create(ctx, Spec{
 		SandboxID: id, Image: p.image, Entrypoint: []string{"tail", "-f", "/dev/null"}, Env: map[string]string{},
-		NanoCPUs: p.nano, MemoryBytes: p.mem, Pids: p.pids, Hold: true,
+		NanoCPUs: p.nano, MemoryBytes: p.mem, Pids: p.pids, Hold: true, ExecdToken: s.cfg.ExecdKey.Derive(id),
 	})
 	if err != nil {
 		return nil, err

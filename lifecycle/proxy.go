@@ -14,18 +14,23 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
 // strippedHeaders never reach a sandbox through the proxy: they are the platform's
-// credentials, not the sandbox's.
-var strippedHeaders = []string{opensandbox.HeaderAPIKey, opensandbox.HeaderSecureAccess, opensandbox.HeaderAccessToken}
+// credentials, not the sandbox's. The execd token is set again, by the proxy, on
+// requests to execd's port only.
+var strippedHeaders = []string{opensandbox.HeaderAPIKey, opensandbox.HeaderSecureAccess, opensandbox.HeaderAccessToken,
+	opensandbox.HeaderExecdAccessToken}
 
 type proxyTargetKey struct{}
 
 type proxyTarget struct {
 	host    string // ip:port
 	rawPath string // escaped path below the proxy prefix, starting with /
+	// execdToken is sent in X-EXECD-ACCESS-TOKEN ("" for ports other than execd's).
+	execdToken string
 }
 
 // serverProxy serves /sandboxes/{id}/proxy/{port}/… (the OpenSandbox server proxy):
@@ -40,7 +45,10 @@ type serverProxy struct {
 	rules accessRules
 	// apiKey and gatewayKey are Config.APIKey and Config.GatewayKey.
 	apiKey, gatewayKey string
-	egressAPI          *policyAPI
+	// execdKey is Config.ExecdKey: it derives the token sent to (and accepted for)
+	// execd's port.
+	execdKey  execdtoken.Key
+	egressAPI *policyAPI
 	// audit receives a record per refusal; nil means none.
 	audit interface{ Append(audit.Record) }
 	log   *slog.Logger
@@ -81,12 +89,19 @@ func (p *serverProxy) newProxy() {
 			for _, h := range strippedHeaders {
 				pr.Out.Header.Del(h)
 			}
+			if t.execdToken != "" {
+				pr.Out.Header.Set(opensandbox.HeaderExecdAccessToken, t.execdToken)
+			}
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the client went away
 			}
-			fail(p.log, w, r, fmt.Errorf("%w: %v", ErrUpstream, err))
+			// The client learns that the sandbox did not answer, never where the proxy
+			// dialled (the sandbox's address): that detail goes to the log.
+			p.log.Warn("server proxy: the sandbox did not answer", "sandbox_id", r.PathValue("id"), "port", r.PathValue("port"),
+				"request_id", r.Header.Get(opensandbox.HeaderRequestID), "err", err)
+			fail(p.log, w, r, fmt.Errorf("%w on port %s", ErrUpstream, r.PathValue("port")))
 		},
 	}
 }
@@ -150,6 +165,9 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 		rest = "/" + rest
 	}
 	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest}
+	if port == p.rules.execdPort {
+		t.execdToken = p.execdKey.Derive(id)
+	}
 	// Full duplex: an upstream may answer before the transport has finished reading the
 	// request body (execd answers as soon as it has parsed it); without this the HTTP/1
 	// server closes the body when the response starts and the upstream write fails.

@@ -44,7 +44,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				gated = s.cfg.ReadyGate(id)
 			}
 			if base != "" && gated && s.pingOnce(base+"/ping") {
-				if releaseErr = s.release(base + opensandbox.ReleasePath); releaseErr == nil {
+				if releaseErr = s.release(id, base+opensandbox.ReleasePath); releaseErr == nil {
 					s.markReady(id, opensandbox.Running, "ready", "execd answers")
 					return
 				}
@@ -117,12 +117,13 @@ func (s *Server) discoverAddress(id string) netip.Addr {
 	return in.Address
 }
 
-// release ends execd's hold. An execd that does not know the path (404: an image's
-// own execd, a test stub) holds nothing.
-func (s *Server) release(url string) error {
+// release ends sandbox id's execd's hold (with its execd token). An execd that does
+// not know the path (404: an image's own execd, a test stub) holds nothing.
+func (s *Server) release(id, url string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	req.Header.Set(opensandbox.HeaderExecdAccessToken, s.cfg.ExecdKey.Derive(id))
 	resp, err := s.ping.Do(req)
 	if err != nil {
 		return err

@@ -61,6 +61,11 @@ type Spec struct {
 	// sandbox's egress is enforced (Config.ReadyGate), so no process of the user runs
 	// unfiltered. The Server sets it on every create.
 	Hold bool
+	// ExecdToken, when set, is the sandbox's execd credential (package
+	// internal/execdtoken): the runtime hands it to execd through a file execd reads and
+	// removes at start (execd --access-token-file), never through the environment, so
+	// execd then requires it in X-EXECD-ACCESS-TOKEN on every request but GET /ping.
+	ExecdToken string
 	// Egress is what the sandbox's compiled policy allows, for runtimes that add a
 	// second network layer (Kubernetes: a NetworkPolicy per sandbox). egressd stays the
 	// enforcement of record.

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
 )
@@ -46,6 +47,13 @@ type Config struct {
 	// sends it when it forwards a request it has already admitted (sandbox port 18080,
 	// whose egress API lifecycle answers). airlock up makes a random one per start.
 	GatewayKey string
+	// ExecdKey derives every sandbox's execd token (package internal/execdtoken): the
+	// runtime delivers it into the sandbox (Spec.ExecdToken), this server sends it on its
+	// server proxy to execd's port and on the release calls, and the endpoint of that
+	// port lists it under X-EXECD-ACCESS-TOKEN. The gateway must derive with the same
+	// key. Empty: New makes a random one, so sandboxes created before a restart no longer
+	// answer this server (airlock up stores its key in the state directory).
+	ExecdKey execdtoken.Key
 	// DefaultAccess is the admission mode of sandbox ports other than execd's and the
 	// egress API's (always watch.Token): watch.Public (the default, also for "") or
 	// watch.Token. A sandbox created with secureAccess is token on every port. The data
@@ -206,6 +214,9 @@ func New(cfg Config) (*Server, error) {
 	default:
 		return nil, fmt.Errorf("lifecycle: default access %q: want public or token", cfg.DefaultAccess)
 	}
+	if len(cfg.ExecdKey) == 0 {
+		cfg.ExecdKey = execdtoken.NewKey()
+	}
 	cfg.Limits.setDefaults()
 	pools, err := newPools(cfg.Pools, cfg.Limits, cfg.ImageAliases)
 	if err != nil {
@@ -240,7 +251,7 @@ func New(cfg Config) (*Server, error) {
 		audit: cfg.Audit, gate: cfg.PolicyGate, timeout: cfg.PolicyApplyTimeout, log: cfg.Log,
 	}
 	s.proxy = &serverProxy{
-		reg: s, rules: s.rules, apiKey: cfg.APIKey, gatewayKey: cfg.GatewayKey,
+		reg: s, rules: s.rules, apiKey: cfg.APIKey, gatewayKey: cfg.GatewayKey, execdKey: cfg.ExecdKey,
 		egressAPI: s.policies, audit: cfg.Audit, log: cfg.Log,
 	}
 	s.proxy.newProxy()

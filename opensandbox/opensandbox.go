@@ -34,6 +34,11 @@ const (
 	HeaderSecureAccess = "Opensandbox-Secure-Access"
 	// HeaderIngressTo routes a gateway request to "<id>-<port>" (OpenSandbox ingress).
 	HeaderIngressTo = "Opensandbox-Ingress-To"
+	// HeaderExecdAccessToken carries a sandbox's execd credential (execd-api.yaml,
+	// securitySchemes AccessToken: X-EXECD-ACCESS-TOKEN). OpenSandbox SDKs send it to
+	// execd as the endpoint of port 44772 lists it; Airlock's gateway and server proxy
+	// accept it for that port of that sandbox and send it upstream themselves.
+	HeaderExecdAccessToken = "X-Execd-Access-Token"
 	// HeaderAccessToken is Airlock's own header for a sandbox's access token.
 	HeaderAccessToken = "X-Airlock-Access-Token"
 	// HeaderSandbox and HeaderPort route a gateway request (Airlock's header form).

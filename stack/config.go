@@ -92,7 +92,8 @@ type Config struct {
 	// default: the Host the client used.
 	PublicAddr string `yaml:"publicAddr"`
 	// StateDir holds the store (lifecycle.db), the generated API key (api-key), the
-	// signed-route key and, by default, the audit log and its signing key; default
+	// signed-route key, the execd key (execd-key: every sandbox's execd token derives
+	// from it) and, by default, the audit log and its signing key; default
 	// DefaultStateDir (/var/lib/airlock).
 	StateDir string `yaml:"stateDir"`
 	// APIKey, when set, is the API key; otherwise one is generated on first start and

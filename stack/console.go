@@ -29,7 +29,7 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	}
 	ov := policies.BaseOverlay()
 	if !s.cfg.Egress.Disabled {
-		if ov, err = s.cfg.Egress.Overlay(); err != nil { // as egressd compiles policies
+		if ov, err = s.egressConfig().Overlay(); err != nil { // as egressd compiles policies
 			return nil, nil, err
 		}
 	}

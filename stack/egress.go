@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -17,7 +18,7 @@ func (s *Stack) startEgress(ctx context.Context) error {
 	if !gw.IsValid() {
 		return fmt.Errorf("the Docker network has no gateway address for the DNS filter")
 	}
-	e := s.cfg.Egress
+	e := s.egressConfig()
 	e.WatchURL = "http://" + loopbackAddr(s.Addr) + "/internal/v1/watch"
 	e.APIKey = s.APIKey
 	e.DNSListen = netip.AddrPortFrom(gw, 53).String()
@@ -48,6 +49,23 @@ func (s *Stack) startEgress(ctx context.Context) error {
 		s.log.Warn("egressd has not received the sandbox list yet; it keeps trying")
 	}
 	return nil
+}
+
+// egressConfig is the egress configuration with the Airlock network's subnets (IPv4
+// and IPv6) added to the operator overlay's denies: sandboxes never reach each other,
+// whatever a policy allows (Docker's inter-container block does not cover what
+// egressd's explicit proxy dials from the host).
+func (s *Stack) egressConfig() EgressdConfig {
+	e := s.cfg.Egress
+	e.Deny = slices.Clone(e.Deny)
+	_, subnet, _ := s.Docker.Network()
+	subnet6, _ := s.Docker.Network6()
+	for _, p := range []netip.Prefix{subnet, subnet6} {
+		if p.IsValid() {
+			e.Deny = append(e.Deny, p.Masked().String())
+		}
+	}
+	return e
 }
 
 // proxyEnv is the environment that points a sandbox's HTTP clients at egressd's

@@ -64,6 +64,7 @@ func (s *Stack) startGateway(context.Context) error {
 	g.WatchURL = api + "/internal/v1/watch"
 	g.APIKey = s.APIKey
 	g.SigningKeys = []signedurl.Key{key}
+	g.ExecdKey = s.execdKey
 	g.RenewURL = api + "/v1/sandboxes/{id}/renew-expiration"
 	g.EgressAPI, g.EgressAPIKey = loopbackAddr(s.Addr), s.gatewayKey
 	g.DataDir = filepath.Join(s.cfg.StateDir, "caddy")

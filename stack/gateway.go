@@ -17,6 +17,7 @@ import (
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
@@ -85,7 +86,10 @@ type GatewayConfig struct {
 	// SigningKeys verify signed routes; ActiveKey names the minting one (default the
 	// first). airlock up: its SigningKey.
 	SigningKeys []signedurl.Key `yaml:"-"`
-	ActiveKey   string          `yaml:"-"`
+	// ExecdKey is lifecycle's execd key (gateway.App.ExecdKey): the gateway derives
+	// every sandbox's execd token from it. airlock up: its own (<stateDir>/execd-key).
+	ExecdKey  execdtoken.Key `yaml:"-"`
+	ActiveKey string         `yaml:"-"`
 	// RenewURL is lifecycle's renew-on-access endpoint with "{id}"; empty: off.
 	RenewURL string `yaml:"-"`
 	// EgressAPI is lifecycle's host:port that answers sandbox port 18080 (the
@@ -200,6 +204,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		WatchURL:           cfg.WatchURL,
 		WatchHeader:        cfg.WatchHeader.Clone(),
 		SigningKeys:        cfg.SigningKeys,
+		ExecdKey:           cfg.ExecdKey,
 		ActiveKey:          cfg.ActiveKey,
 		MaxConnsPerSandbox: cfg.MaxConnsPerSandbox,
 		RenewURL:           cfg.RenewURL,

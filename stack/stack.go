@@ -33,6 +33,7 @@ import (
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/vault"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
@@ -69,6 +70,7 @@ type Stack struct {
 
 	endpoints    atomic.Pointer[signedurl.Endpoints] // set once the gateway runs
 	gatewayKey   string                              // see startLifecycle
+	execdKey     execdtoken.Key                      // see startLifecycle
 	stopEgressFn func()
 	// stopPoliciesFn stops the policy library's directory watch.
 	stopPoliciesFn func()
@@ -246,11 +248,18 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		}
 		s.gatewayKey = "gk_" + base64.RawURLEncoding.EncodeToString(r[:])
 	}
+	// Every sandbox's execd token derives from this key (lifecycle and the gateway),
+	// generated once and kept in the state directory so sandboxes outlive restarts.
+	var err error
+	if s.execdKey, err = execdtoken.LoadOrCreate(filepath.Join(s.cfg.StateDir, "execd-key")); err != nil {
+		return err
+	}
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime:       s.Docker,
 		Store:         s.Store,
 		APIKey:        s.APIKey,
 		GatewayKey:    s.gatewayKey,
+		ExecdKey:      s.execdKey,
 		DefaultAccess: watch.AccessMode(s.cfg.Gateway.DefaultAccess),
 		PublicAddr:    s.cfg.PublicAddr,
 		Limits: lifecycle.Limits{

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/airlockdev/airlock/gateway"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/stack"
 )
 
@@ -21,6 +23,7 @@ import (
 type gatewayFlags struct {
 	cfg                       stack.GatewayConfig
 	watchHeaders, signingKeys []string
+	execdKey                  string
 	logLevel                  string
 }
 
@@ -108,6 +111,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringArrayVar(&gf.watchHeaders, "watch-header", nil, "extra header for the watch stream, \"Name: value\" (repeatable)")
 	f.StringVar(&c.APIKey, "api-key", c.APIKey, "lifecycle API key sent as OPEN-SANDBOX-API-KEY to the watch and renew endpoints and accepted from clients on token ports (default $OPEN_SANDBOX_API_KEY)")
 	f.StringArrayVar(&gf.signingKeys, "signing-key", nil, "signed-route key <id>=base64:<secret> or <id>=hex:<secret>, id one of [0-9a-z] (repeatable; default $AIRLOCK_SIGNING_KEYS)")
+	f.StringVar(&gf.execdKey, "execd-key", "", "lifecycle's execd key, base64:<secret> or hex:<secret>: the gateway derives each sandbox's execd token from it, sends it to port 44772 and accepts it in X-EXECD-ACCESS-TOKEN (default $AIRLOCK_EXECD_KEY, else derived from the API key as airlock lifecycle does)")
 	f.StringVar(&c.ActiveKey, "active-key", c.ActiveKey, "id of the key that mints (default: the first)")
 	f.IntVar(&c.MaxConnsPerSandbox, "max-conns-per-sandbox", c.MaxConnsPerSandbox, "requests and streams in flight per sandbox (negative: no cap); airlock.yaml gateway.maxConnsPerSandbox")
 	f.StringVar(&c.RenewURL, "renew-url", c.RenewURL, "renew-on-access endpoint with {id}, e.g. http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration (empty: off)")
@@ -143,6 +147,14 @@ func (gf *gatewayFlags) config() (stack.GatewayConfig, error) {
 			return c, err
 		}
 		c.SigningKeys = append(c.SigningKeys, k)
+	}
+	if k := cmp.Or(gf.execdKey, os.Getenv("AIRLOCK_EXECD_KEY")); k != "" {
+		var err error
+		if c.ExecdKey, err = execdtoken.ParseKey(k); err != nil {
+			return c, err
+		}
+	} else {
+		c.ExecdKey = execdtoken.FromAPIKey(c.APIKey) // as airlock lifecycle does
 	}
 	return c.Resolved()
 }

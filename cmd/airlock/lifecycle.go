@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/gateway/signedurl"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 )
 
 // lifecycleFlags are the flags of `airlock lifecycle`: they fill a cluster.Config and
@@ -51,7 +52,9 @@ Pause and resume answer 501 on Kubernetes. Warm pools and the Credential Vault n
 'airlock up' (one host).
 
 Secrets come from the environment: OPEN_SANDBOX_API_KEY (required unless --no-auth),
-AIRLOCK_GATEWAY_KEY (what gateways send for sandbox port 18080) and
+AIRLOCK_GATEWAY_KEY (what gateways send for sandbox port 18080),
+AIRLOCK_EXECD_KEY (base64:… or hex:…: every sandbox's execd token derives from it; the
+gateways need the same; default: derived from the API key) and
 AIRLOCK_SIGNING_KEYS (comma-separated --signing-key values). In a pod, the Kubernetes
 client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 		Example: `  OPEN_SANDBOX_API_KEY=... airlock lifecycle --namespace airlock-sandboxes \
@@ -131,6 +134,14 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 	}
 	c.APIKey = os.Getenv("OPEN_SANDBOX_API_KEY")
 	c.GatewayKey = os.Getenv("AIRLOCK_GATEWAY_KEY")
+	// Every replica and gateway derives the same sandbox execd tokens: from
+	// AIRLOCK_EXECD_KEY, else (cluster.Start) from the API key they all hold.
+	if k := os.Getenv("AIRLOCK_EXECD_KEY"); k != "" {
+		var err error
+		if c.ExecdKey, err = execdtoken.ParseKey(k); err != nil {
+			return c, fmt.Errorf("AIRLOCK_EXECD_KEY: %w", err)
+		}
+	}
 	c.DNS = nil
 	for _, s := range lf.dns {
 		a, err := netip.ParseAddr(s)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,6 +39,9 @@ func main() {
 	host := fs.String("host", os.Getenv("EXECD_HOST"), "address to listen on; all interfaces when empty (env EXECD_HOST)")
 	token := fs.String("access-token", os.Getenv("EXECD_ACCESS_TOKEN"),
 		"when set, every request but GET /ping must carry it in X-EXECD-ACCESS-TOKEN (env EXECD_ACCESS_TOKEN)")
+	tokenFile := fs.String("access-token-file", os.Getenv("EXECD_ACCESS_TOKEN_FILE"),
+		"read the access token from `FILE` and remove the file before anything else starts, so the token lives only in execd's memory "+
+			"(the runtimes deliver each sandbox's token this way); execd refuses to serve when the file cannot be read (env EXECD_ACCESS_TOKEN_FILE)")
 	logLevel := fs.String("log-level", envOr("EXECD_LOG_LEVEL", "info"), "debug, info, warn or error (env EXECD_LOG_LEVEL)")
 	workdir := fs.String("workdir", os.Getenv("EXECD_WORKDIR"),
 		"working directory of commands and base of relative paths; /workspace when it exists, else / (env EXECD_WORKDIR)")
@@ -47,6 +51,7 @@ func main() {
 			"until POST "+opensandbox.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
 	version := fs.Bool("version", false, "print the version and exit")
 	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
+	installToken := fs.String("install-token", "", "write the access token ($EXECD_ACCESS_TOKEN) to `FILE` (mode 0444, in a folder the sandbox's execd may remove it from) and exit, after --install when both are given: the Kubernetes runtime's init container delivers each sandbox's token this way, for --access-token-file")
 	installTrustDir := fs.String("install-trust", "", "write `DIR`/"+trustBundleName+" (the image's "+systemBundle+" plus the PEM CA certificates in $AIRLOCK_TRUSTED_CA) and DIR/"+trustExtraName+" (the CAs alone), then exit: the Kubernetes runtime's trust init container")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -61,6 +66,7 @@ func main() {
 	// Commands, sessions, kernels and the entrypoint inherit the environment: the token
 	// must not reach them.
 	os.Unsetenv("EXECD_ACCESS_TOKEN")
+	os.Unsetenv("EXECD_ACCESS_TOKEN_FILE")
 	if *version {
 		fmt.Println("execd", buildinfo.Version)
 		return
@@ -72,10 +78,24 @@ func main() {
 		}
 		return
 	}
-	if *install != "" {
-		if err := installSelf(*install); err != nil {
-			fmt.Fprintln(os.Stderr, "execd:", err)
-			os.Exit(1)
+	if *install != "" || *installToken != "" {
+		if *install != "" {
+			if err := installSelf(*install); err != nil {
+				fmt.Fprintln(os.Stderr, "execd:", err)
+				os.Exit(1)
+			}
+		}
+		if *installToken != "" {
+			// Readable by any user: the sandbox's execd may run as another user than this
+			// init container; it removes the file before anything else starts.
+			if strings.TrimSpace(*token) == "" {
+				fmt.Fprintln(os.Stderr, "execd: --install-token: $EXECD_ACCESS_TOKEN is empty")
+				os.Exit(1)
+			}
+			if err := writeFile(*installToken, []byte(*token), 0o444); err != nil {
+				fmt.Fprintln(os.Stderr, "execd: install-token:", err)
+				os.Exit(1)
+			}
 		}
 		return
 	}
@@ -94,20 +114,30 @@ func main() {
 		os.Exit(2)
 	}
 
+	var tokenErr error
+	if *tokenFile != "" {
+		*token, tokenErr = readTokenFile(*tokenFile)
+	}
 	procs := &execd.Procs{}
 	var held *execd.Hold
 	if *hold {
 		held = &execd.Hold{}
 	}
-	srv, err := execd.New(execd.Config{
-		Hold:        held,
-		Addr:        net.JoinHostPort(*host, strconv.Itoa(*port)),
-		AccessToken: *token,
-		Workdir:     *workdir,
-		Logger:      logger,
-		Procs:       procs,
-	})
+	var srv *execd.Server
+	err := tokenErr
+	if err == nil {
+		srv, err = execd.New(execd.Config{
+			Hold:        held,
+			Addr:        net.JoinHostPort(*host, strconv.Itoa(*port)),
+			AccessToken: *token,
+			Workdir:     *workdir,
+			Logger:      logger,
+			Procs:       procs,
+		})
+	}
 	if err != nil {
+		// Without its token execd serves nothing (fail closed): a held sandbox then never
+		// starts its entrypoint.
 		logger.Error("execd configuration", "err", err)
 		if !*execMode {
 			os.Exit(1)
@@ -164,6 +194,23 @@ func main() {
 	case <-time.After(3 * time.Second):
 	}
 	os.Exit(code)
+}
+
+// readTokenFile returns the token in path (surrounding space trimmed) and removes the
+// file, so that nothing started later (the entrypoint, commands) can read it there.
+func readTokenFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("access token file: %w", err)
+	}
+	if err := os.Remove(path); err != nil {
+		return "", fmt.Errorf("access token file: removing it: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("access token file %s is empty", path)
+	}
+	return tok, nil
 }
 
 func envOr(key, def string) string {

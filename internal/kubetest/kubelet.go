@@ -320,6 +320,9 @@ func (k *Kubelet) sync(ctx context.Context, name string) error {
 		if err != nil {
 			return k.setFailed(ctx, pod, "InvalidPod", err)
 		}
+		if spec.ExecdToken, err = k.execdToken(ctx, pod); err != nil {
+			return err // as a kubelet: retried until the Secret exists
+		}
 		// Never a pull: test traffic stays on this machine.
 		if _, err := k.cli.ImageInspect(ctx, spec.Image); err != nil {
 			return k.setFailed(ctx, pod, "ErrImagePull",
@@ -397,6 +400,26 @@ func (k *Kubelet) setFailed(ctx context.Context, pod *corev1.Pod, reason string,
 		return fmt.Errorf("reporting pod %s failed: %w", pod.Name, err)
 	}
 	return nil
+}
+
+// execdToken is the execd token the pod's init containers take from a Secret
+// (environment variable EXECD_ACCESS_TOKEN, valueFrom secretKeyRef), "" when none: the
+// Docker runtime then delivers it as it does on one host.
+func (k *Kubelet) execdToken(ctx context.Context, pod *corev1.Pod) (string, error) {
+	for _, c := range pod.Spec.InitContainers {
+		for _, e := range c.Env {
+			if e.Name != "EXECD_ACCESS_TOKEN" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+				continue
+			}
+			ref := e.ValueFrom.SecretKeyRef
+			sec, err := k.env.Client.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+			if err != nil {
+				return "", fmt.Errorf("pod %s: the execd token Secret %s: %w", pod.Name, ref.Name, err)
+			}
+			return string(sec.Data[ref.Key]), nil
+		}
+	}
+	return "", nil
 }
 
 // podSpec maps an Airlock sandbox pod to the Docker runtime's spec, the pod's image

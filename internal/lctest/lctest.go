@@ -21,6 +21,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
@@ -181,7 +182,14 @@ func New(t testing.TB, o Options) *Harness {
 	if err := rt.Setup(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The execd key lives with the state, like airlock up's, so that a restarted server
+	// still reaches the sandboxes it adopts.
+	execdKey, err := execdtoken.LoadOrCreate(filepath.Join(o.StateDir, "execd-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := lifecycle.New(lifecycle.Config{
+		ExecdKey:        execdKey,
 		Log:             serverLog,
 		Runtime:         rt,
 		Store:           store,

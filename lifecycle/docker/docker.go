@@ -36,11 +36,15 @@ const (
 )
 
 // execdArgs is execd's command line in front of the user's entrypoint.
-func execdArgs(hold bool) []string {
+func execdArgs(hold, token bool) []string {
+	args := []string{ExecdPath, "--exec"}
 	if hold {
-		return []string{ExecdPath, "--exec", "--hold", "--"}
+		args = append(args, "--hold")
 	}
-	return []string{ExecdPath, "--exec", "--"}
+	if token {
+		args = append(args, "--access-token-file", TokenPath)
+	}
+	return append(args, "--")
 }
 
 // ExecdPath is where execd lives inside every sandbox.
@@ -291,7 +295,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
 			Image:      image,
-			Entrypoint: append(execdArgs(spec.Hold), spec.Entrypoint...),
+			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken != ""), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
 			Labels:     labels,
@@ -329,6 +333,11 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			Content:         bytes.NewReader(r.execd),
 		}); err != nil {
 			return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
+		}
+	}
+	if spec.ExecdToken != "" {
+		if err = r.installToken(ctx, cres.ID, spec.ExecdToken); err != nil {
+			return inst, err
 		}
 	}
 	if len(spec.TrustedCAPEM) > 0 {

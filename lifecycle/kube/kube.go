@@ -185,6 +185,13 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	if _, err = nps.Create(ctx, r.networkPolicy(spec.SandboxID, spec.Egress), metav1.CreateOptions{}); err != nil {
 		return inst, fmt.Errorf("kube: creating the NetworkPolicy of %s: %w", spec.SandboxID, err)
 	}
+	// The execd token's Secret exists before the pod (its init container reads it) and
+	// belongs to the pod once that exists.
+	if spec.ExecdToken != "" {
+		if _, err = r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Create(ctx, execdTokenSecret(r.cfg.Namespace, spec, r.labels(spec.SandboxID)), metav1.CreateOptions{}); err != nil {
+			return inst, fmt.Errorf("kube: creating the execd token Secret of %s: %w", spec.SandboxID, err)
+		}
+	}
 	if spec.ImageAuth != nil {
 		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: PullSecretName(spec.SandboxID)}}
 	}
@@ -207,6 +214,11 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	if err = r.own(ctx, name, owner); err != nil {
 		return inst, fmt.Errorf("kube: owning the NetworkPolicy of %s: %w", spec.SandboxID, err)
 	}
+	if spec.ExecdToken != "" {
+		if err = r.ownSecret(ctx, ExecdTokenSecretName(spec.SandboxID), owner); err != nil {
+			return inst, fmt.Errorf("kube: owning the execd token Secret of %s: %w", spec.SandboxID, err)
+		}
+	}
 	if spec.ImageAuth != nil {
 		sec, err := pullSecret(r.cfg.Namespace, spec, r.labels(spec.SandboxID))
 		if err != nil {
@@ -219,6 +231,16 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	}
 	r.log.Debug("sandbox created", "sandbox_id", spec.SandboxID, "namespace", r.cfg.Namespace, "provider", r.cfg.Provider)
 	return lifecycle.Instance{SandboxID: spec.SandboxID, ContainerID: name, Phase: lifecycle.PhaseCreated}, nil
+}
+
+// ownSecret makes owner the owner of the Secret name (a merge patch).
+func (r *Runtime) ownSecret(ctx context.Context, name string, owner metav1.OwnerReference) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{owner}}})
+	if err != nil {
+		return err
+	}
+	_, err = r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // own makes owner the owner of the NetworkPolicy name (a merge patch).
@@ -259,6 +281,7 @@ func (r *Runtime) removeObjects(ctx context.Context, id string) error {
 	keep("pod", r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Delete(ctx, name, opts))
 	keep("NetworkPolicy", r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace).Delete(ctx, name, opts))
 	keep("image pull Secret", r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Delete(ctx, PullSecretName(id), opts))
+	keep("execd token Secret", r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Delete(ctx, ExecdTokenSecretName(id), opts))
 	return errors.Join(errs...)
 }
 

@@ -698,3 +698,56 @@ func TestNewConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateExecdToken: the sandbox's execd token goes into a Secret of its own (owned
+// by the pod, removed with it), read only by the execd init container through its
+// environment, which writes it for execd --access-token-file; the pod spec never holds
+// the token itself, and the sandbox container neither has it in its environment nor
+// mounts the Secret.
+func TestCreateExecdToken(t *testing.T) {
+	w := newWorld(t)
+	rt := w.runtime(t, nil)
+	ctx := t.Context()
+	const tok = "tok-0123456789abcdefghijklmnopqrstuvwxyzABCD"
+	inst, err := rt.Create(ctx, lifecycle.Spec{SandboxID: "tok1", Image: "debian:12", Entrypoint: []string{"sleep", "inf"}, Hold: true, ExecdToken: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := w.env.Client.CoreV1().Pods(w.ns).Get(ctx, "sbx-tok1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(pod); strings.Contains(string(b), tok) {
+		t.Fatalf("the pod spec holds the token")
+	}
+	c := pod.Spec.Containers[0]
+	if !slices.Equal(c.Command, []string{kube.ExecdPath, "--exec", "--hold", "--access-token-file", kube.ExecdTokenPath, "--", "sleep", "inf"}) {
+		t.Errorf("command %q", c.Command)
+	}
+	if len(c.Env) != 0 {
+		t.Errorf("sandbox container env %v", c.Env)
+	}
+	ic := pod.Spec.InitContainers[0]
+	if !slices.Contains(ic.Command, "--install-token") || len(ic.Env) != 1 || ic.Env[0].ValueFrom == nil || ic.Env[0].ValueFrom.SecretKeyRef == nil ||
+		ic.Env[0].ValueFrom.SecretKeyRef.Name != kube.ExecdTokenSecretName("tok1") {
+		t.Errorf("init container %q env %+v", ic.Command, ic.Env)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("the pod mounts a Secret: %+v", v)
+		}
+	}
+	sec, err := w.env.Client.CoreV1().Secrets(w.ns).Get(ctx, kube.ExecdTokenSecretName("tok1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(sec.Data[kube.ExecdTokenKey]) != tok || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+		t.Errorf("execd token Secret %+v", sec)
+	}
+	if err := rt.Remove(ctx, inst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.env.Client.CoreV1().Secrets(w.ns).Get(ctx, kube.ExecdTokenSecretName("tok1"), metav1.GetOptions{}); err == nil {
+		t.Errorf("the execd token Secret outlives its sandbox")
+	}
+}

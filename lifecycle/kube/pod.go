@@ -38,6 +38,31 @@ const (
 	TrustedCAEnv = "AIRLOCK_TRUSTED_CA"
 )
 
+// Where a sandbox's execd token (Spec.ExecdToken) travels: a Secret per sandbox
+// (ExecdTokenSecretName), read only by the execd init container (an environment
+// variable from the Secret, never the sandbox container's), which writes it into a
+// memory emptyDir of its own; execd reads and removes it there at start
+// (--access-token-file) before anything of the user runs.
+const (
+	// ExecdTokenPath is the token file in the sandbox container.
+	ExecdTokenPath = "/run/airlock-execd/execd-token"
+	// ExecdTokenKey is the key of the token in its Secret.
+	ExecdTokenKey = "token"
+	tokenVolume   = "airlock-execd-token"
+)
+
+// ExecdTokenSecretName is the Secret holding sandbox id's execd token.
+func ExecdTokenSecretName(id string) string { return PodName(id) + "-execd" }
+
+// execdTokenSecret is the Secret of spec's execd token.
+func execdTokenSecret(ns string, spec lifecycle.Spec, labels map[string]string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: ExecdTokenSecretName(spec.SandboxID), Namespace: ns, Labels: labels},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{ExecdTokenKey: []byte(spec.ExecdToken)},
+	}
+}
+
 // podFor builds the sandbox's pod; bad volumes, limits and platforms are errors
 // wrapping lifecycle.ErrInvalidVolume, ErrInvalidResources and ErrInvalidRequest.
 func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
@@ -76,6 +101,9 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	if spec.Hold {
 		cmd = append(cmd, "--hold")
 	}
+	if spec.ExecdToken != "" {
+		cmd = append(cmd, "--access-token-file", ExecdTokenPath)
+	}
 	cmd = append(append(cmd, "--"), spec.Entrypoint...)
 	execdDir := filepath.Dir(ExecdPath)
 	no := false
@@ -87,6 +115,21 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 		Resources:       res,
 		SecurityContext: hardened(),
 	}}
+	mainMounts := []corev1.VolumeMount{{Name: execdVolume, MountPath: execdDir, ReadOnly: true}}
+	podVolumes := []corev1.Volume{{Name: execdVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if spec.ExecdToken != "" {
+		tokenDir := filepath.Dir(ExecdTokenPath)
+		tm := corev1.VolumeMount{Name: tokenVolume, MountPath: tokenDir}
+		inits[0].Command = append(inits[0].Command, "--install-token", ExecdTokenPath)
+		inits[0].VolumeMounts = append(inits[0].VolumeMounts, tm)
+		inits[0].Env = []corev1.EnvVar{{Name: "EXECD_ACCESS_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: ExecdTokenSecretName(spec.SandboxID)}, Key: ExecdTokenKey,
+		}}}}
+		mainMounts = append(mainMounts, tm)
+		podVolumes = append(podVolumes, corev1.Volume{Name: tokenVolume, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory},
+		}})
+	}
 	if len(spec.TrustedCAPEM) > 0 {
 		// execd, already in the emptyDir, reads the user's image's bundle from inside it.
 		inits = append(inits, corev1.Container{
@@ -123,10 +166,10 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 					Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
 				}},
 				Resources:       res,
-				VolumeMounts:    append([]corev1.VolumeMount{{Name: execdVolume, MountPath: execdDir, ReadOnly: true}}, mounts...),
+				VolumeMounts:    append(mainMounts, mounts...),
 				SecurityContext: hardened(),
 			}},
-			Volumes: append([]corev1.Volume{{Name: execdVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}, vols...),
+			Volumes: append(podVolumes, vols...),
 		},
 	}
 	if len(validation.IsDNS1123Label(spec.SandboxID)) == 0 {
