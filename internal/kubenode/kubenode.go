@@ -62,6 +62,7 @@ type Node struct {
 	Client kubernetes.Interface
 	dir    string
 	down   bool
+	logf   func(format string, args ...any) // the test's log, for down.sh's report
 }
 
 // ScriptDir is deploy/kubernetes/testenv of this checkout.
@@ -83,7 +84,7 @@ func Start(t testing.TB) *Node {
 	if _, err := os.Stat(StateDir); err == nil {
 		t.Fatalf("kubenode: %s exists: a one-node cluster is up or was not brought down; run make kube-down", StateDir)
 	}
-	n := &Node{dir: ScriptDir()}
+	n := &Node{dir: ScriptDir(), logf: t.Logf}
 	ctx, cancel := context.WithTimeout(context.Background(), UpTimeout)
 	defer cancel()
 	began := time.Now()
@@ -114,8 +115,8 @@ func Start(t testing.TB) *Node {
 	return n
 }
 
-// Down runs down.sh (once; later calls return nil). Its error carries down.sh's output,
-// which names what it could not remove.
+// Down runs down.sh (once; later calls return nil) and logs its report to the test. Its
+// error carries down.sh's output, which names what it could not remove.
 func (n *Node) Down() error {
 	if n.down {
 		return nil
@@ -123,8 +124,12 @@ func (n *Node) Down() error {
 	n.down = true
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := n.script(ctx, "down.sh"); err != nil {
+	out, err := n.script(ctx, "down.sh")
+	if err != nil {
 		return fmt.Errorf("down.sh: %w\n%s", err, out)
+	}
+	if n.logf != nil {
+		n.logf("kubenode: down.sh:\n%s", strings.TrimSpace(out))
 	}
 	return nil
 }
@@ -138,6 +143,19 @@ func (n *Node) ImportImages(t testing.TB, refs ...string) {
 	if out, err := n.script(ctx, "import-image.sh", refs...); err != nil {
 		t.Fatalf("kubenode: importing %v: %v\n%s", refs, err, out)
 	}
+}
+
+// Kubectl runs the node's kubectl (the pinned build up.sh used) with the admin
+// kubeconfig and returns its combined output.
+func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
+	assets, err := os.ReadFile(filepath.Join(StateDir, "assets"))
+	if err != nil {
+		return "", fmt.Errorf("kubenode: the node's binaries: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(strings.TrimSpace(string(assets)), "kubectl"),
+		append([]string{"--kubeconfig", n.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // script runs one of the testenv scripts and returns its combined output.

@@ -130,6 +130,21 @@ func TestNodeRunsPodsAndEnforcesNetworkPolicy(t *testing.T) {
 	}
 	waitProbes(t, n, ns, "client", "open", "ingress allowed from role=client on 8080")
 
+	// The policy admits the client, not everyone: a pod without the label stays out.
+	if _, err := pods.Create(ctx, toolPod("other", map[string]string{"role": "other"}, "probe", target, "300ms"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating the other pod: %v", err)
+	}
+	n.WaitPodRunning(t, ns, "other", 90*time.Second)
+	waitProbes(t, n, ns, "other", "blocked", "role=other is not admitted")
+
+	// exec goes from the API server to the kubelet with its client certificate.
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := n.Kubectl(ectx, "-n", ns, "exec", "client", "--", "/pause", "probe", target, "0s", "1")
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), " open") {
+		t.Fatalf("kubectl exec client -- /pause probe %s: %v\n%s", target, err, out)
+	}
+
 	if err := n.Down(); err != nil {
 		t.Fatal(err)
 	}

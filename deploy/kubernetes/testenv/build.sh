@@ -86,8 +86,9 @@ if [[ $node == 1 && ! -x $ASSETS/kube-router ]]; then
 	log "building kube-router $KUBE_ROUTER_VERSION into $ASSETS"
 	mkdir -p "$work/kube-router" && cd "$work/kube-router"
 	go mod init airlock.local/kube-router >/dev/null 2>&1
-	go get "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" >/dev/null 2>&1
-	go build -trimpath -ldflags "-s -w" -o "$ASSETS/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+	go get "github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION" >/dev/null 2>&1
+	go build -trimpath -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+		-o "$ASSETS/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
 	mv "$ASSETS/kube-router.tmp" "$ASSETS/kube-router"
 fi
 

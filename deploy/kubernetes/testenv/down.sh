@@ -24,6 +24,8 @@ case "${1:-}" in
 *) echo "down.sh: unknown option $1 (see the header)" >&2; exit 2 ;;
 esac
 [[ $EUID == 0 ]] || kube_die "must run as root"
+began=$(date +%s.%N)
+since() { echo "$(date +%s.%N) $1" | awk '{printf "%.1f s", $1 - $2}'; }
 
 # The chain-name prefixes the node's components use in iptables: kubelet's canaries,
 # kube-proxy's leftovers, kube-router's policies, the CNI portmap plugin and up.sh.
@@ -36,53 +38,65 @@ fi
 ASSETS=
 [[ -f $KUBE_STATE/assets ]] && ASSETS=$(<"$KUBE_STATE/assets")
 
-# stop NAME: SIGTERM, up to 10 s, then SIGKILL.
+# stop [-KILL] NAME...: SIGTERM (or SIGKILL at once) to each that runs, up to 10 s for
+# all to exit, then SIGKILL.
 stop() {
-	local pid i
-	pid=$(kube_pid "$1")
-	rm -f "$KUBE_PIDS/$1.pid"
-	[[ -n $pid ]] || return 0
-	kill -TERM "$pid" 2>/dev/null
-	for ((i = 0; i < 100; i++)); do
-		[[ -d /proc/$pid ]] || return 0
+	local name pid i t0 sig=TERM names=() pids=()
+	if [[ $1 == -KILL ]]; then
+		sig=KILL
+		shift
+	fi
+	for name in "$@"; do
+		pid=$(kube_pid "$name")
+		rm -f "$KUBE_PIDS/$name.pid"
+		[[ -n $pid ]] || continue
+		names+=("$name") pids+=("$pid")
+		kill -"$sig" "$pid" 2>/dev/null
+	done
+	((${#pids[@]})) || return 0
+	t0=$(date +%s.%N)
+	for ((i = 0; i < 150; i++)); do
+		((i == 100)) && kill -KILL "${pids[@]}" 2>/dev/null
+		alive=0
+		# An exited process stays a zombie until init reaps it: that one is gone.
+		for pid in "${pids[@]}"; do [[ $(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null) =~ ^[^Z]$ ]] && alive=1; done
+		((alive)) || break
 		sleep 0.1
 	done
-	kill -KILL "$pid" 2>/dev/null
-	for ((i = 0; i < 50; i++)); do
-		[[ -d /proc/$pid ]] || return 0
-		sleep 0.1
-	done
-	echo "kube node: $1 (pid $pid) did not exit" >&2
+	((alive)) && echo "kube node: one of ${names[*]} (pids ${pids[*]}) did not exit" >&2
+	kube_log "stopped ${names[*]} ($(since "$t0"))"
 }
 
 # --- pods: through the API and kubelet while they run ---------------------------------
 if [[ -n $(kube_pid kube-apiserver) && -n $(kube_pid kubelet) && -n $(kube_pid containerd) && -x $ASSETS/kubectl ]]; then
 	kube_log "deleting every pod (kubelet stops them and releases their network)"
-	stop kube-controller-manager # nothing creates pods again
-	stop kube-scheduler
+	stop -KILL kube-controller-manager kube-scheduler # nothing creates pods again
+	t0=$(date +%s.%N)
 	"$ASSETS/kubectl" --kubeconfig "$KUBE_CONFIG" --request-timeout=20s delete pods --all \
 		--all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1
 	for ((i = 0; i < 120; i++)); do
 		[[ -z $(kube_ctr tasks ls -q 2>/dev/null) ]] && break
 		sleep 0.5
 	done
+	kube_log "pods stopped ($(since "$t0"))"
 fi
 
 # --- processes, in reverse start order ------------------------------------------------
-for ((i = ${#KUBE_COMPONENTS[@]} - 1; i >= 0; i--)); do
-	c=${KUBE_COMPONENTS[i]}
-	if [[ $c == containerd && -S $KUBE_CONTAINERD_SOCK ]]; then
-		# Whatever kubelet did not stop: kill the tasks, delete the containers.
-		for id in $(kube_ctr tasks ls -q 2>/dev/null); do
-			kube_ctr tasks kill -s SIGKILL "$id" >/dev/null 2>&1
-		done
-		sleep 0.5
-		for id in $(kube_ctr tasks ls -q 2>/dev/null); do kube_ctr tasks delete -f "$id" >/dev/null 2>&1; done
-		for id in $(kube_ctr containers ls -q 2>/dev/null); do kube_ctr containers delete "$id" >/dev/null 2>&1; done
-	fi
-	[[ -n $(kube_pid "$c") ]] && kube_log "stopping $c"
-	stop "$c"
-done
+# The node agents together, then the control plane (killed: all it keeps is in the state
+# folder, which goes), then containerd (after the containers kubelet did not stop: their
+# tasks killed, their containers deleted).
+stop kube-router kube-proxy kubelet
+stop -KILL kube-scheduler kube-controller-manager kube-apiserver etcd
+if [[ -S $KUBE_CONTAINERD_SOCK ]]; then
+	for id in $(kube_ctr tasks ls -q 2>/dev/null); do kube_ctr tasks kill -s SIGKILL "$id" >/dev/null 2>&1; done
+	for ((i = 0; i < 20; i++)); do
+		[[ -z $(kube_ctr tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"') ]] && break
+		sleep 0.25
+	done
+	for id in $(kube_ctr tasks ls -q 2>/dev/null); do kube_ctr tasks delete -f "$id" >/dev/null 2>&1; done
+	for id in $(kube_ctr containers ls -q 2>/dev/null); do kube_ctr containers delete "$id" >/dev/null 2>&1; done
+fi
+stop containerd
 
 # Shims of the private containerd outlive it; so can the pods' processes. Both are found
 # by what is certainly the node's: the shim's -address is our socket, the pod's cgroup is
@@ -197,4 +211,4 @@ if ((${#left[@]})); then
 	printf 'kube node: not clean after down: %s\n' "${left[@]}" >&2
 	exit 1
 fi
-kube_log "down; host clean"
+kube_log "down in $(since "$began"); host clean"

@@ -77,11 +77,14 @@ echo "$ASSETS" >"$KUBE_STATE/assets"
 
 # --- certificates ----------------------------------------------------------------------
 kube_log "certificates in $PKI"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
-	-subj "/CN=airlock-kube-ca" -keyout "$PKI/ca.key" -out "$PKI/ca.crt" 2>/dev/null
-# cert NAME SUBJECT EXTENDED-KEY-USAGE [SUBJECT-ALT-NAMES]
+# The cluster's CA, and the front proxy's (the API server's aggregation layer) apart.
+for ca in ca front-proxy-ca; do
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+		-subj "/CN=airlock-kube-$ca" -keyout "$PKI/$ca.key" -out "$PKI/$ca.crt" 2>/dev/null
+done
+# cert NAME SUBJECT EXTENDED-KEY-USAGE [SUBJECT-ALT-NAMES [CA]]
 cert() {
-	local name=$1 subj=$2 eku=$3 san=${4:-}
+	local name=$1 subj=$2 eku=$3 san=${4:-} ca=${5:-ca}
 	{
 		echo "basicConstraints=CA:FALSE"
 		echo "keyUsage=critical,digitalSignature,keyEncipherment"
@@ -90,7 +93,7 @@ cert() {
 	} >"$PKI/$name.ext"
 	openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$subj" \
 		-keyout "$PKI/$name.key" -out "$PKI/$name.csr" 2>/dev/null
-	openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+	openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" -CAcreateserial \
 		-days 3650 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
 	rm -f "$PKI/$name.csr" "$PKI/$name.ext"
 }
@@ -104,6 +107,7 @@ cert scheduler "/CN=system:kube-scheduler" clientAuth
 cert node "/O=system:nodes/CN=system:node:$KUBE_NODE_NAME" clientAuth
 cert kube-proxy "/CN=system:kube-proxy" clientAuth
 cert kube-router "/CN=airlock-kube:kube-router" clientAuth
+cert front-proxy-client "/CN=front-proxy-client" clientAuth "" front-proxy-ca
 openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
 openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 
@@ -271,7 +275,11 @@ start kube-apiserver "$ASSETS/kube-apiserver" \
 	--allow-privileged=true \
 	--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
 	--kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
-	--kubelet-preferred-address-types InternalIP,Hostname
+	--kubelet-preferred-address-types InternalIP,Hostname \
+	--requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+	--requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+	--requestheader-extra-headers-prefix X-Remote-Extra- \
+	--proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key"
 wait_for "kube-apiserver ready" 90 kube-apiserver https_ok "$API/readyz"
 
 # kube-router reads what its NetworkPolicy controller needs, nothing more.
@@ -363,6 +371,13 @@ nodePortAddresses: [primary]
 # Leave the host's conntrack sysctls alone.
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
 EOF
+node_ready() {
+	[[ $(kubectl get node "$KUBE_NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
+}
+wait_for "kubelet healthy" 60 kubelet curl -fsS http://127.0.0.1:10248/healthz
+wait_for "node $KUBE_NODE_NAME Ready" 90 kubelet node_ready
+
+# kube-router reads its node (address, name) at start: after the node registered.
 kube_log "kube-proxy (nftables) and kube-router (NetworkPolicy)"
 start kube-proxy "$ASSETS/kube-proxy" --config "$KUBE_STATE/kube-proxy.yaml"
 start kube-router "$ASSETS/kube-router" --kubeconfig "$KUBE_STATE/kube-router.kubeconfig" \
@@ -370,11 +385,6 @@ start kube-router "$ASSETS/kube-router" --kubeconfig "$KUBE_STATE/kube-router.ku
 	--enable-ipv4=true --enable-ipv6=false --hostname-override "$KUBE_NODE_NAME" \
 	--service-cluster-ip-range "$KUBE_SERVICE_CIDR" --health-port 0 --metrics-port 0
 
-node_ready() {
-	[[ $(kubectl get node "$KUBE_NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
-}
-wait_for "kubelet healthy" 60 kubelet curl -fsS http://127.0.0.1:10248/healthz
-wait_for "node $KUBE_NODE_NAME Ready" 90 kubelet node_ready
 wait_for "kube-proxy healthy" 60 kube-proxy curl -fsS http://127.0.0.1:10256/healthz
 wait_for "kube-router's NetworkPolicy chains" 60 kube-router iptables -w -n -L KUBE-ROUTER-FORWARD
 wait_for "default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default

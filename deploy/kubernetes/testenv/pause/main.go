@@ -7,10 +7,12 @@
 // image:
 //
 //	pause serve <port>                  accept TCP on <port>, write "ok\n" to each client
-//	pause probe <host:port> [interval]  every interval (default 500ms) dial <host:port>
+//	pause probe <host:port> [interval [count]]
+//	                                    every interval (default 500ms) dial <host:port>
 //	                                    (1 s timeout) and print one line per attempt:
-//	                                    "open" when the server answered "ok", else
-//	                                    "blocked <reason>"; runs until terminated
+//	                                    "<time> open" when the server answered "ok", else
+//	                                    "<time> blocked <reason>"; count attempts (default
+//	                                    0: until terminated)
 package main
 
 import (
@@ -19,6 +21,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -30,16 +33,21 @@ func main() {
 		pause()
 	case os.Args[1] == "serve" && len(os.Args) == 3:
 		err = serve(os.Args[2])
-	case os.Args[1] == "probe" && (len(os.Args) == 3 || len(os.Args) == 4):
-		interval := 500 * time.Millisecond
-		if len(os.Args) == 4 {
+	case os.Args[1] == "probe" && len(os.Args) >= 3 && len(os.Args) <= 5:
+		interval, count := 500*time.Millisecond, 0
+		if len(os.Args) > 3 {
 			if interval, err = time.ParseDuration(os.Args[3]); err != nil {
 				break
 			}
 		}
-		probe(os.Args[2], interval)
+		if len(os.Args) > 4 {
+			if count, err = strconv.Atoi(os.Args[4]); err != nil {
+				break
+			}
+		}
+		probe(os.Args[2], interval, count)
 	default:
-		err = fmt.Errorf("usage: pause | pause serve <port> | pause probe <host:port> [interval]")
+		err = fmt.Errorf("usage: pause | pause serve <port> | pause probe <host:port> [interval [count]]")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pause:", err)
@@ -84,10 +92,14 @@ func serve(port string) error {
 	}
 }
 
-// probe dials addr every interval and prints the outcome of each attempt.
-func probe(addr string, interval time.Duration) {
-	for {
+// probe dials addr every interval and prints the outcome of each attempt, count times
+// (0: forever).
+func probe(addr string, interval time.Duration, count int) {
+	for i := 1; ; i++ {
 		fmt.Println(time.Now().UTC().Format(time.RFC3339Nano), attempt(addr))
+		if i == count {
+			return
+		}
 		time.Sleep(interval)
 	}
 }
