@@ -161,6 +161,12 @@ func (n *Node) Kubectl(ctx context.Context, args ...string) (string, error) {
 // script runs one of the testenv scripts and returns its combined output.
 func (n *Node) script(ctx context.Context, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(n.dir, name), args...)
+	// The scripts' folders are the constants above, whatever the caller's environment says.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AIRLOCK_KUBE_STATE=") && !strings.HasPrefix(kv, "AIRLOCK_KUBE_RUN=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = 10 * time.Second

@@ -64,6 +64,7 @@ done
 kubectl() { "$ASSETS/kubectl" --kubeconfig "$KUBE_CONFIG" --request-timeout=20s "$@"; }
 
 mkdir -p "$KUBE_STATE" "$KUBE_LOGS" "$KUBE_PIDS" "$PKI" "$KUBE_RUN"
+trap 'rc=$?; ((rc == 0)) || echo "kube node: up.sh failed (exit $rc): the node is partly up; logs in $KUBE_LOGS; make kube-down (or up.sh again) removes it" >&2' EXIT
 echo "$ASSETS" >"$KUBE_STATE/assets"
 
 # What the host had before, so down.sh removes only what the node added.
