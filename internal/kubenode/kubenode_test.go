@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/airlockdev/airlock/internal/testenv"
 )
 
 // toolPod is a pod of the pause image running its network tool (serve or probe).
@@ -31,9 +34,9 @@ func toolPod(name string, labels map[string]string, args ...string) *corev1.Pod 
 	}
 }
 
-// probeLines returns the client pod's last n probe lines, read through the API server
+// logLines returns the last lines of a pod's log, read through the API server
 // from the kubelet (pods/log: the API server's kubelet client certificate at work).
-func probeLines(t *testing.T, n *Node, ns, pod string, lines int64) []string {
+func logLines(t *testing.T, n *Node, ns, pod string, lines int64) []string {
 	t.Helper()
 	raw, err := n.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{TailLines: &lines}).
 		DoRaw(context.Background())
@@ -49,7 +52,7 @@ func waitProbes(t *testing.T, n *Node, ns, pod, want, why string) {
 	t.Helper()
 	var last []string
 	n.Wait(t, "the client's probes to be "+want+" ("+why+")", 60*time.Second, func() (bool, error) {
-		last = probeLines(t, n, ns, pod, 3)
+		last = logLines(t, n, ns, pod, 3)
 		if len(last) < 3 {
 			return false, nil
 		}
@@ -144,6 +147,29 @@ func TestNodeRunsPodsAndEnforcesNetworkPolicy(t *testing.T) {
 	if err != nil || !strings.HasSuffix(strings.TrimSpace(out), " open") {
 		t.Fatalf("kubectl exec client -- /pause probe %s: %v\n%s", target, err, out)
 	}
+
+	// A local Docker image reaches the node without a registry (import-image.sh).
+	t.Run("docker-image", func(t *testing.T) {
+		img := testenv.NeedSandboxImage(t)
+		n.ImportImages(t, img)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox"},
+			Spec: corev1.PodSpec{
+				TerminationGracePeriodSeconds: new(int64),
+				Containers: []corev1.Container{{
+					Name: "sandbox", Image: img, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"sh", "-c", "echo from-$(cat /etc/hostname); exec sleep 3600"},
+				}},
+			},
+		}
+		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating a pod of %s: %v", img, err)
+		}
+		n.WaitPodRunning(t, ns, "sandbox", 90*time.Second)
+		n.Wait(t, "the sandbox pod's output", 30*time.Second, func() (bool, error) {
+			return slices.Contains(logLines(t, n, ns, "sandbox", 1), "from-sandbox"), nil
+		})
+	})
 
 	if err := n.Down(); err != nil {
 		t.Fatal(err)

@@ -21,13 +21,13 @@ source "$here/lib.sh"
 if [[ $1 == --tar ]]; then
 	shift
 	for f in "$@"; do
-		kube_ctr images import --digests "$f" >/dev/null
+		kube_ctr images import "$f" >/dev/null
 		kube_log "imported $f"
 	done
 	exit 0
 fi
 for img in "$@"; do
 	docker image inspect "$img" >/dev/null 2>&1 || kube_die "no Docker image $img (docker images)"
-	docker save "$img" | kube_ctr images import --digests - >/dev/null
+	docker save "$img" | kube_ctr images import - >/dev/null
 	kube_log "imported $img"
 done

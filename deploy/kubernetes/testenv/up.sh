@@ -250,7 +250,7 @@ if [[ ! -f $pause_tar ]]; then
 	mv "$pause_tar.tmp" "$pause_tar"
 	rm -rf "$img"
 fi
-kube_ctr images import --digests "$pause_tar" >/dev/null
+kube_ctr images import "$pause_tar" >/dev/null
 kube_log "imported $KUBE_PAUSE_IMAGE"
 
 # --- control plane ---------------------------------------------------------------------
