@@ -105,7 +105,10 @@ node_pids() {
 	local p exe cmd
 	for p in /proc/[0-9]*; do
 		exe=$(readlink "$p/exe" 2>/dev/null) || continue
-		case $exe in "$ASSETS"/* | */containerd | */containerd-shim* | */runc) ;; *) continue ;; esac
+		case $exe in
+		*/containerd | */containerd-shim* | */runc) ;;
+		*) [[ -n $ASSETS && $exe == "$ASSETS"/* ]] || continue ;;
+		esac
 		cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)
 		[[ $cmd == *"$KUBE_STATE/"* || $cmd == *"$KUBE_RUN/"* ]] && echo "${p#/proc/}"
 	done
