@@ -35,6 +35,19 @@ done
 
 log() { echo "==> kube testenv: $*" >&2; }
 
+# fetch COMMAND...: a download from the module proxy, tried 3 times (the proxy here has
+# had minutes-long outages); its output is shown only when the last try fails.
+fetch() {
+	local try out
+	for try in 1 2 3; do
+		if out=$("$@" 2>&1 >/dev/null); then return 0; fi
+		((try < 3)) && { log "$1 $2 failed (try $try of 3), again in $((try * 20)) s"; sleep $((try * 20)); }
+	done
+	echo "$out" >&2
+	log "could not download from the Go module proxy: $*"
+	return 1
+}
+
 mkdir -p "$ASSETS"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -49,7 +62,7 @@ if ((${#missing[@]})); then
 	log "building ${missing[*]} $KUBE_VERSION into $ASSETS (cold: about 5 min for the API server, see README.md for the rest)"
 	mkdir -p "$work/kubernetes" && cd "$work/kubernetes"
 	go mod init airlock.local/kubernetes >/dev/null 2>&1
-	go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
+	fetch go mod download "k8s.io/kubernetes@$KUBE_VERSION"
 	kmod=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$KUBE_VERSION.mod
 	{
 		echo "require k8s.io/kubernetes $KUBE_VERSION"
@@ -77,7 +90,7 @@ if [[ ! -x $ASSETS/etcd ]]; then
 	log "building etcd $ETCD_VERSION into $ASSETS (cold: about 1 min)"
 	mkdir -p "$work/etcd" && cd "$work/etcd"
 	go mod init airlock.local/etcd >/dev/null 2>&1
-	go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1
+	fetch go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
 	go build -trimpath -ldflags "-s -w" -o "$ASSETS/etcd.tmp" go.etcd.io/etcd/server/v3
 	mv "$ASSETS/etcd.tmp" "$ASSETS/etcd"
 fi
@@ -86,7 +99,7 @@ if [[ $node == 1 && ! -x $ASSETS/kube-router ]]; then
 	log "building kube-router $KUBE_ROUTER_VERSION into $ASSETS"
 	mkdir -p "$work/kube-router" && cd "$work/kube-router"
 	go mod init airlock.local/kube-router >/dev/null 2>&1
-	go get "github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION" >/dev/null 2>&1
+	fetch go get "github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION"
 	go build -trimpath -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
 		-o "$ASSETS/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
 	mv "$ASSETS/kube-router.tmp" "$ASSETS/kube-router"
