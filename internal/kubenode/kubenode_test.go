@@ -71,6 +71,7 @@ func waitProbes(t *testing.T, n *Node, ns, pod, want, why string) {
 // client and that one allowing it opens the way again, then brings the node down and
 // checks that the host is as before.
 func TestNodeRunsPodsAndEnforcesNetworkPolicy(t *testing.T) {
+	testenv.NeedRoot(t) // before the snapshot, which reads nftables
 	before, err := Snapshot()
 	if err != nil {
 		t.Fatalf("host state before: %v", err)

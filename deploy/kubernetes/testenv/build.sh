@@ -28,7 +28,7 @@ node=0
 for a in "$@"; do
 	case "$a" in
 	--node) node=1 ;;
-	-h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,16p' "$0"; exit 0 ;;
 	*) echo "build.sh: unknown option $a (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -95,7 +95,9 @@ if [[ ! -x $ASSETS/etcd ]]; then
 	mv "$ASSETS/etcd.tmp" "$ASSETS/etcd"
 fi
 
-if [[ $node == 1 && ! -x $ASSETS/kube-router ]]; then
+# The folder is named by the Kubernetes version; kube-router's own is checked in the binary.
+router_version=$("$ASSETS/kube-router" --version 2>&1 || true)
+if [[ $node == 1 && $router_version != *"version $KUBE_ROUTER_VERSION,"* ]]; then
 	log "building kube-router $KUBE_ROUTER_VERSION into $ASSETS"
 	mkdir -p "$work/kube-router" && cd "$work/kube-router"
 	go mod init airlock.local/kube-router >/dev/null 2>&1

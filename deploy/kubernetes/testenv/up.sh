@@ -248,6 +248,7 @@ if [[ ! -f $pause_tar ]]; then
 	(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$img/rootfs/pause" ./deploy/kubernetes/testenv/pause)
 	"$here/image-tar.sh" "$img/rootfs" /pause "$KUBE_PAUSE_IMAGE" "$pause_tar.tmp"
 	mv "$pause_tar.tmp" "$pause_tar"
+	find "$ASSETS" -maxdepth 1 -name 'kube-pause-*.tar' ! -name "${pause_tar##*/}" -delete
 	rm -rf "$img"
 fi
 kube_ctr images import "$pause_tar" >/dev/null
