@@ -94,3 +94,11 @@ fmt: ## gofmt every Go file
 
 clean: ## remove bin/
 	rm -rf $(BIN)
+
+# A one-node Kubernetes cluster on this host (deploy/kubernetes/testenv/README.md). Hold
+# /tmp/airlock-test.lock while it runs when tests share this host.
+.PHONY: kube-up kube-down
+kube-up: ## start a one-node cluster here (kubelet, private containerd, CNI, NetworkPolicy); prints its kubeconfig
+	@deploy/kubernetes/testenv/up.sh
+kube-down: ## stop the one-node cluster and leave the host as it was before kube-up
+	@deploy/kubernetes/testenv/down.sh

@@ -64,6 +64,9 @@ probes=(
   git:git
   gcc:gcc                    # go test -race
   chromium:chromium          # console browser tests (chromedp drives headless Chromium)
+  /usr/lib/cni/bridge:containernetworking-plugins  # the one-node cluster (deploy/kubernetes/testenv)
+  nft:nftables               # the one-node cluster: kube-proxy's nftables mode
+  ipset:ipset                # the one-node cluster: kube-router's NetworkPolicy
 )
 if [ "$want_node" = 1 ]; then
   probes+=(node:nodejs npm:npm)  # the OpenSandbox JavaScript SDK tests

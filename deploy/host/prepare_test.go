@@ -36,6 +36,9 @@ var probes = map[string]string{
 	"git":                            "git",
 	"gcc":                            "gcc",
 	"chromium":                       "chromium",
+	"/usr/lib/cni/bridge":            "containernetworking-plugins",
+	"nft":                            "nftables",
+	"ipset":                          "ipset",
 	"node":                           "nodejs",
 	"npm":                            "npm",
 }
