@@ -47,8 +47,8 @@ check: ## the inner loop, under 2 minutes warm: vet, go.mod tidy and every test 
 	$(GO) test -short -count=1 -timeout 10m ./... && \
 	echo "==> make check passed in $$(( $$(date +%s) - start ))s"
 
-kube-testenv: ## build the pinned kube-apiserver and etcd the Kubernetes tests run (cached by version; cold about 5 min)
-	@deploy/kubernetes/testenv/build.sh >/dev/null
+kube-testenv: ## build the pinned Kubernetes binaries the tests run: API server, etcd and the one-node cluster (cached by version; cold about 15 min)
+	@deploy/kubernetes/testenv/build.sh --node >/dev/null
 
 test: prepare build image kube-testenv vet check-tidy check-generate ## everything: vet, go.mod tidy, unit, integration, SDK tests
 	@echo "==> go test (unit and integration against real sandboxes)"
