@@ -267,7 +267,7 @@ func lifecycleCalls(sys, sbx string) []access {
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "airlock-lifecycle"},
 		},
 		verbs("", "pods", sbx, "get", "list", "watch", "create", "delete"),
-		verbs("", "secrets", sbx, "get", "create", "delete"),
+		verbs("", "secrets", sbx, "get", "create", "patch", "delete"),
 		verbs("networking.k8s.io", "networkpolicies", sbx, all...),
 		verbs("agents.x-k8s.io", "sandboxes", sbx, "get", "list", "watch", "create", "delete"),
 	)
