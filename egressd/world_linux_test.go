@@ -31,8 +31,8 @@ import (
 	"github.com/airlockdev/airlock/internal/dnstest"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/internal/testenv"
-	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/sdk"
 )
