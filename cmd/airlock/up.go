@@ -150,8 +150,8 @@ func printBanner(w io.Writer, s *stack.Stack) {
 	if s.Gateway != nil {
 		gw := s.Gateway.Addr()
 		_, port, _ := net.SplitHostPort(gw)
-		fmt.Fprintf(w, "  Gateway:       http://%s  (sandbox ports: http://%s/sandboxes/<id>/proxy/<port>/\n", gw, gw)
-		fmt.Fprintf(w, "                 or http://<port>-<id>.airlock.localhost:%s/ from a browser or curl)\n", port)
+		fmt.Fprintf(w, "  Gateway:       http://%s  (a sandbox port in a browser: http://<port>-<id>.airlock.localhost:%s/,\n", gw, port)
+		fmt.Fprintf(w, "                 one origin per sandbox port; execd, the egress API and SDK clients: http://%s/sandboxes/<id>/proxy/<port>/)\n", gw)
 	}
 	if s.Egress != nil {
 		fmt.Fprintf(w, "  Egress:        %s datapath, DNS filter on %s (policy: networkPolicy at create)\n", s.Egress.Backend(), s.Egress.DNSAddr())
