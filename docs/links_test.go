@@ -334,7 +334,7 @@ func under(p string, list []string) bool {
 // repoPath decides whether a backticked span names a repository path, and returns it
 // (relative to dir or to the root) with its anchor. A span qualifies when it has no
 // spaces or shell and template characters, and either contains a '/' with a first
-// element that exists (beside the file or at the root), is a pending folder, or ends in
+// element that is a folder (beside the file or at the root), or ends in
 // a document or Go extension; or is a bare name ending in .md.
 func repoPath(root, dir, s string) (p, anchor string, ok bool) {
 	if s == "" || strings.ContainsAny(s, " \t:<>{}[]()*$=@,;|'\"\\?&!+%^") || strings.HasPrefix(s, "/") ||
@@ -361,9 +361,11 @@ func repoPath(root, dir, s string) (p, anchor string, ok bool) {
 	if first == len(elems) || skipDirs[elems[first]] {
 		return "", "", false
 	}
+	// The first element must be a folder of the tree: a build output such as ./airlock
+	// (the binary `go build ./cmd/airlock` writes) does not make `airlock/...` a path.
 	exists := func(d string) bool {
-		_, err := os.Stat(filepath.Join(root, filepath.FromSlash(path.Join(d, elems[first]))))
-		return err == nil
+		fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(path.Join(d, elems[first]))))
+		return err == nil && fi.IsDir()
 	}
 	if docExt || exists(base) || (first == 0 && exists(".")) {
 		return p, anchor, true
