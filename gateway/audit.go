@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/internal/pathform"
 )
 
 // AuditSink receives one canonical record per request decision. Append is called on the
@@ -102,7 +103,7 @@ type recorder struct {
 	hold499 bool
 	holding bool
 	// prefix, when set, is the path prefix of a path-form route: the response headers
-	// are hardened (hardenPathForm) once, before the final status goes out.
+	// are hardened (pathform.Harden) once, before the final status goes out.
 	prefix string
 }
 
@@ -118,7 +119,7 @@ func (rr *recorder) WriteHeader(code int) {
 	if rr.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		rr.status = code
 		if rr.prefix != "" {
-			hardenPathForm(rr.Header(), rr.prefix)
+			pathform.Harden(rr.Header(), rr.prefix)
 		}
 	}
 	rr.ResponseWriterWrapper.WriteHeader(code)

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
@@ -143,9 +144,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	client := clientAddr(r)
 
 	dec := h.dec.decide(r, start)
-	if dec.err == nil && dec.cand.Prefix != "" && r.Header.Get(HeaderServiceWorker) != "" {
+	if dec.err == nil && dec.cand.Prefix != "" && pathform.Refuse(r) {
 		// Path forms share one origin: a service worker there would control every sandbox.
-		dec = dec.deny(ErrForbidden, "service workers are refused on path-form routes, which share one origin; use the host form <port>-<id>.<base domain>")
+		dec = dec.deny(ErrForbidden, pathform.RefuseReason)
 	}
 	if dec.err == nil && !dec.entry.Acquire(h.app.maxConns) {
 		dec = dec.deny(ErrOverCapacity, fmt.Sprintf("sandbox %s has %d connections in flight, the most this gateway allows", dec.sb.ID, h.app.maxConns))

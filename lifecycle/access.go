@@ -158,13 +158,13 @@ func (p *serverProxy) auditRefusal(r *http.Request, id string, port int, mode wa
 	if p.audit == nil {
 		return
 	}
-	_, body, _ := httpError(err)
+	status, body, _ := httpError(err)
 	p.audit.Append(audit.Record{
 		Time: time.Now().UTC(), SandboxID: id, Source: audit.SourceIngress, Proto: "http",
 		Src: r.RemoteAddr, DstHost: r.Host, DstPort: port, Action: "deny", Reason: body.Message,
 		Rule: "access:" + string(mode),
 		Extra: map[string]any{
-			"route": "server_proxy", "status": http.StatusUnauthorized,
+			"route": "server_proxy", "status": status,
 			"request_id": r.Header.Get(opensandbox.HeaderRequestID), "method": r.Method,
 		},
 	})

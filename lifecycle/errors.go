@@ -39,6 +39,9 @@ var (
 	// ErrAccessDenied: a server proxy request without a credential that admits it
 	// (the sandbox's access token or the API key) (401 UNAUTHORIZED).
 	ErrAccessDenied = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "no valid credential for this sandbox port"}
+	// ErrForbidden: the request is refused whoever sends it, for example a service
+	// worker script fetch through the server proxy's path form (403 FORBIDDEN).
+	ErrForbidden = &Error{http.StatusForbidden, "FORBIDDEN", "forbidden"}
 	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
 	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
 	// ErrNoRoute: no such route (404 NOT_FOUND).
@@ -61,7 +64,7 @@ var (
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
-	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrNotFound, ErrNoRoute, ErrInvalidState,
+	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrNoRoute, ErrInvalidState,
 	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/execdtoken"
+	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
@@ -31,11 +32,16 @@ type proxyTarget struct {
 	rawPath string // escaped path below the proxy prefix, starting with /
 	// execdToken is sent in X-EXECD-ACCESS-TOKEN ("" for ports other than execd's).
 	execdToken string
+	// prefix is the route's escaped path prefix (/sandboxes/<id>/proxy/<port>), under
+	// which the response's cookies are scoped (pathform.Harden).
+	prefix string
 }
 
 // serverProxy serves /sandboxes/{id}/proxy/{port}/… (the OpenSandbox server proxy):
 // any method, any port, to the sandbox's address on the Airlock network, once admit
-// has admitted the request (refusals are 401 and audited with source ingress). Sandbox
+// has admitted the request (refusals are 401 and audited with source ingress). It is a
+// path form on lifecycle's own origin, hardened like the gateway's (package pathform:
+// service worker fetches 403, cookies scoped under the prefix, documents sandboxed). Sandbox
 // port 18080 is the egress API, which lifecycle answers itself (policyAPI).
 type serverProxy struct {
 	// peek runs fn on a sandbox's record under the registry lock (Server.peek).
@@ -93,6 +99,13 @@ func (p *serverProxy) newProxy() {
 				pr.Out.Header.Set(opensandbox.HeaderExecdAccessToken, t.execdToken)
 			}
 		},
+		// The server proxy shares lifecycle's origin with every sandbox and the
+		// console: its responses are hardened like the gateway's path forms.
+		ModifyResponse: func(resp *http.Response) error {
+			t := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
+			pathform.Harden(resp.Header, t.prefix)
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the client went away
@@ -124,7 +137,13 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 		st, addr = rec.Status.State, rec.Address
 		sb.token, sb.secure = rec.AccessToken, rec.secure()
 	})
-	if err := p.admit(r, id, port, sb); err != nil {
+	err = p.admit(r, id, port, sb)
+	if err == nil && pathform.Refuse(r) {
+		// The server proxy is a path form on lifecycle's API origin, shared with every
+		// sandbox and the console: a service worker there would control them all.
+		err = fmt.Errorf("%w: %s", ErrForbidden, pathform.RefuseReason)
+	}
+	if err != nil {
 		p.auditRefusal(r, id, port, p.rules.portMode(sb.secure, port), err)
 		fail(p.log, w, r, err)
 		return
@@ -164,7 +183,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	if rest == "" || rest[0] != '/' {
 		rest = "/" + rest
 	}
-	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest}
+	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest, prefix: prefix}
 	if port == p.rules.execdPort {
 		t.execdToken = p.execdKey.Derive(id)
 	}

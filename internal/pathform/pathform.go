@@ -1,4 +1,7 @@
-package gateway
+// Package pathform hardens the path-form routes to sandbox ports, which put every sandbox
+// under one browser origin: the gateway's path forms and lifecycle's server proxy both
+// use it (docs/architecture.md, "One origin per sandbox port").
+package pathform
 
 import (
 	"mime"
@@ -7,9 +10,9 @@ import (
 )
 
 // Path forms (/sandboxes/<id>/proxy/<port>/…, /<id>/<port>/…, signed /<id>/<port>/<exp>/<tag>/…)
-// put every sandbox port under the gateway's one browser origin. The gateway hardens them
-// so code in one sandbox cannot reach the others through the browser
-// (docs/architecture.md, "One origin per sandbox port"):
+// put every sandbox port under one browser origin (the gateway's, or lifecycle's API
+// address for its server proxy). They are hardened so code in one sandbox cannot reach the
+// others, or the console, through the browser:
 //
 //   - a service worker script request (`Service-Worker: script`) is refused with 403, so no
 //     sandbox registers a worker that would control the shared origin;
@@ -22,21 +25,31 @@ import (
 //     origin's cookies, storage or service workers.
 //
 // Host and header forms are left alone: each sandbox port is its own origin there.
+//
+// Refuse reports whether a request must be refused (a service worker script fetch);
+// Harden rewrites a response's headers.
 
 // HeaderServiceWorker is the request header browsers send on service worker script
 // fetches (Service Workers, §"Service-Worker" header), with the value "script".
 const HeaderServiceWorker = "Service-Worker"
 
-// PathFormCSP is the Content-Security-Policy the gateway adds to document responses of
-// path forms: scripts, forms, popups, modals and downloads work; allow-same-origin is
+// CSP is the Content-Security-Policy added to document responses of path forms: scripts, forms, popups, modals and downloads work; allow-same-origin is
 // withheld, so the document has an opaque origin.
-const PathFormCSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+const CSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 
-var pathFormCSP = []string{PathFormCSP}
+var csp = []string{CSP}
 
-// hardenPathForm rewrites the response headers h of a path-form route whose escaped path
-// prefix is prefix (no trailing slash, for example "/sandboxes/<id>/proxy/8080").
-func hardenPathForm(h http.Header, prefix string) {
+// RefuseReason is the reason given (in the 403 body and the audit record) for a refused
+// service worker script fetch.
+const RefuseReason = "service workers are refused on path-form routes, which share one origin; use the host form <port>-<id>.<base domain>"
+
+// Refuse reports whether r is a service worker script fetch, which a path-form route
+// answers with 403 Forbidden (RefuseReason).
+func Refuse(r *http.Request) bool { return r.Header.Get(HeaderServiceWorker) != "" }
+
+// Harden rewrites the response headers h of a path-form route whose escaped path prefix
+// is prefix (no trailing slash, for example "/sandboxes/<id>/proxy/8080").
+func Harden(h http.Header, prefix string) {
 	delete(h, "Service-Worker-Allowed")
 	if cs := h["Set-Cookie"]; len(cs) > 0 {
 		out := make([]string, len(cs))
@@ -46,7 +59,7 @@ func hardenPathForm(h http.Header, prefix string) {
 		h["Set-Cookie"] = out
 	}
 	if isDocument(h.Get("Content-Type")) {
-		h["Content-Security-Policy"] = append(h["Content-Security-Policy"], pathFormCSP...)
+		h["Content-Security-Policy"] = append(h["Content-Security-Policy"], csp...)
 	}
 }
 
