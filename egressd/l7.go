@@ -85,8 +85,13 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		rec.Proto = "https"
 	}
 	rec.DstHost = name
-	allowed := false
+	allowed, handled := false, false
+	var ct *credTarget // the Credential Vault's interception of this connection
+	if d.cred != nil {
+		ct, allowed, handled = d.cred.decide(sbx, name, isTLS, err, src, dst, &rec)
+	}
 	switch {
+	case handled:
 	case err != nil || name == "":
 		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
 	default:
@@ -113,15 +118,9 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		}
 		return
 	}
-	if d.cred != nil {
-		scheme := "http"
-		if isTLS {
-			scheme = "https"
-		}
-		if d.cfg.Vault.Intercepts(sbx.ID, scheme, name, dst.Port()) {
-			d.cred.serve(c, seen.Bytes(), credTarget{sandbox: sbx.ID, host: policies.NormalizeName(name), dst: dst, src: src.String()}, isTLS)
-			return
-		}
+	if ct != nil {
+		d.cred.serve(c, seen.Bytes(), *ct, isTLS)
+		return
 	}
 	var dialer net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
