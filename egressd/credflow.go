@@ -95,7 +95,7 @@ func (cp *credentialProxy) decide(sbx dnsfilter.Sandbox, name string, isTLS bool
 	if d.learnedFor(sbx.ID, dst.Addr(), host) {
 		return t, true, true
 	}
-	learned := pol.DecideLearned(host, dst.Addr(), port, policies.TCP)
+	learned := pol.DecideLearned(host, dst.Addr().Unmap(), port, policies.TCP)
 	if !learned.Allowed() {
 		rec.Rule, rec.Reason = learned.Rule, learned.Reason
 		return nil, false, true

@@ -26,7 +26,9 @@ import (
 // crypto/tls) or the HTTP Host header. The connection is spliced to its original
 // destination (no TLS interception) only when the name is allowed by the policy AND the
 // destination address was learned from a DNS answer for that name; otherwise it is
-// closed (HTTP gets a 403 first). Every decision is audited (source l7).
+// closed (HTTP gets a 403 first). Connections of credentialProxy sandboxes are decided
+// by credentialProxy.decide instead where a vault binding or no `l7: sni` is involved.
+// Every decision is audited (source l7).
 type l7Proxy struct {
 	d  *Daemon
 	ln net.Listener
