@@ -36,17 +36,19 @@ type CredentialVault interface {
 }
 
 // credentialProxy terminates the sandbox's HTTP(S) to destinations that have a
-// binding (TLS with a leaf minted by the sandbox's CA for the checked name), and
+// binding (TLS with a leaf minted by the sandbox's CA for the checked name; which
+// connections, and which of them may carry a credential: decide), and
 // forwards each request through goproxy to the ORIGINAL destination address, with the
 // binding's headers set (replacing the sandbox's own of the same names). Upstream TLS
 // is verified against the system roots plus Config.UpstreamCAPEM. Every request is
 // audited (source credential): injected (allow, rule = binding) or not (deny: no
 // binding matches, so no credential). Values never reach a log or a record.
 type credentialProxy struct {
-	d     *Daemon
-	mitm  *goproxy.ProxyHttpServer
-	mu    sync.Mutex
-	certs map[string]*tls.Config // sandbox|host -> leaf; cleared when it grows past maxLeafCache
+	d         *Daemon
+	mitm      *goproxy.ProxyHttpServer
+	plainHTTP PlainHTTPMode // Config.VaultPlainHTTP, checked
+	mu        sync.Mutex
+	certs     map[string]*tls.Config // sandbox|host -> leaf; cleared when it grows past maxLeafCache
 }
 
 const maxLeafCache = 4096
@@ -58,6 +60,13 @@ type credTarget struct {
 	dst     netip.AddrPort
 	src     string
 	scheme  string
+	// noInject, when set, is why no request of this connection gets a credential
+	// (plain HTTP to an address not learned for host): each is forwarded and audited
+	// with this reason.
+	noInject string
+	// chosen marks a connection to an address the sandbox chose (not learned for
+	// host): the injection records say so.
+	chosen bool
 }
 
 type credTargetKey struct{}
@@ -70,7 +79,11 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 	if len(d.cfg.UpstreamCAPEM) > 0 && !roots.AppendCertsFromPEM(d.cfg.UpstreamCAPEM) {
 		return nil, fmt.Errorf("egressd: UpstreamCAPEM holds no PEM certificate")
 	}
-	cp := &credentialProxy{d: d, certs: map[string]*tls.Config{}}
+	plain, err := ParsePlainHTTPMode(string(d.cfg.VaultPlainHTTP))
+	if err != nil {
+		return nil, fmt.Errorf("egressd: %w", err)
+	}
+	cp := &credentialProxy{d: d, certs: map[string]*tls.Config{}, plainHTTP: plain}
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0) // goproxy's messages may quote requests
 	dialer := &net.Dialer{Timeout: proxyDialTimeout}
@@ -122,6 +135,10 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 		rec.Action, rec.Reason = "deny", fmt.Sprintf("no binding matches %s %s: forwarded without a credential", r.Method, r.URL.Path)
 		return r, nil
 	}
+	if t.noInject != "" {
+		rec.Action, rec.Rule, rec.Reason = "deny", inj.Binding, t.noInject+": forwarded without a credential"
+		return r, nil
+	}
 	for _, h := range methodOverrides {
 		r.Header.Del(h) // the binding matched r.Method; the upstream must act on it alone
 	}
@@ -129,6 +146,9 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 		r.Header.Set(h.Name, h.Value) // replaces what the sandbox sent
 	}
 	rec.Action, rec.Rule, rec.Reason = "allow", inj.Binding, "credential injected by binding "+inj.Binding
+	if t.chosen {
+		rec.Reason += fmt.Sprintf(" to %s, an address the sandbox chose for %s", t.dst.Addr(), t.host)
+	}
 	return r, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/airlockdev/airlock/audit"
@@ -43,14 +44,21 @@ type credRig struct {
 	dst    netip.AddrPort
 	isTLS  bool
 	caPool *x509.CertPool
+	host   string       // the bound name
+	hits   atomic.Int32 // requests the upstream saw
 }
 
-func newCredRig(t *testing.T, isTLS bool) *credRig {
+func newCredRig(t *testing.T, isTLS bool) *credRig { return newCredRigFor(t, isTLS, "example.com") }
+
+// newCredRigFor binds host instead; the TLS upstream's certificate names example.com.
+func newCredRigFor(t *testing.T, isTLS bool, host string) *credRig {
 	t.Helper()
-	up := httptest.NewServer(echoHandler)
+	r := &credRig{host: host}
+	h := http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.hits.Add(1); echoHandler(w, q) })
+	up := httptest.NewServer(h)
 	if isTLS {
 		up.Close()
-		up = httptest.NewTLSServer(echoHandler)
+		up = httptest.NewTLSServer(h)
 	}
 	t.Cleanup(up.Close)
 	port := netip.MustParseAddrPort(up.Listener.Addr().String()).Port() // the original destination's
@@ -64,8 +72,8 @@ func newCredRig(t *testing.T, isTLS bool) *credRig {
 	}
 	scheme := map[bool]string{true: "https", false: "http"}[isTLS]
 	body := fmt.Sprintf(`{"credentials":[{"name":"c","source":{"type":"inline","value":%q}}],
-	  "bindings":[{"name":"b","match":{"hosts":["example.com"],"schemes":[%q],"ports":[%d],"methods":["GET"],"paths":["/v1/*"]},"auth":{"type":"bearer","credential":"c"}}]}`,
-		credSecret, scheme, port)
+	  "bindings":[{"name":"b","match":{"hosts":[%q],"schemes":[%q],"ports":[%d],"methods":["GET"],"paths":["/v1/*"]},"auth":{"type":"bearer","credential":"c"}}]}`,
+		credSecret, host, scheme, port)
 	rec := httptest.NewRecorder()
 	store.ServeAPI(rec, httptest.NewRequest("POST", "/credential-vault", strings.NewReader(body)), "sbx", "/credential-vault",
 		func(string, uint16) error { return nil })
@@ -84,7 +92,8 @@ func newCredRig(t *testing.T, isTLS bool) *credRig {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	return &credRig{cp: cp, store: store, sink: sink, dst: netip.MustParseAddrPort(up.Listener.Addr().String()), isTLS: isTLS, caPool: pool}
+	r.cp, r.store, r.sink, r.dst, r.isTLS, r.caPool = cp, store, sink, netip.MustParseAddrPort(up.Listener.Addr().String()), isTLS, pool
+	return r
 }
 
 // do sends one request from "the sandbox" through an intercepted connection and
@@ -92,12 +101,12 @@ func newCredRig(t *testing.T, isTLS bool) *credRig {
 func (r *credRig) do(t *testing.T, method, path, host string, hdr http.Header) (int, map[string]any, *tls.ConnectionState) {
 	t.Helper()
 	client, server := net.Pipe()
-	go r.cp.serve(server, nil, credTarget{sandbox: "sbx", host: "example.com", dst: r.dst, src: "10.0.0.2:4000"}, r.isTLS)
+	go r.cp.serve(server, nil, credTarget{sandbox: "sbx", host: r.host, dst: r.dst, src: "10.0.0.2:4000"}, r.isTLS)
 	defer client.Close()
 	var conn net.Conn = client
 	var state *tls.ConnectionState
 	if r.isTLS {
-		tc := tls.Client(client, &tls.Config{ServerName: "example.com", RootCAs: r.caPool})
+		tc := tls.Client(client, &tls.Config{ServerName: r.host, RootCAs: r.caPool})
 		if err := tc.Handshake(); err != nil {
 			t.Fatalf("TLS with the sandbox's CA: %v", err)
 		}
@@ -238,5 +247,18 @@ func TestCredentialProxyPathScoping(t *testing.T) {
 				t.Errorf("%d refusals name a non-canonical path, want 7", notCanonical)
 			}
 		})
+	}
+}
+
+// TestCredentialProxyWrongName: an upstream whose certificate is trusted but names
+// another host than the binding's (the sandbox chose its address) gets no request, so
+// never the secret; the sandbox gets a 5xx.
+func TestCredentialProxyWrongName(t *testing.T) {
+	r := newCredRigFor(t, true, "api.test") // httptest's certificate names example.com
+	if code, _, _ := r.do(t, "GET", "/v1/repos", "api.test", nil); code < 500 {
+		t.Errorf("upstream without a certificate for api.test: %d, want a 5xx", code)
+	}
+	if n := r.hits.Load(); n != 0 {
+		t.Errorf("the upstream saw %d requests", n)
 	}
 }

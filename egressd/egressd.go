@@ -93,6 +93,9 @@ type Config struct {
 	// intercepts connections to destinations that have a binding and injects the
 	// binding's credential (see credentialProxy). Nil: no interception.
 	Vault CredentialVault
+	// VaultPlainHTTP is vault.plainHTTP: to which addresses a plain-HTTP request for a
+	// bound host may carry a credential (PlainHTTPMode; "" is PlainHTTPLearned).
+	VaultPlainHTTP PlainHTTPMode
 	// UpstreamCAPEM holds extra PEM CA certificates trusted for intercepted upstreams,
 	// beside the system roots (tests, private PKI).
 	UpstreamCAPEM []byte

@@ -26,7 +26,9 @@ import (
 // crypto/tls) or the HTTP Host header. The connection is spliced to its original
 // destination (no TLS interception) only when the name is allowed by the policy AND the
 // destination address was learned from a DNS answer for that name; otherwise it is
-// closed (HTTP gets a 403 first). Every decision is audited (source l7).
+// closed (HTTP gets a 403 first). Connections of credentialProxy sandboxes are decided
+// by credentialProxy.decide instead where a vault binding or no `l7: sni` is involved.
+// Every decision is audited (source l7).
 type l7Proxy struct {
 	d  *Daemon
 	ln net.Listener
@@ -85,8 +87,13 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		rec.Proto = "https"
 	}
 	rec.DstHost = name
-	allowed := false
+	allowed, handled := false, false
+	var ct *credTarget // the Credential Vault's interception of this connection
+	if d.cred != nil {
+		ct, allowed, handled = d.cred.decide(sbx, name, isTLS, err, src, dst, &rec)
+	}
 	switch {
+	case handled:
 	case err != nil || name == "":
 		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
 	default:
@@ -113,15 +120,9 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		}
 		return
 	}
-	if d.cred != nil {
-		scheme := "http"
-		if isTLS {
-			scheme = "https"
-		}
-		if d.cfg.Vault.Intercepts(sbx.ID, scheme, name, dst.Port()) {
-			d.cred.serve(c, seen.Bytes(), credTarget{sandbox: sbx.ID, host: policies.NormalizeName(name), dst: dst, src: src.String()}, isTLS)
-			return
-		}
+	if ct != nil {
+		d.cred.serve(c, seen.Bytes(), *ct, isTLS)
+		return
 	}
 	var dialer net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)

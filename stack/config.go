@@ -120,6 +120,19 @@ type Config struct {
 	Pools []PoolConfig `yaml:"pools"`
 	// Policies is the library of named policies.
 	Policies PoliciesConfig `yaml:"policies"`
+	// Vault configures the Credential Vault's injection (egressd/vault/README.md).
+	Vault VaultConfig `yaml:"vault"`
+}
+
+// VaultConfig is the vault section of airlock.yaml.
+type VaultConfig struct {
+	// PlainHTTP says to which addresses a plain-HTTP request for a bound host may carry
+	// a credential: learned (the default: only an address learned from a DNS answer for
+	// the name) or policy (any address the sandbox's policy accepts for the name, also
+	// one the sandbox chose with curl --resolve or /etc/hosts: whoever controls that
+	// address reads the secret). HTTPS always verifies the upstream's certificate
+	// against the name instead. The same as `airlock egressd --vault-plain-http`.
+	PlainHTTP string `yaml:"plainHTTP"`
 }
 
 // PoolConfig declares one warm pool. A create matches it when it asks for the same
@@ -247,9 +260,13 @@ func (c *Config) setDefaults() error {
 		aliases[from] = to
 	}
 	c.Images.Aliases = aliases
+	if c.Vault.PlainHTTP != "" {
+		c.Egress.VaultPlainHTTP = c.Vault.PlainHTTP
+	}
 	if c.Egress, err = c.Egress.Resolved(); err != nil {
 		return err
 	}
+	c.Vault.PlainHTTP = c.Egress.VaultPlainHTTP
 	if c.Docker.ExecdPath == "" {
 		c.Docker.ExecdPath = DefaultExecdPath()
 	}

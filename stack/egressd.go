@@ -59,6 +59,11 @@ type EgressdConfig struct {
 	// of intercepted (Credential Vault) connections, beside the system roots; airlock
 	// up only (the vault is airlock up's).
 	UpstreamCAFile string `yaml:"upstreamCAFile"`
+	// VaultPlainHTTP is vault.plainHTTP of airlock.yaml (`--vault-plain-http`): to
+	// which addresses a plain-HTTP request for a bound host may carry a credential,
+	// learned (the default) or policy (egressd.PlainHTTPMode). It matters where the
+	// daemon has a Credential Vault (airlock up).
+	VaultPlainHTTP string `yaml:"-"`
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
@@ -158,6 +163,11 @@ func (c EgressdConfig) Resolved() (EgressdConfig, error) {
 	if c.ProxyPort < 0 || c.ProxyPort > 65535 || (c.ProxyPort != 0 && c.ProxyPort == c.L7Port) {
 		return c, fmt.Errorf("config: egress.proxyPort (--proxy-port) %d: want a port other than l7Port, or 0 for off", c.ProxyPort)
 	}
+	plain, err := egressd.ParsePlainHTTPMode(c.VaultPlainHTTP)
+	if err != nil {
+		return c, fmt.Errorf("config: %w (--vault-plain-http)", err)
+	}
+	c.VaultPlainHTTP = string(plain)
 	c.Upstreams = slices.Clone(c.Upstreams)
 	for i, u := range c.Upstreams {
 		if _, _, err := net.SplitHostPort(u); err != nil {
@@ -170,7 +180,6 @@ func (c EgressdConfig) Resolved() (EgressdConfig, error) {
 	if err := policies.BaseOverlay().Deny(c.Deny...); err != nil {
 		return c, fmt.Errorf("config: egress.deny (--deny): %w", err)
 	}
-	var err error
 	if c.Audit, err = c.Audit.resolved(); err != nil {
 		return c, err
 	}
@@ -251,22 +260,23 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 		cfg.Log.Warn("no audit log: DNS and connection decisions are not recorded (set an audit directory)")
 	}
 	e.Daemon, err = egressd.New(egressd.Config{
-		Watch:         watch.ClientConfig{URL: cfg.WatchURL, Header: hdr, Log: cfg.Log.With("component", "watch")},
-		Enforcer:      enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
-		DNSListen:     cfg.DNSListen,
-		Resolver:      cfg.Resolver,
-		LocalDNS:      cfg.DNSLocalAddress,
-		DNSInterface:  cfg.DNSInterface,
-		Upstreams:     e.Upstreams,
-		Overlay:       ov,
-		L7Port:        uint16(cfg.L7Port),
-		ProxyPort:     uint16(cfg.ProxyPort),
-		Vault:         cfg.Vault,
-		UpstreamCAPEM: upstreamCA,
-		Node:          cfg.Node,
-		Audit:         sink,
-		Registry:      e.Registry,
-		Logger:        cfg.Log,
+		Watch:          watch.ClientConfig{URL: cfg.WatchURL, Header: hdr, Log: cfg.Log.With("component", "watch")},
+		Enforcer:       enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
+		DNSListen:      cfg.DNSListen,
+		Resolver:       cfg.Resolver,
+		LocalDNS:       cfg.DNSLocalAddress,
+		DNSInterface:   cfg.DNSInterface,
+		Upstreams:      e.Upstreams,
+		Overlay:        ov,
+		L7Port:         uint16(cfg.L7Port),
+		ProxyPort:      uint16(cfg.ProxyPort),
+		Vault:          cfg.Vault,
+		VaultPlainHTTP: egressd.PlainHTTPMode(cfg.VaultPlainHTTP),
+		UpstreamCAPEM:  upstreamCA,
+		Node:           cfg.Node,
+		Audit:          sink,
+		Registry:       e.Registry,
+		Logger:         cfg.Log,
 	})
 	if err != nil {
 		return nil, errors.Join(err, e.closeAudit())

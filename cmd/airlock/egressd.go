@@ -113,6 +113,7 @@ func (ef *egressdFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.NFTTable, "nft-table", c.NFTTable, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root); airlock.yaml egress.nftTable")
 	f.IntVar(&c.L7Port, "l7-port", c.L7Port, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for l7: sni policies (0: off); airlock.yaml egress.l7Port")
 	f.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off); airlock.yaml egress.proxyPort")
+	f.StringVar(&c.VaultPlainHTTP, "vault-plain-http", c.VaultPlainHTTP, "to which addresses a plain-HTTP request for a Credential Vault binding may carry its credential: learned (only one learned from DNS for the name; default) or policy (any the policy accepts, also one the sandbox chose); airlock.yaml vault.plainHTTP")
 	f.StringVar(&c.Node, "node", c.Node, "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
 	f.StringSliceVar(&c.Deny, "deny", c.Deny, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane; airlock.yaml egress.deny")
 	registerAuditFlags(f, &c.Audit)

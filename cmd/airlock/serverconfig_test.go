@@ -51,8 +51,11 @@ func TestEgressdSameConfig(t *testing.T) {
 		check func(stack.EgressdConfig) bool
 	}{
 		{"defaults", nil, "", func(c stack.EgressdConfig) bool {
-			return c.L7Port == 15001 && c.Mode == "auto" && c.NFTTable == "airlock" && c.PinRoot == "/sys/fs/bpf/airlock" && c.ProxyPort == 0
+			return c.L7Port == 15001 && c.Mode == "auto" && c.NFTTable == "airlock" && c.PinRoot == "/sys/fs/bpf/airlock" && c.ProxyPort == 0 &&
+				c.VaultPlainHTTP == "learned"
 		}},
+		{"vault_plain_http", []string{"--vault-plain-http=policy"}, "vault: {plainHTTP: policy}",
+			func(c stack.EgressdConfig) bool { return c.VaultPlainHTTP == "policy" }},
 		{"l7_off", []string{"--l7-port=0"}, "egress: {l7Port: 0}", func(c stack.EgressdConfig) bool { return c.L7Port == 0 }},
 		{"l7_port", []string{"--l7-port", "16001"}, "egress: {l7Port: 16001}", func(c stack.EgressdConfig) bool { return c.L7Port == 16001 }},
 		{"proxy_port", []string{"--proxy-port=3128"}, "egress: {proxyPort: 3128}", func(c stack.EgressdConfig) bool { return c.ProxyPort == 3128 }},
@@ -100,6 +103,19 @@ func TestEgressdSameConfig(t *testing.T) {
 	c.Egress.L7Port = -1
 	if _, err := c.Resolved(); err == nil || !strings.Contains(err.Error(), "0 turns the L7 proxy off") {
 		t.Errorf("egress.l7Port: -1: %v", err)
+	}
+	// vault.plainHTTP takes learned or policy only, on both paths.
+	ef = &egressdFlags{}
+	if err := egressdCommand(ef).ParseFlags([]string{"--vault-plain-http=always"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ef.config(); err == nil || !strings.Contains(err.Error(), "vault.plainHTTP") {
+		t.Errorf("--vault-plain-http=always: %v", err)
+	}
+	c = stack.DefaultConfig()
+	c.Vault.PlainHTTP = "always"
+	if _, err := c.Resolved(); err == nil || !strings.Contains(err.Error(), "vault.plainHTTP") {
+		t.Errorf("vault.plainHTTP: always: %v", err)
 	}
 }
 

@@ -29,6 +29,10 @@ const HOST_IF = `alvh${process.pid}`;
 const PEER_IF = `alvp${process.pid}`;
 const HOST_IP = "203.0.113.129";
 const ECHO_IP = "203.0.113.180";
+// The same echo servers at an address no DNS answer gives (the sandbox chooses it with
+// curl --resolve or /etc/hosts), and a server whose certificate names other.test only.
+const CHOSEN_IP = "203.0.113.181";
+const WRONG_IP = "203.0.113.182";
 
 let dir;
 let cfgPath;
@@ -39,6 +43,8 @@ let domain;
 let resolver;
 let echo;
 let sbx;
+let sbxOpen; // default-allow policy, credentialProxy on
+let upstreamLog = ""; // one JSON line per request any upstream server saw
 const responses = []; // every vault API answer, searched for the secrets at the end
 
 function sh(cmd, args, opts = {}) {
@@ -57,24 +63,45 @@ function makeCerts() {
   writeFileSync(`${dir}/san.ext`, "subjectAltName=DNS:echo.test,DNS:plain.test\n");
   sh("openssl", ["x509", "-req", "-in", `${dir}/echo.csr`, "-CA", `${dir}/ca.crt`, "-CAkey", `${dir}/ca.key`,
     "-CAcreateserial", "-out", `${dir}/echo.crt`, "-days", "2", "-extfile", `${dir}/san.ext`]);
+  // The same test CA vouches for other.test: trusted, but not echo.test.
+  sh("openssl", ["req", ...ec, "-keyout", `${dir}/other.key`, "-out", `${dir}/other.csr`, "-subj", "/CN=other.test"]);
+  writeFileSync(`${dir}/other.ext`, "subjectAltName=DNS:other.test\n");
+  sh("openssl", ["x509", "-req", "-in", `${dir}/other.csr`, "-CA", `${dir}/ca.crt`, "-CAkey", `${dir}/ca.key`,
+    "-CAcreateserial", "-out", `${dir}/other.crt`, "-days", "2", "-extfile", `${dir}/other.ext`]);
 }
 
-// startEcho runs an HTTPS server in the test's namespace that answers every request
-// with its method, path and headers as JSON.
+// startEcho runs, in the test's namespace, HTTPS (443) and HTTP (80) echo servers on
+// ECHO_IP and CHOSEN_IP that answer every request with the server, method, path and
+// headers as JSON, and on WRONG_IP an HTTPS server with a certificate for other.test
+// only. Every request any of them sees is also printed as a JSON line (upstreamLog).
 function startEcho() {
   const src = `
+import http from "node:http";
 import https from "node:https";
 import { readFileSync } from "node:fs";
-https.createServer({ key: readFileSync(${JSON.stringify(`${dir}/echo.key`)}), cert: readFileSync(${JSON.stringify(`${dir}/echo.crt`)}) }, (req, res) => {
+const tls = (n) => ({ key: readFileSync(${JSON.stringify(dir)} + "/" + n + ".key"), cert: readFileSync(${JSON.stringify(dir)} + "/" + n + ".crt") });
+const handler = (server) => (req, res) => {
+  const seen = { server, method: req.method, path: req.url, headers: req.headers };
+  console.log(JSON.stringify(seen));
   res.setHeader("content-type", "application/json");
-  res.end(JSON.stringify({ method: req.method, path: req.url, headers: req.headers }));
-}).listen(443, ${JSON.stringify(ECHO_IP)}, () => console.log("listening"));
+  res.end(JSON.stringify(seen));
+};
+const listen = (srv, port, ip) => new Promise((r) => srv.listen(port, ip, r));
+await Promise.all([
+  ...[${JSON.stringify(ECHO_IP)}, ${JSON.stringify(CHOSEN_IP)}].flatMap((ip) => [
+    listen(https.createServer(tls("echo"), handler("https " + ip)), 443, ip),
+    listen(http.createServer(handler("http " + ip)), 80, ip),
+  ]),
+  listen(https.createServer(tls("other"), handler("wrong-name")), 443, ${JSON.stringify(WRONG_IP)}),
+]);
+console.log("listening");
 `;
   writeFileSync(`${dir}/echo.mjs`, src);
   return new Promise((resolve, reject) => {
     const p = spawn("ip", ["netns", "exec", NS, process.execPath, `${dir}/echo.mjs`], { stdio: ["ignore", "pipe", "pipe"] });
     let err = "";
     p.stderr.on("data", (d) => (err += d));
+    p.stdout.on("data", (d) => (upstreamLog += d));
     p.stdout.once("data", () => resolve(p));
     p.once("exit", (code) => reject(new Error(`echo server exited (${code}): ${err}`)));
   });
@@ -87,6 +114,8 @@ function world() {
   sh("ip", ["addr", "add", `${HOST_IP}/25`, "dev", HOST_IF]);
   sh("ip", ["link", "set", HOST_IF, "up"]);
   sh("ip", ["-n", NS, "addr", "add", `${ECHO_IP}/25`, "dev", PEER_IF]);
+  sh("ip", ["-n", NS, "addr", "add", `${CHOSEN_IP}/25`, "dev", PEER_IF]);
+  sh("ip", ["-n", NS, "addr", "add", `${WRONG_IP}/25`, "dev", PEER_IF]);
   sh("ip", ["-n", NS, "link", "set", PEER_IF, "up"]);
   sh("ip", ["-n", NS, "link", "set", "lo", "up"]);
   sh("ip", ["-n", NS, "route", "add", "default", "via", HOST_IP]);
@@ -137,6 +166,7 @@ before(async () => {
 
 after(async () => {
   if (sbx) await sbx.kill().catch(() => {});
+  if (sbxOpen) await sbxOpen.kill().catch(() => {});
   await stopServer(server);
   removeContainers(PREFIX); // held warm-pool members and anything left
   if (echo) echo.kill();
@@ -146,9 +176,9 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-// seen runs curl in the sandbox and returns what the echo server saw.
-async function seen(args) {
-  const ex = await sbx.commands.run(`curl -sS --max-time 10 ${args}`);
+// seen runs curl in the sandbox (default sbx) and returns what the echo server saw.
+async function seen(args, box = sbx) {
+  const ex = await box.commands.run(`curl -sS --max-time 10 ${args}`);
   assert.equal(ex.error, undefined, `curl ${args}: ${JSON.stringify(ex.error)} ${ex.logs.stderr.map((m) => m.text).join("\n")}`);
   return JSON.parse(ex.logs.stdout.map((m) => m.text).join(""));
 }
@@ -264,6 +294,127 @@ test("delete: nothing is injected afterwards", async () => {
   await assert.rejects(sbx.credentialVault.get(), (err) => err.statusCode === 404);
   const got = await seen("-k https://echo.test/v2/items");
   assert.equal(got.headers["x-api-key"], undefined);
+});
+
+// run runs cmd in box and fails the test when it fails.
+async function run(box, cmd) {
+  const ex = await box.commands.run(cmd);
+  assert.equal(ex.error, undefined, `${cmd}: ${JSON.stringify(ex.error)} ${ex.logs.stderr.map((m) => m.text).join("\n")}`);
+}
+
+// status runs curl in box and returns the HTTP status ("000" when none came).
+async function status(args, box = sbx) {
+  const ex = await box.commands.run(`curl -s -o /dev/null -w '%{http_code}' --max-time 10 ${args}`);
+  return ex.logs.stdout.map((m) => m.text).join("").trim();
+}
+
+// CHOOSE are the two ways a sandbox picks the address of a name itself: each calls fn
+// with the curl options that make `name` (at `port`) mean `ip`.
+const CHOOSE = {
+  "--resolve": async (box, name, ip, port, fn) => fn(`--resolve ${name}:${port}:${ip}`),
+  "/etc/hosts": async (box, name, ip, port, fn) => {
+    await run(box, `cp /etc/hosts /tmp/hosts.orig && echo '${ip} ${name}' >> /etc/hosts`);
+    try {
+      return await fn("");
+    } finally {
+      await run(box, "cat /tmp/hosts.orig > /etc/hosts");
+    }
+  },
+};
+
+// Bindings of echo.test for HTTPS (443) and plain HTTP (80) under /v3/.
+const CHOSEN_VAULT = {
+  credentials: [{ name: "gh", source: { type: "inline", value: SECRET } }],
+  bindings: [
+    { name: "echo-https", match: { hosts: ["echo.test"], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
+    { name: "echo-http", match: { hosts: ["echo.test"], schemes: ["http"], ports: [80], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
+  ],
+};
+
+// upstreamSaw is every request line of upstreamLog from server.
+function upstreamSaw(server) {
+  return upstreamLog.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l)).filter((r) => r.server === server);
+}
+
+test("HTTPS to a bound host at an address the sandbox chose gets the credential", async () => {
+  keep(await sbx.credentialVault.create(CHOSEN_VAULT));
+  for (const [how, choose] of Object.entries(CHOOSE)) {
+    const got = await choose(sbx, "echo.test", CHOSEN_IP, 443, (opt) => seen(`${opt} https://echo.test/v3/x`));
+    assert.equal(got.server, `https ${CHOSEN_IP}`, `${how}: the address the sandbox chose is the one dialled`);
+    assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: the certificate proves echo.test, so the credential goes`);
+  }
+});
+
+test("a server that cannot prove the bound name never sees the secret", async () => {
+  for (const [how, choose] of Object.entries(CHOOSE)) {
+    const code = await choose(sbx, "echo.test", WRONG_IP, 443, (opt) => status(`${opt} https://echo.test/v3/x`));
+    assert.match(code, /^5\d\d$/, `${how}: an upstream with a certificate for other.test only`);
+  }
+  assert.deepEqual(upstreamSaw("wrong-name"), [], "the wrong-name server got no request, so no secret");
+});
+
+test("plain HTTP: a learned address gets the credential, one the sandbox chose does not (vault.plainHTTP: learned)", async () => {
+  const got = await seen("http://echo.test/v3/x");
+  assert.equal(got.server, `http ${ECHO_IP}`);
+  assert.equal(got.headers.authorization, `Bearer ${SECRET}`, "the address a DNS answer gave for echo.test");
+  for (const [how, choose] of Object.entries(CHOOSE)) {
+    // Under this default-deny policy an address nobody learned is not reachable at all.
+    const code = await choose(sbx, "echo.test", CHOSEN_IP, 80, (opt) => status(`${opt} http://echo.test/v3/x`));
+    assert.equal(code, "403", `${how}: the policy does not allow ${CHOSEN_IP}`);
+  }
+  assert.deepEqual(upstreamSaw(`http ${CHOSEN_IP}`).filter((r) => JSON.stringify(r).includes(SECRET)), []);
+});
+
+test("a default-allow sandbox: unbound requests follow the policy, plain HTTP to a chosen address goes without the credential", async () => {
+  sbxOpen = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    metadata: { suite: RUN },
+    networkPolicy: { defaultAction: "allow", egress: [{ action: "allow", target: "echo.test" }] },
+    credentialProxy: { enabled: true },
+    timeoutSeconds: 900,
+    readyTimeoutSeconds: 60,
+  });
+  keep(await sbxOpen.credentialVault.create(CHOSEN_VAULT));
+  for (const [how, choose] of Object.entries(CHOOSE)) {
+    let got = await choose(sbxOpen, "unbound.test", CHOSEN_IP, 80, (opt) => seen(`${opt} http://unbound.test/v3/x`, sbxOpen));
+    assert.equal(got.server, `http ${CHOSEN_IP}`, `${how}: plain HTTP that no binding matches`);
+    got = await choose(sbxOpen, "unbound.test", CHOSEN_IP, 443, (opt) => seen(`-k ${opt} https://unbound.test/v3/x`, sbxOpen));
+    assert.equal(got.server, `https ${CHOSEN_IP}`, `${how}: HTTPS that no binding matches`);
+    got = await choose(sbxOpen, "echo.test", CHOSEN_IP, 80, (opt) => seen(`${opt} http://echo.test/v3/x`, sbxOpen));
+    assert.equal(got.server, `http ${CHOSEN_IP}`, `${how}: plain HTTP to a bound host at a chosen address is forwarded`);
+    assert.equal(got.headers.authorization, undefined, `${how}: ... without the credential`);
+    got = await choose(sbxOpen, "echo.test", CHOSEN_IP, 443, (opt) => seen(`${opt} https://echo.test/v3/x`, sbxOpen));
+    assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: HTTPS to a bound host at a chosen address`);
+  }
+  assert.equal((await seen(`http://${CHOSEN_IP}/x`, sbxOpen)).server, `http ${CHOSEN_IP}`, "an address literal (Host is the address)");
+  assert.equal((await seen(`-k https://${CHOSEN_IP}/x`, sbxOpen)).server, `https ${CHOSEN_IP}`, "TLS without SNI");
+  const other = await seen(`-k --resolve other.test:443:${WRONG_IP} https://other.test/x`, sbxOpen);
+  assert.equal(other.server, "wrong-name", "the wrong-name server answers whoever reaches it (so its 5xx above is the proxy's refusal)");
+  const res = await fetch(`http://${domain}/v1/sandboxes/${sbxOpen.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
+  const body = await res.text();
+  const records = JSON.parse(body).records ?? JSON.parse(body);
+  const notInjected = records.filter((r) => r.source === "credential" && r.rule === "echo-http" && r.action === "deny" &&
+    r.reason.includes("not injected: address not learned"));
+  assert.equal(notInjected.length, 2, `each plain-HTTP request to the chosen address is audited as not injected: ${body.slice(0, 2000)}`);
+});
+
+test("vault.plainHTTP: policy: plain HTTP to an address the sandbox chose gets the credential", async () => {
+  await stopServer(server);
+  writeFileSync(cfgPath, readFileSync(cfgPath, "utf8") + "vault:\n  plainHTTP: policy\n");
+  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
+  for (let i = 0; i < 50 && (await status(`--resolve echo.test:80:${CHOSEN_IP} http://echo.test/v3/x`)) !== "200"; i++) {
+    await new Promise((r) => setTimeout(r, 200)); // egressd re-adopts the sandbox right after start
+  }
+  for (const [how, choose] of Object.entries(CHOOSE)) {
+    const got = await choose(sbx, "echo.test", CHOSEN_IP, 80, (opt) => seen(`${opt} http://echo.test/v3/x`));
+    assert.equal(got.server, `http ${CHOSEN_IP}`, how);
+    assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: the operator opted in`);
+  }
+  // Still only where the policy accepts the address for the name: not a private one.
+  const code = await status("--resolve echo.test:80:10.255.255.1 http://echo.test/v3/x");
+  assert.equal(code, "403", "a private address, which only an explicit rule allows");
 });
 
 // files lists every regular file under root.
