@@ -27,8 +27,8 @@ import (
 // crypto/tls) or the HTTP Host header. The connection is spliced to its original
 // destination (no TLS interception) only when the name is allowed by the policy AND the
 // destination address was learned from a DNS answer for that name; otherwise it is
-// closed (HTTP gets a 403 first). Plain HTTP is not spliced: every request of the
-// connection is checked the same way (relayHTTP). Every decision is audited (source l7).
+// closed (HTTP gets a 403 first). Under `l7: sni` plain HTTP is not spliced: every
+// request of the connection is checked the same way (relayHTTP). Every decision is audited (source l7).
 // What the proxy never sees (other ports, UDP) is not granted to a name's learned
 // addresses unless a rule names it (l7Scope).
 type l7Proxy struct {
@@ -117,8 +117,9 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		return
 	}
 	defer up.Close()
-	if !isTLS {
-		// Every request of the connection is checked, not only the first.
+	if !isTLS && sbx.Policy.L7() == policies.L7SNI {
+		// Every request of the connection is checked, not only the first. (A sandbox
+		// here only for its Credential Vault, l7 off, is held to its addresses.)
 		p.relayHTTP(c, up.(*net.TCPConn), seen.Bytes(), src, dst, name)
 		return
 	}
