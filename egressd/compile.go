@@ -2,6 +2,7 @@ package egressd
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 	"github.com/airlockdev/airlock/policies"
@@ -112,6 +113,34 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 	c.policy.CountFlows = d.AuditLevel() == policies.AuditAll
 	c.policy.L7 = o.l7 && (d.L7() == policies.L7SNI || o.credential)
 	return c
+}
+
+// l7Ports are the ports a name allow rule without ports reaches under `l7: sni` (when
+// egressd runs its L7 proxy): the ones the proxy checks, HTTP and HTTPS.
+var l7Ports = []policies.PortRange{{First: 80, Last: 80}, {First: 443, Last: 443}}
+
+// l7Scope narrows p, a policy with `l7: sni` checked by the L7 proxy, to what the proxy
+// can check. The proxy sees TCP 80 and 443 only, so every other port and protocol of a
+// learned address would bypass the SNI/Host check (a CDN address serves many sites: TLS
+// on 8443, HTTP/3 over UDP 443). An allow rule for a name or a "*.suffix" wildcard
+// therefore defaults to ports 80 and 443 (l7Ports) instead of every port, and to TCP
+// instead of TCP and UDP: other ports, and UDP (QUIC), need a rule that names them,
+// and reach the learned address unchecked. Deny rules, address and CIDR rules and "*"
+// keep their meaning. p is changed in place (it comes from policies.Parse).
+func l7Scope(p *policies.Policy) {
+	for i, r := range p.Egress {
+		if r.Action != policies.Allow || len(r.Ports) > 0 {
+			continue
+		}
+		t, err := policies.ParseTarget(r.Target)
+		if err != nil || (t.Kind != policies.KindName && t.Kind != policies.KindWildcard) {
+			continue
+		}
+		p.Egress[i].Ports = slices.Clone(l7Ports)
+		if len(r.Protocols) == 0 {
+			p.Egress[i].Protocols = []policies.Protocol{policies.TCP}
+		}
+	}
 }
 
 func (c *compiled) add(r datapath.Rule, ref string) {

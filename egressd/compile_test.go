@@ -86,3 +86,53 @@ func TestCompileAddressSemantics(t *testing.T) {
 		})
 	}
 }
+
+// TestL7Scope: under l7: sni, a name allow rule without ports grants the learned
+// address TCP 80 and 443 only; explicit ports and protocols, deny rules, addresses and
+// "*" keep their meaning.
+func TestL7Scope(t *testing.T) {
+	p, err := policies.Parse("policy", []byte(`{"defaultAction":"deny","l7":"sni","egress":[
+		{"action":"deny","target":"blocked.example"},
+		{"action":"allow","target":"cdn.example"},
+		{"action":"allow","target":"*.cdn.example"},
+		{"action":"allow","target":"cdn.example","ports":[8443],"protocols":["tcp"]},
+		{"action":"allow","target":"quic.example","protocols":["udp"]},
+		{"action":"allow","target":"ssh.example","ports":[22]},
+		{"action":"allow","target":"198.51.100.0/24"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l7Scope(p)
+	dec, err := policies.Compile(p, policies.CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		want string // the learned grants
+	}{
+		{"cdn.example", "tcp:80,443,8443"},
+		{"a.cdn.example", "tcp:80,443"},
+		{"quic.example", "udp:80,443"},
+		{"ssh.example", "tcp:22 udp:22"},
+	} {
+		if got := dec.DecideName(c.name, 0, "").Ports.String(); got != c.want {
+			t.Errorf("%s: ports %s, want %s", c.name, got, c.want)
+		}
+	}
+	if dec.DecideName("blocked.example", 80, policies.TCP).Allowed() {
+		t.Error("a deny rule was narrowed")
+	}
+	if !dec.DecideAddr(netip.MustParseAddr("198.51.100.7"), 8443, policies.UDP).Allowed() {
+		t.Error("a CIDR rule was narrowed")
+	}
+	// Without the scope, the same document grants cdn.example every port.
+	p, _ = policies.Parse("policy", []byte(`{"defaultAction":"deny","l7":"sni","egress":[{"action":"allow","target":"cdn.example"}]}`))
+	dec, _ = policies.Compile(p, policies.CompileOptions{})
+	if got := dec.DecideName("cdn.example", 0, "").Ports.String(); got != "all" {
+		t.Errorf("unscoped: %s", got)
+	}
+	if got := learnedGrants(dec.DecideName("cdn.example", 0, "").Ports); got != nil {
+		t.Errorf("unscoped grants %v, want every port", got)
+	}
+}

@@ -505,7 +505,70 @@ func TestEgressdL7(t *testing.T) {
 		w.waitAudit(t, sb.ID, "l7 allow", func(r audit.Record) bool {
 			return r.Source == audit.SourceL7 && r.Action == "allow" && r.DstHost == "allowed.test"
 		})
+		w.l7Bypasses(t, d.Backend(), sb, x)
 	}, func(c *Config) { c.L7Port = 15001 })
+}
+
+// l7Bypasses is the L7 part of the bypass suite: the allowed name's address stands for
+// a CDN address shared with other sites, and the sandbox, having resolved the allowed
+// name, tries to reach those other sites past the SNI/Host check.
+func (w *world) l7Bypasses(t *testing.T, backend datapath.Backend, sb *sdk.Sandbox, x *sdk.Execd) {
+	mode := enforcer.Mode(backend)
+	if got := curl(t, x, "http://allowed.test/"); got != "allowed" { // (re)learn the address
+		t.Fatalf("allowed.test = %q", got)
+	}
+	t.Run("bypass_quic_udp_443", func(t *testing.T) {
+		// HTTP/3 goes over UDP 443, which the L7 proxy never sees: refused at once.
+		if got, want := attempt(t, x, "udp", allowedIP, 443), refusal(mode, "udp"); got != want {
+			t.Errorf("UDP 443 to the allowed name's address: %s, want %s", got, want)
+		}
+		w.waitAudit(t, sb.ID, "deny of UDP 443", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.Proto == "udp" && r.DstIP == allowedIP.String() && r.DstPort == 443
+		})
+	})
+	t.Run("bypass_tls_other_port", func(t *testing.T) {
+		// TLS on 8443 is not redirected to the L7 proxy: the name's rule gives no
+		// ports, so under l7: sni its address is reachable on TCP 80 and 443 only.
+		if got, want := attempt(t, x, "tcp", allowedIP, 8443), refusal(mode, "tcp"); got != want {
+			t.Errorf("TCP 8443 to the allowed name's address: %s, want %s", got, want)
+		}
+		if got := curl(t, x, "-k --resolve denied.test:8443:"+allowedIP.String()+" https://denied.test:8443/"); got != "" {
+			t.Errorf("TLS naming a denied domain on port 8443 of the allowed address = %q", got)
+		}
+		w.waitAudit(t, sb.ID, "deny of TCP 8443", func(r audit.Record) bool {
+			return r.Source == audit.SourceBPF && r.Action == "deny" && r.Proto == "tcp" && r.DstIP == allowedIP.String() && r.DstPort == 8443
+		})
+	})
+	t.Run("bypass_second_request_other_host", func(t *testing.T) {
+		// Three requests on one kept-alive port-80 connection: two for the allowed
+		// name (keep-alive keeps working), then one naming another site.
+		script := `cat > /tmp/keepalive.py <<'PY'
+import socket, http.client
+s = socket.create_connection(("allowed.test", 80), timeout=3)
+out = []
+for h in ["allowed.test", "allowed.test", "other.test"]:
+    try:
+        s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % h).encode())
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        out.append("%d:%s" % (r.status, r.read().decode().strip().replace(" ", "_")))
+    except Exception as e:
+        out.append("closed")
+print(" ".join(out))
+PY
+python3 /tmp/keepalive.py`
+		_, out := sh(t, x, script)
+		got := strings.Fields(out)
+		if len(got) != 3 || got[0] != "200:allowed" || got[1] != "200:allowed" {
+			t.Fatalf("two requests for the allowed name on one connection: %q", out)
+		}
+		if !strings.HasPrefix(got[2], "403:") && got[2] != "closed" {
+			t.Errorf("a second request naming another site on the kept-alive connection: %s, want 403 or closed", got[2])
+		}
+		w.waitAudit(t, sb.ID, "l7 deny of the second request", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "deny" && r.DstHost == "other.test" && r.Proto == "http"
+		})
+	})
 }
 
 // TestEgressdDefaultPolicy: a sandbox created without a networkPolicy reaches public

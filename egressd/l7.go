@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/policies"
 )
@@ -26,9 +27,12 @@ import (
 // crypto/tls) or the HTTP Host header. The connection is spliced to its original
 // destination (no TLS interception) only when the name is allowed by the policy AND the
 // destination address was learned from a DNS answer for that name; otherwise it is
-// closed (HTTP gets a 403 first). Connections of credentialProxy sandboxes are decided
-// by credentialProxy.decide instead where a vault binding or no `l7: sni` is involved.
-// Every decision is audited (source l7).
+// closed (HTTP gets a 403 first). Under `l7: sni` plain HTTP is not spliced: every
+// request of the connection is checked the same way (relayHTTP). Connections of
+// credentialProxy sandboxes are decided by credentialProxy.decide instead where a vault
+// binding or no `l7: sni` is involved. Every decision is audited (source l7).
+// What the proxy never sees (other ports, UDP) is not granted to a name's learned
+// addresses unless a rule names it (l7Scope).
 type l7Proxy struct {
 	d  *Daemon
 	ln net.Listener
@@ -75,48 +79,44 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	if !ok {
 		return
 	}
-	rec := audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
-		DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Mode: string(sbx.Policy.Mode()),
-		PolicyVersion: sbx.Policy.Version()}
 	var seen bytes.Buffer
 	c.SetReadDeadline(time.Now().Add(l7SniffTimeout))
 	name, isTLS, err := sniff(io.TeeReader(c, &seen))
 	c.SetReadDeadline(time.Time{})
-	rec.Proto = "http"
+	proto := "http"
 	if isTLS {
-		rec.Proto = "https"
+		proto = "https"
 	}
-	rec.DstHost = name
-	allowed, handled := false, false
-	var ct *credTarget // the Credential Vault's interception of this connection
+	var (
+		rec     audit.Record
+		allowed bool
+		handled bool
+		ct      *credTarget // the Credential Vault's interception of this connection
+	)
 	if d.cred != nil {
+		rec = audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
+			DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Mode: string(sbx.Policy.Mode()),
+			PolicyVersion: sbx.Policy.Version(), Proto: proto, DstHost: name}
 		ct, allowed, handled = d.cred.decide(sbx, name, isTLS, err, src, dst, &rec)
 	}
-	switch {
-	case handled:
-	case err != nil || name == "":
-		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
-	default:
-		dec := sbx.Policy.DecideName(name, dst.Port(), policies.TCP)
-		rec.Rule, rec.Reason = dec.Rule, dec.Reason
-		switch {
-		case !dec.Allowed():
-		case !d.learnedFor(sbx.ID, dst.Addr(), name):
-			rec.Rule, rec.Reason = "l7", fmt.Sprintf("%s was not learned from a DNS answer for %s", dst.Addr(), name)
-		default:
-			allowed = true
+	if handled {
+		rec.Action = string(policies.Deny)
+		if allowed {
+			rec.Action = string(policies.Allow)
 		}
-	}
-	rec.Action = string(policies.Deny)
-	if allowed {
-		rec.Action = string(policies.Allow)
+	} else {
+		checked := name
+		if err != nil {
+			checked = ""
+		}
+		rec, allowed = d.decideL7(sbx, src, dst, checked, proto)
 	}
 	if d.cfg.Audit != nil {
 		d.cfg.Audit.Append(rec)
 	}
 	if !allowed {
 		if !isTLS && err == nil {
-			io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 30\r\n\r\nblocked by the egress policy\r\n")
+			io.WriteString(c, l7Forbidden)
 		}
 		return
 	}
@@ -133,10 +133,45 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		return
 	}
 	defer up.Close()
+	if !isTLS && sbx.Policy.L7() == policies.L7SNI {
+		// Every request of the connection is checked, not only the first. (A sandbox
+		// here only for its Credential Vault, l7 off, is held to its addresses.)
+		p.relayHTTP(c, up.(*net.TCPConn), seen.Bytes(), src, dst, name)
+		return
+	}
 	if _, err := up.Write(seen.Bytes()); err != nil {
 		return
 	}
 	splice(c, up.(*net.TCPConn))
+}
+
+// l7Forbidden is the answer to a refused HTTP request; the connection closes after it.
+const l7Forbidden = "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 30\r\n\r\nblocked by the egress policy\r\n"
+
+// decideL7 decides name (a TLS SNI or an HTTP Host; "" when the connection gave none)
+// on a connection of sandbox sbx from src to dst over proto ("http" or "https"): the
+// name must be allowed by the policy at dst's port AND dst must have been learned from
+// a DNS answer for it. It returns the decision's audit record (source l7) and whether
+// the name is allowed.
+func (d *Daemon) decideL7(sbx dnsfilter.Sandbox, src, dst netip.AddrPort, name, proto string) (audit.Record, bool) {
+	rec := audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
+		DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Mode: string(sbx.Policy.Mode()),
+		PolicyVersion: sbx.Policy.Version(), Proto: proto, DstHost: name, Action: string(policies.Deny)}
+	if name == "" {
+		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
+		return rec, false
+	}
+	dec := sbx.Policy.DecideName(name, dst.Port(), policies.TCP)
+	rec.Rule, rec.Reason = dec.Rule, dec.Reason
+	switch {
+	case !dec.Allowed():
+		return rec, false
+	case !d.learnedFor(sbx.ID, dst.Addr(), name):
+		rec.Rule, rec.Reason = "l7", fmt.Sprintf("%s was not learned from a DNS answer for %s", dst.Addr(), name)
+		return rec, false
+	}
+	rec.Action = string(policies.Allow)
+	return rec, true
 }
 
 // splice copies both ways until both directions are done, half-closing each side as

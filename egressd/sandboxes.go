@@ -214,7 +214,14 @@ func (d *Daemon) compile(s watch.Sandbox) compiled {
 	}
 	// The source names the document in rule reasons; the record already names the
 	// sandbox, and sandboxes under one named policy share the compiled result.
-	dec, err := policies.Load("policy", doc, opts)
+	p, err := policies.Parse("policy", doc)
+	var dec *policies.Decider
+	if err == nil {
+		if d.l7 != nil && p.EffectiveL7() == policies.L7SNI {
+			l7Scope(p) // what the L7 proxy cannot check is not granted by default
+		}
+		dec, err = policies.Compile(p, opts)
+	}
 	if err != nil {
 		d.log.Error("sandbox policy does not compile; denying all egress", "sandbox_id", s.ID, "err", err)
 		d.metrics.errors.WithLabelValues("policy").Inc()

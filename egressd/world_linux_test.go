@@ -172,6 +172,32 @@ func (w *world) internet(t *testing.T) {
 	ts.Listener = tlsL
 	ts.StartTLS()
 	t.Cleanup(ts.Close)
+	// The allowed name's address stands for a CDN address that hosts other sites too:
+	// TLS on another port (8443) and a UDP echo on 443 (HTTP/3 would go there) must
+	// stay out of reach of a sandbox whose L7 check is on (TestEgressdL7).
+	tls8443, err := ns.Listen("tcp", allowedIP.String()+":8443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts8443 := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprint(rw, "allowed-8443") }))
+	ts8443.Listener = tls8443
+	ts8443.StartTLS()
+	t.Cleanup(ts8443.Close)
+	quic, err := ns.ListenPacket("udp", allowedIP.String()+":443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { quic.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := quic.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			quic.WriteTo(buf[:n], from)
+		}
+	}()
 	serve(allowedIP.String()+":80", "allowed")
 	serve(deniedIP.String()+":80", "denied")
 	serve(cidrIP.String()+":8080", "cidr")
