@@ -21,7 +21,7 @@ build: ## build bin/airlock, bin/execd and bin/airlock-gokernel (static)
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/airlock-gokernel ./cmd/airlock-gokernel
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/airlock ./cmd/airlock
 
-prepare: ## install missing packages, start dockerd, mount bpffs
+prepare: ## install missing packages, start dockerd (gVisor runsc registered), mount bpffs
 	@deploy/host/prepare.sh
 
 image: prepare build ## build the sandbox and code-interpreter images (cached by recipe)

@@ -134,7 +134,8 @@ try:
 except PermissionError:
     print('denied')
 except OSError as e:
-    print('denied' if e.errno == 1 else 'errno %d' % e.errno)"`); out != "denied" {
+    print({1: 'denied', 25: 'unsupported'}.get(e.errno, 'errno %d' % e.errno))"`); out != "denied" && (!w.gvisor || out != "unsupported") {
+			// gVisor's Sentry answers ENOTTY: it does not pass route ioctls to the host.
 			t.Errorf("route change as root: %s", out)
 		}
 		for _, c := range []struct {

@@ -190,14 +190,15 @@ func (d *Daemon) apply(s watch.Sandbox) {
 }
 
 // sandboxCgroup is the cgroup v2 directory of the sandbox's process, where the
-// datapath's socket layer attaches; "" when it cannot be found (the veth filter
-// enforces alone then).
+// datapath's socket layer attaches; "" when it cannot be found or is the hierarchy's
+// root (a runtime that joins only v1 hierarchies: attaching there would filter every
+// process of the host by this sandbox's policy). The veth filter enforces alone then.
 func sandboxCgroup(pid int) string {
 	if pid <= 0 {
 		return ""
 	}
 	dir, err := cgroupv2.OfPid(pid)
-	if err != nil {
+	if err != nil || cgroupv2.IsRoot(dir) {
 		return ""
 	}
 	return dir

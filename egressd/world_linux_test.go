@@ -1,6 +1,7 @@
 package egressd
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -72,6 +73,8 @@ type world struct {
 	nftTable string // the world's nftables tables (other packages' tests run egressd at once)
 	api      *sdk.Client
 	current  atomic.Pointer[Daemon] // the daemon the ready gate asks
+	// gvisor: the sandboxes run under gVisor's runsc (lctest.Options.OCIRuntime).
+	gvisor bool
 }
 
 // newWorld builds the world; opts adjust the lifecycle harness (pools, aliases).
@@ -97,6 +100,7 @@ func newWorld(t *testing.T, opts ...func(*lctest.Options)) *world {
 	for _, f := range opts {
 		f(&o)
 	}
+	w.gvisor = cmp.Or(o.OCIRuntime, os.Getenv("AIRLOCK_TEST_DOCKER_RUNTIME")) == "runsc"
 	h := lctest.New(t, o)
 	_, _, gw := h.Runtime.Network()
 	w.h, w.gw = h, gw

@@ -58,6 +58,8 @@ func TestBadInput(t *testing.T) {
 		{"env_bad_name", with(func(r map[string]any) { r["env"] = map[string]string{"1X": "y"} }), 400, "INVALID_REQUEST"},
 		{"metadata_reserved", with(func(r map[string]any) { r["metadata"] = map[string]string{"opensandbox.io/x": "y"} }), 400, "INVALID_REQUEST"},
 		{"metadata_bad_value", with(func(r map[string]any) { r["metadata"] = map[string]string{"k": "has space"} }), 400, "INVALID_REQUEST"},
+		{"runtime_unknown", with(func(r map[string]any) { r["extensions"] = map[string]string{"airlock.dev/runtime": "nosuchruntime"} }), 400, "INVALID_REQUEST"},
+		{"runtime_malformed", with(func(r map[string]any) { r["extensions"] = map[string]string{"airlock.dev/runtime": "run sc"} }), 400, "INVALID_REQUEST"},
 		{"renew_ext_out_of_range", with(func(r map[string]any) { r["extensions"] = map[string]string{"access.renew.extend.seconds": "10"} }), 400, "INVALID_REQUEST"},
 		{"policy_bad_action", with(func(r map[string]any) {
 			r["networkPolicy"] = map[string]any{"defaultAction": "maybe"}

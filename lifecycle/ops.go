@@ -27,6 +27,9 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			v.spec.Env[k] = val
 		}
 	}
+	if err := s.checkRuntime(ctx, v.spec.OCIRuntime); err != nil {
+		return Sandbox{}, err
+	}
 	policyName := req.Extensions[ExtPolicy]
 	if policyName == "" && len(v.policy) == 0 {
 		policyName = s.cfg.DefaultPolicy

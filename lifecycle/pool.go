@@ -86,8 +86,8 @@ func newPools(specs []PoolSpec, l Limits, aliases map[string]string) ([]*pool, e
 
 // poolFor returns the pool a validated create can be served from, or nil.
 func (s *Server) poolFor(v *validated) *pool {
-	if len(v.spec.Volumes) > 0 || v.credentialProxy || len(v.spec.TrustedCAPEM) > 0 {
-		return nil
+	if len(v.spec.Volumes) > 0 || v.credentialProxy || len(v.spec.TrustedCAPEM) > 0 || v.spec.OCIRuntime != "" {
+		return nil // members run under the default OCI runtime
 	}
 	for _, p := range s.pools {
 		if p.image == v.spec.Image && p.nano == v.spec.NanoCPUs && p.mem == v.spec.MemoryBytes && p.pids == v.spec.Pids {

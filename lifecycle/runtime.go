@@ -66,6 +66,10 @@ type Spec struct {
 	// removes at start (execd --access-token-file), never through the environment, so
 	// execd then requires it in X-EXECD-ACCESS-TOKEN on every request but GET /ping.
 	ExecdToken string
+	// OCIRuntime is the engine runtime this sandbox runs under ("runsc": gVisor), from
+	// the create's ExtRuntime, checked against the engine (OCIRuntimes); empty: the
+	// Runtime's default (docker.runtime).
+	OCIRuntime string
 	// Egress is what the sandbox's compiled policy allows, for runtimes that add a
 	// second network layer (Kubernetes: a NetworkPolicy per sandbox). egressd stays the
 	// enforcement of record.

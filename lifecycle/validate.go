@@ -217,6 +217,9 @@ func validateCreate(req *CreateRequest, l Limits) (*validated, error) {
 		}
 		v.renewOnAccess = n
 	}
+	if err := validateRuntimeExt(req.Extensions, &v.spec); err != nil {
+		return nil, err
+	}
 	return v, nil
 }
 

@@ -73,7 +73,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	docker:
 //	  network: airlock0
 //	  subnet: 10.213.0.0/16
-//	  ociRuntime: runsc
+//	  runtime: runsc                      # gVisor for every sandbox (lifecycle/docker/README.md#gvisor)
 //	  allowedHostRoots: [/srv/airlock]
 //	images:
 //	  aliases: {"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest"}
@@ -187,7 +187,13 @@ type DockerConfig struct {
 	// stack when Airlock creates it: sandboxes get an IPv6 address and egress filters
 	// IPv6 like IPv4. Default: IPv4 only.
 	Subnet6 string `yaml:"subnet6"`
-	// OCIRuntime is an engine runtime name (runsc, kata); default the engine's.
+	// Runtime is the engine runtime sandboxes run under unless their create names
+	// another (extensions["airlock.dev/runtime"]): runsc is gVisor, which `make
+	// prepare` installs and registers (lifecycle/docker/README.md#gvisor); default the
+	// engine's (runc). Start fails when the engine does not have it.
+	Runtime string `yaml:"runtime"`
+	// OCIRuntime is the former name of Runtime: a file that sets it is refused with a
+	// pointer to runtime (it was never documented beyond this struct).
 	OCIRuntime string `yaml:"ociRuntime"`
 	// AllowedHostRoots are the directories host-path volumes may come from; default
 	// none (host-path volumes refused).
@@ -269,6 +275,9 @@ func (c *Config) setDefaults() error {
 	c.Vault.PlainHTTP = c.Egress.VaultPlainHTTP
 	if c.Docker.ExecdPath == "" {
 		c.Docker.ExecdPath = DefaultExecdPath()
+	}
+	if c.Docker.OCIRuntime != "" {
+		return fmt.Errorf("config: docker.ociRuntime is now docker.runtime: write runtime: %s", c.Docker.OCIRuntime)
 	}
 	if c.Docker.Subnet != "" {
 		if p, err := netip.ParsePrefix(c.Docker.Subnet); err != nil || !p.Addr().Is4() {

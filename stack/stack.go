@@ -224,7 +224,7 @@ func (s *Stack) startDocker(ctx context.Context) error {
 		Subnet:           subnet,
 		Subnet6:          subnet6,
 		ExecdPath:        s.cfg.Docker.ExecdPath,
-		OCIRuntime:       s.cfg.Docker.OCIRuntime,
+		OCIRuntime:       s.cfg.Docker.Runtime,
 		AllowedHostRoots: s.cfg.Docker.AllowedHostRoots,
 		NamePrefix:       s.cfg.Docker.NamePrefix,
 		DNSOnGateway:     !s.cfg.Egress.Disabled,

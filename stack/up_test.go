@@ -116,3 +116,27 @@ func TestEgressNFTTable(t *testing.T) {
 		}
 	}
 }
+
+// TestDockerRuntimeKey: docker.runtime is the engine runtime of every sandbox; the
+// former key ociRuntime is refused with a pointer to it.
+func TestDockerRuntimeKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "gvisor.yaml")
+	if err := os.WriteFile(p, []byte("docker:\n  runtime: runsc\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(p, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Docker.Runtime != "runsc" {
+		t.Errorf("docker.runtime = %q", c.Docker.Runtime)
+	}
+	if err := c.setDefaults(); err != nil {
+		t.Errorf("docker.runtime: runsc refused: %v", err)
+	}
+	old := Config{Docker: DockerConfig{OCIRuntime: "runsc"}}
+	if err := old.setDefaults(); err == nil || !strings.Contains(err.Error(), "docker.runtime") {
+		t.Errorf("docker.ociRuntime: %v, want a pointer to docker.runtime", err)
+	}
+}

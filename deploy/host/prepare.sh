@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepares this host for Airlock: the Debian packages it uses, a running Docker engine,
-# the BPF filesystem. Every need is probed by the thing Airlock actually uses (the engine
+# Prepares this host for Airlock: the Debian packages it uses, a running Docker engine
+# with gVisor's runsc registered as runtime "runsc", the BPF filesystem. Every need is probed by the thing Airlock actually uses (the engine
 # is dockerd + containerd + runc answering on its socket, never a docker client that
 # happens to be on the PATH); what is present is left alone. Idempotent. Needs root,
 # except with --plan.
@@ -14,6 +14,9 @@
 #                           /var/run/docker.sock)
 #   AIRLOCK_PREPARE_ROOT    prefix for the file probes (default: none)
 #   AIRLOCK_PREPARE_MOUNTS  the mount table read for bpffs (default: /proc/self/mounts)
+#   AIRLOCK_DOCKER_DAEMON_JSON  the engine's configuration file (default: /etc/docker/daemon.json)
+#   AIRLOCK_DOCKERD_PIDFILE the engine's pid file, signalled to reload it without systemd
+#                           (default: /var/run/docker.pid)
 set -euo pipefail
 
 want_node=1
@@ -22,7 +25,7 @@ for a in "$@"; do
   case "$a" in
     --no-node) want_node=0 ;;
     --plan) plan=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "prepare: unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +40,13 @@ if [ -z "$socket" ]; then
   esac
 fi
 dockerd_log=/var/log/airlock-dockerd.log
+daemon_json=${AIRLOCK_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
+dockerd_pidfile=${AIRLOCK_DOCKERD_PIDFILE:-/var/run/docker.pid}
+# runsc's arguments as the engine's runtime "runsc" (lifecycle/docker/README.md#gvisor):
+# --network=host, because Debian 12's runsc (2022-12) refuses its own network stack on
+# kernels from 6.11 on (gVisor issue 10704); the sandbox still has its own network
+# namespace (Docker's), which gVisor enters.
+runsc_args=(--network=host)
 
 say() { if [ "$plan" = 1 ]; then printf 'plan: %s\n' "$*"; else printf '\033[1m==> %s\033[0m\n' "$*"; fi; }
 die() { echo "prepare: $*" >&2; exit 1; }
@@ -51,6 +61,7 @@ probes=(
   dockerd:docker.io          # the engine (lifecycle's Docker runtime talks to it)
   containerd:containerd      # the engine's container supervisor
   runc:runc                  # the OCI runtime the engine starts sandboxes with
+  runsc:runsc                # gVisor, the runtime of docker.runtime: runsc (registered below)
   docker:docker.io           # the CLI, used by tests and operators only
   curl:curl                  # prepare's own engine probe; the image recipe
   debootstrap:debootstrap    # airlock image build
@@ -108,6 +119,30 @@ if [ "$plan" = 0 ]; then
   fi
 fi
 
+# runsc_configured: 0 when daemon.json names a runtime "runsc" (whatever its arguments:
+# an operator's own entry is left alone).
+# Bash matching only: the probes run before any package is installed.
+runsc_configured() {
+  [ -f "$daemon_json" ] || return 1
+  local re='"runsc"[[:space:]]*:'
+  [[ "$(<"$daemon_json")" =~ $re ]]
+}
+
+# gVisor: name runsc in daemon.json before the engine starts, so a first start has it;
+# a running engine is reloaded below. `runsc install` merges into the file, keeping
+# every other key.
+if runsc_configured; then
+  [ "$plan" = 1 ] && say "ok runtime runsc in $daemon_json"
+elif [ "$plan" = 1 ]; then
+  say "add runtime runsc (${runsc_args[*]}) to $daemon_json"
+else
+  say "adding runtime runsc (${runsc_args[*]}) to $daemon_json"
+  mkdir -p "${daemon_json%/*}"
+  runsc install --config_file="$daemon_json" --runtime=runsc -- "${runsc_args[@]}" >/dev/null 2>&1 ||
+    die "could not add runsc to $daemon_json (is it valid JSON?); run: runsc install --config_file=$daemon_json -- ${runsc_args[*]}"
+  runsc_configured || die "runsc install left no runtime runsc in $daemon_json"
+fi
+
 # engine_answers: 0 when the engine answers /_ping on its socket (what the Go client
 # does first). Uses curl, never the docker CLI: a client of any version proves nothing.
 engine_answers() {
@@ -144,6 +179,39 @@ else
   done
   engine_answers || die "the docker engine did not answer on $socket within 30 s; see ${dockerd_pid:+$dockerd_log}${dockerd_pid:-journalctl -u docker}"
   say "docker engine answering ($(engine_version))"
+fi
+
+# engine_has_runsc: 0 when the engine lists runtime "runsc" (GET /info, Runtimes).
+engine_has_runsc() {
+  [ -S "$socket" ] || return 1
+  local info
+  info=$(curl -fsS --max-time 5 --unix-socket "$socket" http://localhost/info 2>/dev/null) || return 1
+  [[ "$info" == *'"runsc":{'* ]]
+}
+
+# reload_engine makes the engine re-read daemon.json (runtimes are reloadable): systemd's
+# reload when systemd runs it, else SIGHUP to the pid in its pid file.
+reload_engine() {
+  if [ -d /run/systemd/system ] && systemctl cat docker.service >/dev/null 2>&1; then
+    systemctl reload docker || die "systemctl reload docker failed; run: journalctl -u docker -n 50"
+    return
+  fi
+  local pid
+  pid=$(cat "$dockerd_pidfile" 2>/dev/null || true)
+  [ -n "$pid" ] && kill -HUP "$pid" 2>/dev/null ||
+    die "cannot signal the engine to reload $daemon_json (no live pid in $dockerd_pidfile); restart dockerd"
+}
+
+if [ "$plan" = 1 ]; then
+  if engine_answers && engine_has_runsc; then say "ok engine lists runtime runsc"
+  else say "reload the engine so it lists runtime runsc"; fi
+elif engine_has_runsc; then
+  say "docker engine lists runtime runsc"
+else
+  say "reloading the docker engine for runtime runsc"
+  reload_engine
+  for _ in $(seq 1 20); do engine_has_runsc && break; sleep 0.5; done
+  engine_has_runsc || die "the engine does not list runtime runsc after reloading $daemon_json; see ${dockerd_pid:+$dockerd_log}${dockerd_pid:-its log}"
 fi
 
 # BPF filesystem, for pinned programs and maps (/sys/fs/bpf/airlock).

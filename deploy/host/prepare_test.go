@@ -23,6 +23,7 @@ var probes = map[string]string{
 	"dockerd":                        "docker.io",
 	"containerd":                     "containerd",
 	"runc":                           "runc",
+	"runsc":                          "runsc",
 	"docker":                         "docker.io",
 	"curl":                           "curl",
 	"debootstrap":                    "debootstrap",
@@ -49,6 +50,10 @@ type fakeHost struct {
 	root   string // AIRLOCK_PREPARE_ROOT
 	mounts string // AIRLOCK_PREPARE_MOUNTS
 	socket string // AIRLOCK_DOCKER_SOCKET
+	// daemonJSON is AIRLOCK_DOCKER_DAEMON_JSON (absent until a test writes it) and
+	// pidfile AIRLOCK_DOCKERD_PIDFILE.
+	daemonJSON string
+	pidfile    string
 }
 
 // newFakeHost has the given commands as stubs that fail if run (a probe must only look
@@ -61,6 +66,9 @@ func newFakeHost(t *testing.T, commands, files []string, bpffs bool) *fakeHost {
 		root:   filepath.Join(dir, "root"),
 		mounts: filepath.Join(dir, "mounts"),
 		socket: filepath.Join(dir, "docker.sock"),
+
+		daemonJSON: filepath.Join(dir, "etc", "docker", "daemon.json"),
+		pidfile:    filepath.Join(dir, "docker.pid"),
 	}
 	must(t, os.MkdirAll(h.bin, 0o755))
 	for _, c := range commands {
@@ -82,18 +90,27 @@ func newFakeHost(t *testing.T, commands, files []string, bpffs bool) *fakeHost {
 // plan runs prepare.sh --plan with args on the fake host and returns its lines.
 func (h *fakeHost) plan(t *testing.T, args ...string) []string {
 	t.Helper()
-	cmd := exec.Command("/bin/bash", append([]string{"prepare.sh", "--plan"}, args...)...)
+	out, err := h.run(append([]string{"--plan"}, args...)...)
+	if err != nil {
+		t.Fatalf("prepare.sh --plan: %v\n%s", err, out)
+	}
+	return strings.Split(strings.TrimSpace(out), "\n")
+}
+
+// run runs prepare.sh with args on the fake host (for real without --plan: only what
+// the fake host leaves to do must be done) and returns its combined output.
+func (h *fakeHost) run(args ...string) (string, error) {
+	cmd := exec.Command("/bin/bash", append([]string{"prepare.sh"}, args...)...)
 	cmd.Env = []string{
 		"PATH=" + h.bin,
 		"AIRLOCK_PREPARE_ROOT=" + h.root,
 		"AIRLOCK_PREPARE_MOUNTS=" + h.mounts,
 		"AIRLOCK_DOCKER_SOCKET=" + h.socket,
+		"AIRLOCK_DOCKER_DAEMON_JSON=" + h.daemonJSON,
+		"AIRLOCK_DOCKERD_PIDFILE=" + h.pidfile,
 	}
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("prepare.sh --plan: %v\n%s", err, out)
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n")
+	return string(out), err
 }
 
 // allExcept is every command and file probe but the ones named.
@@ -130,6 +147,9 @@ func TestPlanDockerClientWithoutEngine(t *testing.T) {
 		"plan: install docker.io (dockerd not found)",
 		"plan: install containerd (containerd not found)",
 		"plan: install runc (runc not found)",
+		"plan: install runsc (runsc not found)",
+		"plan: add runtime runsc (--network=host) to " + h.daemonJSON,
+		"plan: reload the engine so it lists runtime runsc",
 		"plan: ok docker",
 	} {
 		if !slices.Contains(lines, want) {

@@ -95,3 +95,65 @@ func relOf(path string) (string, error) {
 	}
 	return "", fmt.Errorf("cgroupv2: %s has no cgroup v2 entry", path)
 }
+
+// IsRoot reports whether dir is the root of the cgroup2 hierarchy (Mount()): a
+// directory holding every process on the host that has no cgroup of its own, where no
+// per-sandbox program may ever attach.
+func IsRoot(dir string) bool {
+	mnt, err := Mount()
+	return err == nil && filepath.Clean(dir) == filepath.Clean(mnt)
+}
+
+// Adopt gives process pid a cgroup v2 directory of its own, Mount()/name, when it has
+// none. On a hybrid host (v1 controllers, the v2 hierarchy at /sys/fs/cgroup/unified)
+// a runtime that joins only the v1 hierarchies, such as Debian 12's gVisor runsc (its
+// sandbox process is the Sentry, which makes the network system calls), leaves the
+// process in the v2 root, where no per-sandbox eBPF program can attach; runc places
+// its containers in both. The move takes the whole thread group (cgroup.procs); the
+// v2 hierarchy of a hybrid host has no controllers, so nothing else changes for the
+// process. It returns the process's directory afterwards and whether it moved it; a
+// process already below the root is left where it is. Errors: ErrNoCgroup2, or the
+// read, mkdir or write error.
+func Adopt(pid int, name string) (dir string, moved bool, err error) {
+	mnt, err := Mount()
+	if err != nil {
+		return "", false, err
+	}
+	rel, err := relOf(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", false, err
+	}
+	if rel != "/" {
+		return filepath.Join(mnt, rel), false, nil
+	}
+	dir = filepath.Join(mnt, filepath.Clean("/"+name))
+	if dir == filepath.Clean(mnt) {
+		return "", false, fmt.Errorf("cgroupv2: %q names the root", name)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", false, fmt.Errorf("cgroupv2: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		os.Remove(dir)
+		return "", false, fmt.Errorf("cgroupv2: moving pid %d to %s: %w", pid, dir, err)
+	}
+	return dir, true, nil
+}
+
+// Release removes the directory Adopt made under name once its processes have exited;
+// a missing directory is not an error (Adopt had nothing to do). A cgroup that still
+// holds a process cannot be removed (EBUSY).
+func Release(name string) error {
+	mnt, err := Mount()
+	if err != nil {
+		return nil
+	}
+	dir := filepath.Join(mnt, filepath.Clean("/"+name))
+	if dir == filepath.Clean(mnt) {
+		return nil
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroupv2: %w", err)
+	}
+	return nil
+}

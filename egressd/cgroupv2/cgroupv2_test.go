@@ -57,3 +57,17 @@ func TestOfPidSelf(t *testing.T) {
 		t.Fatalf("%s: %v", dir, err)
 	}
 }
+
+// TestIsRoot: the hierarchy's mount is the root, a directory below it is not.
+func TestIsRoot(t *testing.T) {
+	mnt, err := Mount()
+	if err != nil {
+		testenv.SkipOrFail(t, "no cgroup v2 here: "+err.Error())
+	}
+	if !IsRoot(mnt) || !IsRoot(mnt+"/") {
+		t.Errorf("IsRoot(%q) = false", mnt)
+	}
+	if IsRoot(filepath.Join(mnt, "airlock", "x")) {
+		t.Errorf("a directory below the root counted as the root")
+	}
+}

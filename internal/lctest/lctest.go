@@ -4,6 +4,7 @@
 package lctest
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -131,6 +132,10 @@ type Options struct {
 	ImageAliases map[string]string
 	// Library is passed to lifecycle.Config (named policies).
 	Library lifecycle.PolicyLibrary
+	// OCIRuntime is docker.Config.OCIRuntime, the engine runtime of every sandbox;
+	// default $AIRLOCK_TEST_DOCKER_RUNTIME (runsc runs a package's suite on gVisor),
+	// else the engine's default.
+	OCIRuntime string
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -172,6 +177,7 @@ func New(t testing.TB, o Options) *Harness {
 		NamePrefix:       NamePrefix,
 		DNSOnGateway:     o.DNSOnGateway,
 		Subnet6:          o.Subnet6,
+		OCIRuntime:       cmp.Or(o.OCIRuntime, os.Getenv("AIRLOCK_TEST_DOCKER_RUNTIME")),
 		Log:              serverLog,
 	})
 	if err != nil {

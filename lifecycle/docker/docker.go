@@ -10,6 +10,7 @@ package docker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
+	"github.com/airlockdev/airlock/egressd/cgroupv2"
 	"github.com/airlockdev/airlock/lifecycle"
 )
 
@@ -75,8 +77,9 @@ type Config struct {
 	// ExecdPath is the static execd binary on this host, copied into every sandbox.
 	// Required.
 	ExecdPath string
-	// OCIRuntime names the engine runtime ("runsc", "kata"); empty is the engine's
-	// default (runc).
+	// OCIRuntime names the engine runtime sandboxes run under unless their create names
+	// another (lifecycle.ExtRuntime): "runsc" is gVisor (README.md#gvisor); empty is the
+	// engine's default (runc). Setup fails when the engine does not have it.
 	OCIRuntime string
 	// AllowedHostRoots are the host directories under which host-path volumes may be
 	// mounted (after resolving symlinks). Empty disables host-path volumes.
@@ -108,7 +111,10 @@ type Runtime struct {
 	subnet6  netip.Prefix
 }
 
-var _ lifecycle.Runtime = (*Runtime)(nil)
+var (
+	_ lifecycle.Runtime     = (*Runtime)(nil)
+	_ lifecycle.OCIRuntimes = (*Runtime)(nil)
+)
 
 // New checks cfg, reads execd and returns a Runtime; call Setup before use.
 func New(cfg Config) (*Runtime, error) {
@@ -215,8 +221,28 @@ func (r *Runtime) Setup(ctx context.Context) error {
 	if r.cfg.Subnet6.IsValid() && !r.subnet6.IsValid() {
 		r.log.Warn("network has no IPv6; recreate it for dual-stack sandboxes", "network", r.cfg.Network, "subnet6", r.cfg.Subnet6)
 	}
+	if name := r.cfg.OCIRuntime; name != "" {
+		have, err := r.OCIRuntimes(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(have, name) {
+			return fmt.Errorf("docker: the engine has no runtime %q (it has: %s); make prepare registers runsc, or add it to /etc/docker/daemon.json \"runtimes\" and reload the engine",
+				name, strings.Join(have, ", "))
+		}
+	}
 	r.removeStaleTemplates(ctx)
 	return nil
+}
+
+// OCIRuntimes implements lifecycle.OCIRuntimes: the runtimes registered with the
+// engine (GET /info), sorted.
+func (r *Runtime) OCIRuntimes(ctx context.Context) ([]string, error) {
+	res, err := r.cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("docker: engine info: %w", err)
+	}
+	return slices.Sorted(maps.Keys(res.Info.Runtimes)), nil
 }
 
 // Network6 returns the Airlock network's IPv6 subnet and gateway, invalid when the
@@ -269,7 +295,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		NetworkMode: container.NetworkMode(r.cfg.Network),
 		CapDrop:     DroppedCapabilities,
 		SecurityOpt: []string{"no-new-privileges"},
-		Runtime:     r.cfg.OCIRuntime,
+		Runtime:     cmp.Or(spec.OCIRuntime, r.cfg.OCIRuntime),
 		Mounts:      mounts,
 		Resources: container.Resources{
 			NanoCPUs:  spec.NanoCPUs,
@@ -325,6 +351,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			if _, rmErr := r.cli.ContainerRemove(context.WithoutCancel(ctx), cres.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); rmErr != nil && !cerrdefs.IsNotFound(rmErr) {
 				r.log.Error("removing half-created container failed", "container_id", cres.ID, "err", rmErr)
 			}
+			_ = cgroupv2.Release(cgroupName(cres.ID))
 		}
 	}()
 	if copyExecd {
@@ -352,9 +379,40 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	if err != nil {
 		return inst, err
 	}
+	if err = r.ownCgroup(inst); err != nil {
+		return inst, err
+	}
 	inst.DeleteVolumes = created.deleteOnRemove
 	return inst, nil
 }
+
+// ownCgroup gives a sandbox whose runtime left its process in the cgroup v2 root
+// (gVisor's runsc on a hybrid host: README.md#gvisor) a v2 cgroup of its own,
+// cgroupName, before lifecycle publishes it: egressd attaches the sandbox's socket
+// programs there (it never attaches at the root). Held by execd, the sandbox has run
+// nothing of the user's yet. A host without cgroup2 has nothing to do.
+func (r *Runtime) ownCgroup(inst lifecycle.Instance) error {
+	if inst.Pid <= 0 {
+		return nil
+	}
+	dir, moved, err := cgroupv2.Adopt(inst.Pid, cgroupName(inst.ContainerID))
+	if errors.Is(err, cgroupv2.ErrNoCgroup2) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("docker: giving the sandbox a cgroup v2 of its own: %w", err)
+	}
+	if moved {
+		r.log.Debug("sandbox moved out of the cgroup v2 root", "container_id", shortID(inst.ContainerID), "cgroup", dir)
+	}
+	return nil
+}
+
+// cgroupName is the v2 cgroup ownCgroup makes for a container, relative to the
+// hierarchy's mount.
+func cgroupName(containerID string) string { return "airlock/" + containerID }
+
+func shortID(id string) string { return id[:min(len(id), 12)] }
 
 // ensureImage pulls ref when the engine does not have it and returns its image id.
 func (r *Runtime) ensureImage(ctx context.Context, ref string, auth *lifecycle.ImageAuth) (string, error) {
@@ -394,6 +452,9 @@ func (r *Runtime) Remove(ctx context.Context, inst lifecycle.Instance) error {
 		_, err := r.cli.ContainerRemove(ctx, inst.ContainerID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 			return fmt.Errorf("docker: removing container: %w", err)
+		}
+		if err := cgroupv2.Release(cgroupName(inst.ContainerID)); err != nil {
+			r.log.Warn("removing the sandbox's cgroup", "container_id", shortID(inst.ContainerID), "err", err)
 		}
 	}
 	r.removeVolumes(ctx, createdVolumes{deleteOnRemove: inst.DeleteVolumes})

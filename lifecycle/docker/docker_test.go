@@ -222,8 +222,9 @@ func TestNamedVolumeSubPath(t *testing.T) {
 	}
 }
 
-// TestOCIRuntimeByName passes the configured runtime to the engine; an unknown runtime
-// fails the create and leaves nothing behind.
+// TestOCIRuntimeByName passes the configured runtime to the engine; a sandbox's own
+// runtime (Spec.OCIRuntime) replaces it, and an unknown one fails the create and
+// leaves nothing behind (an unknown default fails Setup: TestDefaultRuntimeMustExist).
 func TestOCIRuntimeByName(t *testing.T) {
 	rt, cli, img := newRuntime(t, func(c *docker.Config) { c.OCIRuntime = "runc" })
 	ctx := t.Context()
@@ -235,11 +236,18 @@ func TestOCIRuntimeByName(t *testing.T) {
 	if err != nil || res.Container.HostConfig.Runtime != "runc" {
 		t.Errorf("runtime %q %v", res.Container.HostConfig.Runtime, err)
 	}
-	bad, _, _ := newRuntime(t, func(c *docker.Config) { c.OCIRuntime = "airlock-no-such-runtime" })
-	if _, err := bad.Create(ctx, spec("dkrt2", img)); err == nil {
+	rm := func(inst lifecycle.Instance) {
+		if err := rt.Remove(ctx, inst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm(inst)
+	bad := spec("dkrt2", img)
+	bad.OCIRuntime = "airlock-no-such-runtime"
+	if _, err := rt.Create(ctx, bad); err == nil {
 		t.Fatal("create with an unknown OCI runtime succeeded")
 	}
-	if insts, _ := bad.List(ctx); len(insts) != 0 {
+	if insts, _ := rt.List(ctx); len(insts) != 0 {
 		t.Errorf("%d containers left", len(insts))
 	}
 }

@@ -93,11 +93,13 @@ export async function stopServer(proc) {
 
 // dockerSection is the airlock.yaml docker section of a test server: its containers are
 // named with prefix (so the test can remove what the server leaves running, such as
-// held warm-pool members, which a real installation adopts on its next start), and
-// execd comes from $AIRLOCK_EXECD when set.
+// held warm-pool members, which a real installation adopts on its next start), execd
+// comes from $AIRLOCK_EXECD when set, and every sandbox runs under the engine runtime
+// $AIRLOCK_DOCKER_RUNTIME when set (runsc: the suite on gVisor, `npm run test:gvisor`).
 export function dockerSection(prefix) {
   const lines = ["docker:", `  namePrefix: ${prefix}`];
   if (process.env.AIRLOCK_EXECD) lines.push(`  execdPath: ${process.env.AIRLOCK_EXECD}`);
+  if (process.env.AIRLOCK_DOCKER_RUNTIME) lines.push(`  runtime: ${process.env.AIRLOCK_DOCKER_RUNTIME}`);
   return lines;
 }
 

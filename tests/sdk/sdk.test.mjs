@@ -116,6 +116,14 @@ test("foreground command sees the sandbox env", async () => {
   assert.deepEqual(ex.logs.stdout.map((m) => m.text), ["hello-from-env", "line2"]);
 });
 
+test("the sandbox runs under the configured OCI runtime", async () => {
+  // gVisor's kernel announces itself in dmesg (runc sandboxes cannot read the host's).
+  const ex = await sbx.commands.run("dmesg 2>/dev/null | head -1; true");
+  const banner = ex.logs.stdout.map((m) => m.text).join("");
+  if (process.env.AIRLOCK_DOCKER_RUNTIME === "runsc") assert.match(banner, /gVisor/);
+  else assert.doesNotMatch(banner, /gVisor/);
+});
+
 test("failing command reports its exit code", async () => {
   const ex = await sbx.commands.run("echo before; exit 3");
   assert.ok(ex.error, "a failing command has an error");
