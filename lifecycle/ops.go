@@ -83,6 +83,12 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 
 	s.mu.Lock()
 	v.spec.Egress = s.egressOfLocked(rec)
+	created := "sandbox created: image " + asked
+	if asked != v.spec.Image {
+		created += " (served by the local image " + v.spec.Image + ")"
+	}
+	addEventLocked(rec, EventLifecycle, EventNormal, "Created", fmt.Sprintf("%s, entrypoint %q", created, v.spec.Entrypoint))
+	s.policyEventLocked(rec, "at create")
 	s.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
@@ -110,6 +116,8 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
 
 	s.mu.Lock()
+	addEventLocked(rec, EventLifecycle, EventNormal, "ContainerCreated", fmt.Sprintf("%s runtime: container %s made in %d ms",
+		s.rt.Kind(), short(inst.ContainerID), time.Since(start).Milliseconds()))
 	err = s.setStatusLocked(rec, opensandbox.Pending, "provisioning", "container started; waiting for execd")
 	if err == nil {
 		s.sbx[id] = &entry{rec: rec}
