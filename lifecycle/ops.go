@@ -88,7 +88,6 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		created += " (served by the local image " + v.spec.Image + ")"
 	}
 	addEventLocked(rec, EventLifecycle, EventNormal, "Created", fmt.Sprintf("%s, entrypoint %q", created, v.spec.Entrypoint))
-	s.policyEventLocked(rec, "at create")
 	s.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
@@ -102,6 +101,9 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			return out, nil
 		}
 	}
+	s.mu.Lock()
+	s.policyEventLocked(rec, "at create")
+	s.mu.Unlock()
 	v.spec.ExecdToken = s.cfg.ExecdKey.Derive(id)
 	inst, err := s.rt.Create(rctx, v.spec)
 	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {

@@ -127,6 +127,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
 	s.mu.Lock()
+	s.policyEventLocked(rec, "at create, on a warm pool member")
 	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
 	_, version := s.lib.effective(rec)
 	s.mu.Unlock()
