@@ -229,3 +229,25 @@ func TestDiagnosticsRunningSandbox(t *testing.T) {
 		anon.want("GET", d.ContentURL, nil, http.StatusNotFound, "SANDBOX_NOT_FOUND")
 	})
 }
+
+// A sandbox whose process outgrows its memory limit: the OOM kill and the exit code
+// (128+SIGKILL) are in its runtime events.
+func TestDiagnosticsOOMKill(t *testing.T) {
+	h := lctest.New(t, lctest.Options{APIKey: testKey, ResyncInterval: 200 * time.Millisecond})
+	c := newClient(t, h)
+	req := baseReq(h.Image, nil)
+	req["resourceLimits"] = map[string]string{"cpu": "500m", "memory": "64Mi"}
+	req["entrypoint"] = []string{"python3", "-c", "print('allocating', flush=True); b = bytearray(512 << 20); print('survived')"}
+	sb := c.create(req)
+	c.waitState(sb.ID, opensandbox.Failed)
+	rt := text(c.diag(sb.ID, "events", "runtime", ""))
+	if !strings.Contains(rt, "exit code 137") {
+		t.Errorf("runtime events lack the exit code 137:\n%s", rt)
+	}
+	if !strings.Contains(rt, "runtime Warning OOMKilling") && !strings.Contains(rt, "OOM killed") {
+		t.Errorf("runtime events lack the OOM kill:\n%s", rt)
+	}
+	if logs := text(c.diag(sb.ID, "logs", "container", "")); !strings.Contains(logs, "allocating") || strings.Contains(logs, "survived") {
+		t.Errorf("logs:\n%s", logs)
+	}
+}

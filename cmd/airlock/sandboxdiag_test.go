@@ -28,7 +28,7 @@ func TestSandboxDiagnosticsCLI(t *testing.T) {
 	}
 	for _, args := range [][]string{{"logs", sb.ID}, {"logs", "--url", sb.ID}} {
 		out := runSandbox(t, h, args...)
-		if !strings.Contains(out, "first-line") || !strings.HasSuffix(strings.TrimSpace(out), "last-line") {
+		if !strings.Contains(out, "Z first-line\n") || !strings.Contains(out, "Z last-line\n") {
 			t.Errorf("airlock sandbox %s:\n%s", strings.Join(args, " "), out)
 		}
 	}

@@ -53,9 +53,11 @@ func testDiagnostics(t *testing.T, p *plane) {
 	check("after restart")
 
 	// The runtime's side answers 200 whatever it can read; what it cannot is a warning.
+	// Docker: the container's state; Kubernetes: the pod's status (the test kubelet
+	// writes no Events).
 	rt := describe("events", "scope=runtime")
-	if inline(rt) == "" && len(rt.Warnings) == 0 {
-		t.Errorf("runtime events: neither text nor a warning: %+v", rt)
+	if text := inline(rt); !strings.Contains(text, "runtime Normal Started") && !strings.Contains(text, "runtime Normal PodScheduled") {
+		t.Errorf("runtime events: %q, warnings %q", text, rt.Warnings)
 	}
 	logs := describe("logs", "scope=container")
 	_ = inline(logs)

@@ -71,7 +71,8 @@ func (r *Runtime) Logs(ctx context.Context, t lifecycle.DiagnosticTarget, maxByt
 
 // Events implements lifecycle.Diagnoser: the Kubernetes Events about the sandbox's pod
 // (and agent-sandbox Sandbox): scheduling, image pulls, container create and start,
-// OOM kills, back-offs; and its containers' states from the pod's status: started,
+// OOM kills, back-offs; and the pod's status: scheduled and ready (or the reason it is
+// not, e.g. Unschedulable), its containers' states: started,
 // waiting (with the reason, e.g. ErrImagePull), terminated with the exit code and
 // reason (OOMKilled, Error), the init containers' too, and the pod's own failure
 // reason. Events expire in the API server (one hour by default): what is gone is
@@ -136,8 +137,8 @@ func eventTime(e corev1.Event) time.Time {
 	return e.CreationTimestamp.UTC()
 }
 
-// podEvents renders the pod's status: each container's start, wait and termination,
-// and the pod's own failure. A state without a time of its own (waiting) is dated
+// podEvents renders the pod's status: scheduled and ready (or why not), each
+// container's start, wait and termination, and the pod's own failure. A state without a time of its own (waiting) is dated
 // now (or until).
 func podEvents(pod *corev1.Pod, until time.Time) []lifecycle.Event {
 	now := time.Now().UTC()
@@ -150,6 +151,17 @@ func podEvents(pod *corev1.Pod, until time.Time) []lifecycle.Event {
 			at = now
 		}
 		out = append(out, lifecycle.Event{Time: at.UTC(), Source: lifecycle.EventRuntime, Type: typ, Reason: reason, Message: msg})
+	}
+	for _, c := range pod.Status.Conditions {
+		at := c.LastTransitionTime.Time
+		switch {
+		case c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue:
+			add(at, lifecycle.EventNormal, "PodScheduled", "pod scheduled to node "+pod.Spec.NodeName)
+		case c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue:
+			add(at, lifecycle.EventNormal, "PodReady", "pod ready at "+pod.Status.PodIP)
+		case (c.Type == corev1.PodScheduled || c.Type == corev1.PodReady) && c.Status == corev1.ConditionFalse && (c.Reason != "" || c.Message != ""):
+			add(at, lifecycle.EventWarning, string(c.Type), strings.TrimSpace("pod not "+strings.ToLower(strings.TrimPrefix(string(c.Type), "Pod"))+": "+c.Reason+" "+c.Message))
+		}
 	}
 	statuses := slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses)
 	for _, cs := range statuses {

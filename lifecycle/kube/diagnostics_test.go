@@ -78,6 +78,7 @@ func TestDiagnostics(t *testing.T) {
 		"Normal Pulled Container image \"debian:12\" already present on machine (2 times)",
 		"Normal Exited container execd exited with exit code 0; reason Completed",
 		"Warning Exited container sandbox exited with exit code 3; reason Error",
+		"Normal PodScheduled pod scheduled to node node-a",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("events lack %q:\n%s", want, all)
