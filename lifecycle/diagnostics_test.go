@@ -247,7 +247,7 @@ func TestDiagnosticsOOMKill(t *testing.T) {
 	if !strings.Contains(rt, "runtime Warning OOMKilling") && !strings.Contains(rt, "OOM killed") {
 		t.Errorf("runtime events lack the OOM kill:\n%s", rt)
 	}
-	if logs := text(c.diag(sb.ID, "logs", "container", "")); !strings.Contains(logs, "allocating") || strings.Contains(logs, "survived") {
+	if logs := text(c.diag(sb.ID, "logs", "container", "")); !strings.Contains(logs, "Z allocating\n") || strings.Contains(logs, "Z survived\n") {
 		t.Errorf("logs:\n%s", logs)
 	}
 }
