@@ -17,8 +17,8 @@ import (
 // maxBody caps request bodies of the JSON routes.
 const maxBody = 1 << 20
 
-// routes mounts the API on s.mux: the sandbox routes served here, the policy, library
-// and audit APIs, the server proxy and the watch stream.
+// routes mounts the API on s.mux: the sandbox routes served here, the policy, library,
+// audit and diagnostics APIs, the server proxy and the watch stream.
 func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -41,6 +41,11 @@ func (s *Server) routes() {
 	s.policies.routes(m)
 	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
 	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
+	diag, _ := s.rt.(Diagnoser)
+	(&diagnosticsAPI{
+		reg: s, rt: diag, kind: s.rt.Kind(), cfg: s.cfg.Diagnostics, key: s.cfg.ExecdKey,
+		publicAddr: s.cfg.PublicAddr, log: s.log,
+	}).routes(m)
 	notImpl := func(w http.ResponseWriter, r *http.Request) {
 		fail(s.log, w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
 	}

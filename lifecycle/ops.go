@@ -86,6 +86,11 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 
 	s.mu.Lock()
 	v.spec.Egress = s.egressOfLocked(rec)
+	created := "sandbox created: image " + asked
+	if asked != v.spec.Image {
+		created += " (served by the local image " + v.spec.Image + ")"
+	}
+	addEventLocked(rec, EventLifecycle, EventNormal, "Created", fmt.Sprintf("%s, entrypoint %q", created, v.spec.Entrypoint))
 	s.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
@@ -99,6 +104,9 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			return out, nil
 		}
 	}
+	s.mu.Lock()
+	s.policyEventLocked(rec, "at create")
+	s.mu.Unlock()
 	v.spec.ExecdToken = s.cfg.ExecdKey.Derive(id)
 	inst, err := s.rt.Create(rctx, v.spec)
 	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {
@@ -113,6 +121,8 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
 
 	s.mu.Lock()
+	addEventLocked(rec, EventLifecycle, EventNormal, "ContainerCreated", fmt.Sprintf("%s runtime: container %s made in %d ms",
+		s.rt.Kind(), short(inst.ContainerID), time.Since(start).Milliseconds()))
 	err = s.setStatusLocked(rec, opensandbox.Pending, "provisioning", "container started; waiting for execd")
 	if err == nil {
 		s.sbx[id] = &entry{rec: rec}

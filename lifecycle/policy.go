@@ -53,15 +53,16 @@ func (s *Server) updatePolicy(id string, replace bool, fn func(cur json.RawMessa
 	if string(doc) == string(rec.Policy) && !detach {
 		return effV, nil
 	}
-	old, oldV, oldName := rec.Policy, rec.PolicyVersion, rec.PolicyName
+	old, oldV, oldName, oldEvents := rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.Events
 	rec.Policy = append(json.RawMessage(nil), doc...)
 	if detach {
 		rec.PolicyName, rec.PolicyVersion = "", effV+1
 	} else {
 		rec.PolicyVersion++
 	}
+	s.policyEventLocked(rec, "policy API")
 	if err := s.commitLocked(rec); err != nil {
-		rec.Policy, rec.PolicyVersion, rec.PolicyName = old, oldV, oldName
+		rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.Events = old, oldV, oldName, oldEvents
 		return 0, err
 	}
 	_, v := s.lib.effective(rec)
@@ -77,6 +78,8 @@ func (s *Server) NamedPolicyChanged(name string) int {
 	n := 0
 	for _, e := range s.sbx {
 		if e.rec.PolicyName == name && !e.rec.Status.State.Terminal() {
+			// Kept in memory; persisted with the record's next write.
+			s.policyEventLocked(e.rec, "named policy "+name+" changed in the library")
 			s.hub.Put(s.watchView(e.rec))
 			n++
 		}
@@ -103,14 +106,15 @@ func (s *Server) SetNamedPolicy(id, name string) (uint64, error) {
 		return v, nil
 	}
 	_, oldV := s.lib.effective(rec)
-	oldName, oldDoc, oldAdd := rec.PolicyName, rec.Policy, rec.PolicyVersion
+	oldName, oldDoc, oldAdd, oldEvents := rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.Events
 	rec.PolicyName, rec.Policy = name, nil
 	rec.PolicyVersion = 1
 	if oldV+1 > np.Version {
 		rec.PolicyVersion = oldV + 1 - np.Version
 	}
+	s.policyEventLocked(rec, "put under named policy "+name)
 	if err := s.commitLocked(rec); err != nil {
-		rec.PolicyName, rec.Policy, rec.PolicyVersion = oldName, oldDoc, oldAdd
+		rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.Events = oldName, oldDoc, oldAdd, oldEvents
 		return 0, err
 	}
 	_, v := s.lib.effective(rec)

@@ -60,6 +60,8 @@ type policyRecords interface {
 	SetNamedPolicy(id, name string) (uint64, error)
 	// updateEgress hands the runtime's second network layer the sandbox's new policy.
 	updateEgress(ctx context.Context, id string)
+	// recordEvent appends a diagnostic event to the sandbox's ring and persists it.
+	recordEvent(id, source, typ, reason, msg string)
 }
 
 // policyAPI serves Airlock's policy routes (GET/PUT/PATCH/DELETE
@@ -168,11 +170,14 @@ func (a *policyAPI) await(ctx context.Context, id string, v uint64) {
 	if !running {
 		return
 	}
-	deadline := time.Now().Add(a.timeout)
+	start := time.Now()
+	deadline := start.Add(a.timeout)
 	for !a.gate(id, v) {
 		if time.Now().After(deadline) {
 			a.log.Warn("policy change not confirmed enforced in time", "sandbox_id", id, "policy_version", v,
 				"timeout_ms", a.timeout.Milliseconds())
+			a.reg.recordEvent(id, EventNetwork, EventWarning, "PolicyNotConfirmed",
+				fmt.Sprintf("the data plane did not confirm policy version %d within %s; it stays stored and applies late", v, a.timeout))
 			return
 		}
 		select {
@@ -181,6 +186,8 @@ func (a *policyAPI) await(ctx context.Context, id string, v uint64) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	a.reg.recordEvent(id, EventNetwork, EventNormal, "PolicyEnforced",
+		fmt.Sprintf("the data plane confirms policy version %d enforced after %d ms", v, time.Since(start).Milliseconds()))
 }
 
 // write answers the sandbox's policy (PolicyResponse).

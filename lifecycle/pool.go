@@ -127,6 +127,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
 	s.mu.Lock()
+	s.policyEventLocked(rec, "at create, on a warm pool member")
 	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
 	_, version := s.lib.effective(rec)
 	s.mu.Unlock()
@@ -147,6 +148,11 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		return Sandbox{}, false
 	}
 	s.mu.Lock()
+	addEventLocked(rec, EventLifecycle, EventNormal, "ClaimedFromPool", "warm pool "+p.spec.Name+": member "+m.ID+" claimed")
+	if s.cfg.PolicyGate != nil {
+		addEventLocked(rec, EventNetwork, EventNormal, "EgressAttached", fmt.Sprintf("the data plane enforces policy version %d", version))
+	}
+	addEventLocked(rec, EventLifecycle, EventNormal, "Released", "execd started the entrypoint")
 	rec.Status = Status{}
 	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	if err == nil {

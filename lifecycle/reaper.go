@@ -41,10 +41,13 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 				base = "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
 			}
 			if base != "" && !gated {
-				gated = s.cfg.ReadyGate(id)
+				if gated = s.cfg.ReadyGate(id); gated {
+					s.noteEgressAttached(id)
+				}
 			}
 			if base != "" && gated && s.pingOnce(base+"/ping") {
 				if releaseErr = s.release(id, base+opensandbox.ReleasePath); releaseErr == nil {
+					s.noteReleased(id)
 					s.markReady(id, opensandbox.Running, "ready", "execd answers")
 					return
 				}

@@ -104,6 +104,7 @@ func (s *Server) setStatusLocked(rec *record, state opensandbox.State, reason, m
 		}
 	}
 	rec.Status = Status{State: state, Reason: reason, Message: msg, LastTransitionAt: time.Now().UTC()}
+	statusEventLocked(rec, state, reason, msg)
 	s.metrics.transition(state)
 	return s.commitLocked(rec)
 }

@@ -126,7 +126,11 @@ type Config struct {
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;
 	// empty answers that route 501.
 	AuditDir string
-	Log      *slog.Logger
+	// Diagnostics bounds the diagnostics API (GET /sandboxes/{id}/diagnostics/logs and
+	// /events, docs/spec/diagnostic-api.yml): payload size, inline size, download URL
+	// lifetime. The runtime's logs and events come from its Diagnoser methods.
+	Diagnostics DiagnosticsConfig
+	Log         *slog.Logger
 }
 
 // Server is the lifecycle server. New builds it; Start reconciles and starts the
@@ -218,6 +222,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.ExecdKey = execdtoken.NewKey()
 	}
 	cfg.Limits.setDefaults()
+	cfg.Diagnostics.setDefaults()
 	pools, err := newPools(cfg.Pools, cfg.Limits, cfg.ImageAliases)
 	if err != nil {
 		return nil, err
@@ -342,7 +347,8 @@ func (s *Server) Handler() http.Handler {
 		}
 		// The server proxy authenticates itself (admitProxy): it also takes the sandbox's
 		// access token, and it guards execd and the egress API even without an API key.
-		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.isProxyRoute(r) && !s.authorized(r) {
+		// A diagnostics download URL carries its own signature (diagnosticsAPI.download).
+		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.isProxyRoute(r) && !isDiagnosticDownload(r) && !s.authorized(r) {
 			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}

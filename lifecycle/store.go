@@ -86,6 +86,11 @@ type record struct {
 	// (signedurl.Keyring.MintEpoch); revoking the sandbox's signed URLs increments it.
 	// Records from before it existed read as 0, the epoch of URLs minted without one.
 	SignedURLEpoch uint64 `json:"signedUrlEpoch,omitempty"`
+	// Events is the sandbox's diagnostic event ring (what lifecycle did and saw:
+	// create, state transitions, policy versions stored and enforced, egress attached),
+	// oldest first, at most eventRingLen; GET /sandboxes/{id}/diagnostics/events renders
+	// it. Persisted with the record, so it survives restarts and replicas share it.
+	Events []Event `json:"events,omitempty"`
 }
 
 const historyLen = 16
@@ -98,6 +103,7 @@ func (r *record) clone() *record {
 	c.ResourceLimits = cloneMap(r.ResourceLimits)
 	c.Extensions = cloneMap(r.Extensions)
 	c.History = append([]Status(nil), r.History...)
+	c.Events = append([]Event(nil), r.Events...)
 	c.Policy = append(json.RawMessage(nil), r.Policy...)
 	c.DeleteVolumes = append([]string(nil), r.DeleteVolumes...)
 	if r.SecureAccess != nil {

@@ -58,7 +58,8 @@ The server is --server, else $AIRLOCK_SERVER, else ` + sdk.DefaultBaseURL + `; t
 	pf.StringVar(&f.server, "server", "", "lifecycle API URL (default $AIRLOCK_SERVER or "+sdk.DefaultBaseURL+")")
 	pf.StringVar(&f.apiKey, "api-key", "", "API key (default $OPEN_SANDBOX_API_KEY or the key airlock up stored)")
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbRevokeURLs(f), sbVault(f), sbPolicy(f))
+	cmd.AddCommand(sbCreate(f), sbList(f), sbGet(f), sbExec(f), sbRemove(f), sbPause(f, true), sbPause(f, false), sbRenew(f), sbRevokeURLs(f), sbVault(f), sbPolicy(f),
+		sbDiagnostics(f, opensandbox.DiagnosticLogs), sbDiagnostics(f, opensandbox.DiagnosticEvents))
 	return cmd
 }
 

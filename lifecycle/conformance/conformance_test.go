@@ -36,6 +36,7 @@ func TestConformance(t *testing.T) {
 			t.Run("DeleteRemovesEverything", func(t *testing.T) { testDelete(t, p) })
 			t.Run("Expiry", func(t *testing.T) { testExpiry(t, p) })
 			t.Run("RestartRecoversState", func(t *testing.T) { testRestart(t, p) })
+			t.Run("Diagnostics", func(t *testing.T) { testDiagnostics(t, p) })
 		})
 	}
 }

@@ -108,6 +108,20 @@ type SandboxStatus struct {
 	Pid           int      `json:"pid,omitempty"`
 	HostInterface string   `json:"hostInterface,omitempty"`
 	DeleteVolumes []string `json:"deleteVolumes,omitempty"`
+	// Events is the sandbox's diagnostic event ring, oldest first (at most 64): what
+	// lifecycle did and saw (create, state transitions, policy versions, egress
+	// attached).
+	Events []Event `json:"events,omitempty"`
+}
+
+// Event is one diagnostic event of a sandbox (lifecycle.Event).
+type Event struct {
+	// +kubebuilder:validation:Format=date-time
+	Time    string `json:"time"`
+	Source  string `json:"source"`
+	Type    string `json:"type"`
+	Reason  string `json:"reason"`
+	Message string `json:"message,omitempty"`
 }
 
 // State is one status of a sandbox (the lifecycle API's SandboxStatus).
