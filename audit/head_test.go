@@ -112,7 +112,7 @@ func TestHeadDetectsTruncatedTail(t *testing.T) {
 	}{
 		{"active_file_tail", 296},
 		{"files_and_checkpoints", cps[1].LastSeq - 3},
-		{"at_a_file_boundary", cps[len(cps)-1].LastSeq + 1},
+		{"at_a_file_boundary", cps[len(cps)-1].FirstSeq},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := copyDir(t, dir)
