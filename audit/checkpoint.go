@@ -36,8 +36,11 @@ type Checkpoint struct {
 	FileSHA256 string    `json:"file_sha256"`
 	Time       time.Time `json:"time"`
 	Prev       string    `json:"prev"`
-	Hash       string    `json:"hash,omitempty"`
-	Sig        string    `json:"sig,omitempty"`
+	// Head is set by writers that keep a signed head (HeadFile): once a checkpoint
+	// says so, Verify treats a missing head as a break.
+	Head bool   `json:"head,omitempty"`
+	Hash string `json:"hash,omitempty"`
+	Sig  string `json:"sig,omitempty"`
 }
 
 func (c Checkpoint) computeHash() string {
@@ -57,6 +60,7 @@ func (w *Writer) appendCheckpoint(cp *Checkpoint) error {
 	if cp.Prev == "" {
 		cp.Prev = Genesis
 	}
+	cp.Head = true
 	cp.Hash = cp.computeHash()
 	if w.cfg.SigningKey != nil {
 		raw, _ := hex.DecodeString(cp.Hash)

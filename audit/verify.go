@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 )
 
 // ErrBroken is wrapped by Verify's error when the chain does not hold.
@@ -72,6 +73,9 @@ type Report struct {
 	RetainedFiles int `json:"retained_files,omitempty"`
 	// AnchoredBy is the file whose checkpoint anchors a log that starts after seq 1.
 	AnchoredBy string `json:"anchored_by,omitempty"`
+	// Head is the signed head (HeadFile) the log was checked against: the seq the
+	// writer had reached and when; nil when there is none.
+	Head *HeadInfo `json:"head,omitempty"`
 	// Broken is the first break, nil when the chain holds.
 	Broken *Break `json:"broken,omitempty"`
 }
@@ -129,6 +133,11 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 	if unsigned > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the first %d checkpoints are not signed (written before the log had a signing key)", unsigned))
 	}
+	hc, err := checkHead(dir, rep, cps, opts, time.Now())
+	if err != nil {
+		return rep, err
+	}
+	var lastLoc Location
 	prev, next := Genesis, uint64(1)
 	for fi, name := range files {
 		rep.Files++
@@ -185,6 +194,11 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 				f.Close()
 				return rep.broken(loc, fmt.Sprintf("seq %d where %d was expected", loc.Seq, next))
 			}
+			if ok, reason := hc.record(loc.Seq, hash); !ok {
+				f.Close()
+				return rep.broken(loc, reason)
+			}
+			lastLoc = loc
 			if bytes.Contains(canonical, []byte(`"action":"loss"`)) {
 				var lr struct {
 					Extra struct {
@@ -224,6 +238,9 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 			return rep.broken(Location{File: CheckpointFile, Line: i + 1, Seq: c.LastSeq},
 				fmt.Sprintf("%s, sealed by this checkpoint, is missing (only the oldest files may be retained away)", c.File))
 		}
+	}
+	if err := hc.end(rep, cps, lastLoc); err != nil {
+		return rep, err
 	}
 	return rep, nil
 }

@@ -40,9 +40,14 @@ type Config struct {
 	// Retention deletes the oldest finished files by total size and age; the zero
 	// value keeps every file.
 	Retention Retention
-	// SigningKey, when set, signs every rotation checkpoint (Ed25519); Verify checks
-	// signatures with the matching public key.
+	// SigningKey, when set, signs every rotation checkpoint and the head (Ed25519);
+	// Verify checks signatures with the matching public key.
 	SigningKey ed25519.PrivateKey
+	// HeadInterval is how often, at most, the head (HeadFile: the last fsync'd seq and
+	// hash, signed) is rewritten while records are written; it is also rewritten at
+	// every checkpoint, at open and at Close. Default DefaultHeadInterval (1 s): a cut
+	// of the log's tail is detected down to what was written in the last interval.
+	HeadInterval time.Duration
 	// Logger receives write errors and losses; default slog.Default().
 	Logger *slog.Logger
 	// Registry receives the airlock_audit_* metrics; nil means none.
@@ -98,6 +103,11 @@ type Writer struct {
 	buf        []byte   // the sealed lines not yet written
 	sources    []Source // the source of each line in buf, for loss accounting
 
+	// The head as last written (head.go).
+	headSeq        uint64
+	headCheckpoint string
+	headAt         time.Time
+
 	// diskBytes is the size of the log files in Dir (metric airlock_audit_disk_bytes).
 	diskBytes atomic.Int64
 	// retained is when retention last ran (run goroutine).
@@ -136,6 +146,9 @@ func open(cfg Config) (*Writer, error) {
 	if cfg.Linger == 0 {
 		cfg.Linger = 2 * time.Millisecond
 	}
+	if cfg.HeadInterval <= 0 {
+		cfg.HeadInterval = DefaultHeadInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -160,6 +173,10 @@ func open(cfg Config) (*Writer, error) {
 	w.synced.Store(w.seq)
 	w.written.Store(w.seq)
 	w.retain(time.Now(), true)
+	if w.maybeHead(time.Now(), true); w.headAt.IsZero() {
+		w.f.Close()
+		return nil, w.Err()
+	}
 	return w, nil
 }
 
@@ -305,6 +322,7 @@ func (w *Writer) run() {
 			w.writeSuppressed(now, false)
 			w.writeLoss()
 			w.sync()
+			w.maybeHead(now, false)
 			w.retain(now, false)
 		case <-w.stop:
 			for {
@@ -320,6 +338,7 @@ func (w *Writer) run() {
 			w.writeSuppressed(time.Now(), true)
 			w.writeLoss()
 			w.sync()
+			w.maybeHead(time.Now(), true)
 			if err := w.f.Close(); err != nil {
 				w.setErr(err)
 			}
@@ -457,6 +476,7 @@ func (w *Writer) rotate() {
 		w.setErr(err)
 		return
 	}
+	w.maybeHead(time.Now(), true)
 	if err := w.f.Close(); err != nil {
 		w.setErr(err)
 	}

@@ -43,6 +43,11 @@ type Config struct {
 	// components; default airlock-system (`airlock lifecycle`: $POD_NAMESPACE first).
 	Namespace       string `yaml:"namespace"`
 	SystemNamespace string `yaml:"systemNamespace"`
+	// TokenNamespace holds the access-token Secrets (kubestore.Config.SecretNamespace);
+	// default SystemNamespace. Give it a namespace of its own (the deploy manifests:
+	// airlock-tokens) so that lifecycle's Role lists and watches those Secrets without
+	// any Secret access in the system namespace, where the API key Secret is.
+	TokenNamespace string `yaml:"tokenNamespace"`
 	// Provider is the sandbox workload: pod (the default) or agent-sandbox (the
 	// kubernetes-sigs/agent-sandbox Sandbox resource).
 	Provider string `yaml:"provider"`
@@ -191,7 +196,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	st, err := kubestore.New(kubestore.Config{
-		Client: cs, Dynamic: dyn, Namespace: cfg.SystemNamespace, Identity: cfg.Identity,
+		Client: cs, Dynamic: dyn, Namespace: cfg.SystemNamespace, SecretNamespace: cfg.TokenNamespace, Identity: cfg.Identity,
 		LeaseDuration: cfg.LeaseDuration, Log: cfg.Log.With("component", "kubestore"),
 	})
 	if err != nil {

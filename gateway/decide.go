@@ -186,7 +186,7 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		case dec.mode == watch.Signed:
 			return ErrUnauthorized, "a signed URL is required"
 		case keyPresent:
-			return ErrUnauthorized, "the API key does not match (or this gateway was not given it); send the sandbox's access token or a signed URL"
+			return ErrUnauthorized, "the API key is not admitted here (it does not match, or this gateway refuses it); send the sandbox's access token or a signed URL"
 		}
 		return ErrUnauthorized, fmt.Sprintf("port %d needs a credential: the sandbox's access token (X-Airlock-Access-Token or OpenSandbox-Secure-Access; X-EXECD-ACCESS-TOKEN on port 44772, as GET /sandboxes/{id}/endpoints/{port} gives in headers), a signed URL or the API key", c.Port)
 	}

@@ -74,6 +74,14 @@ type GatewayConfig struct {
 	TLS string `yaml:"tls"`
 	// AdminListen enables Caddy's admin API on this address; default empty: off.
 	AdminListen string `yaml:"adminListen"`
+	// RefuseAPIKey stops the gateway admitting lifecycle's API key
+	// (OPEN-SANDBOX-API-KEY) from clients on token ports: only the sandbox's access
+	// token, its execd token (44772) or a signed URL admit there, and a request with the
+	// key alone gets 401. The key is still sent to lifecycle (watch, renew, egress API).
+	// Default false: admitted, as on one host where the gateway listens on loopback. The
+	// Kubernetes manifests set it (--refuse-api-key): a public gateway never takes the
+	// key that administers every sandbox.
+	RefuseAPIKey bool `yaml:"refuseAPIKey"`
 
 	// WatchURL is lifecycle's watch stream (…/internal/v1/watch), followed with
 	// WatchHeader and APIKey. Empty: no routes.
@@ -222,9 +230,11 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		gc.WatchHeader.Set(opensandbox.HeaderAPIKey, cfg.APIKey)
 		gc.RenewHeader = http.Header{}
 		gc.RenewHeader.Set(opensandbox.HeaderAPIKey, cfg.APIKey)
-		// Requests carrying the API key are admitted on token ports; the gateway keeps
-		// only its SHA-256.
-		gc.APIKeySHA256 = accesstoken.Sum(cfg.APIKey).String()
+		// Requests carrying the API key are admitted on token ports unless refused; the
+		// gateway keeps only its SHA-256.
+		if !cfg.RefuseAPIKey {
+			gc.APIKeySHA256 = accesstoken.Sum(cfg.APIKey).String()
+		}
 	}
 	if k := cmp.Or(cfg.EgressAPIKey, cfg.APIKey); k != "" {
 		gc.EgressAPIHeader = http.Header{}

@@ -32,9 +32,14 @@ func newAuditVerifyCmd() *cobra.Command {
 		Use:   "verify DIR",
 		Short: "Prove the hash chain of an audit log directory",
 		Long: `Checks every record's SHA-256 chain link, consecutive seqs across rotated files, and the
-rotation checkpoints: their own chain, each file's SHA-256 and their Ed25519 signatures.
-Reports the first broken record by file, line and seq and exits non-zero. An incomplete
-last line (a crash mid-write) is reported, not a break.
+rotation checkpoints: their own chain, each file's SHA-256 and their Ed25519 signatures,
+and the signed head (DIR/head.json: the last seq and hash the writer had fsync'd, and
+its last checkpoint): a log that ends before the head's seq, or lacks the head's
+checkpoint, was cut off ("truncated", a break), although what remains chains. Reports
+the first broken record by file, line and seq and exits non-zero. An incomplete last
+line (a crash mid-write) is reported, not a break. The head's age is printed: a head
+put back from earlier, with the log cut to match, verifies; only checkpoints and heads
+kept off the host show that.
 
 Signatures are checked with --public-key, else with DIR.pub beside the directory when it
 exists (the public key 'airlock up', 'airlock egressd' and 'airlock gateway' write next
@@ -70,6 +75,14 @@ checkpoint must be signed.`,
 				fmt.Fprintf(out, "signatures:  %d not checked (pass --public-key)\n", rep.UnverifiedSignatures)
 			case keyFile != "":
 				fmt.Fprintf(out, "signatures:  %d verified with %s\n", rep.VerifiedSignatures, keyFile)
+			}
+			if h := rep.Head; h != nil {
+				signed := "unsigned"
+				if h.Signed {
+					signed = "signed"
+				}
+				fmt.Fprintf(out, "head:        seq %d, %s, written %s (%s ago; an older head put back with a log cut to match is only caught by an anchor off the host)\n",
+					h.Seq, signed, h.Time.Format(time.RFC3339), time.Duration(h.AgeSeconds*float64(time.Second)).Round(time.Second))
 			}
 			if rep.AnchoredBy != "" {
 				fmt.Fprintf(out, "retained:    %d files retained away (expected; the log starts at seq %d, anchored by the checkpoint of %s)\n", rep.RetainedFiles, rep.FirstSeq, rep.AnchoredBy)

@@ -57,8 +57,10 @@ and the signatures. Each gateway replica needs a directory of its own.
 
 Secrets can come from the environment: OPEN_SANDBOX_API_KEY (--api-key, sent to
 lifecycle for the watch and renew intents, and admitted like a sandbox's access token
-on execd 44772, the egress API 18080 and other token ports) and AIRLOCK_SIGNING_KEYS
-(comma-separated --signing-key values).`,
+on execd 44772, the egress API 18080 and other token ports unless --refuse-api-key)
+and AIRLOCK_SIGNING_KEYS (comma-separated --signing-key values). A gateway that faces
+the internet should run with --refuse-api-key (the Kubernetes manifests do): the key
+administers every sandbox and has no business at a public entry.`,
 		Example: `  airlock gateway --watch-url http://127.0.0.1:8080/internal/v1/watch \
       --signing-key a=base64:$(head -c32 /dev/urandom | base64) \
       --renew-url 'http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration' \
@@ -120,6 +122,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.DataDir, "data-dir", c.DataDir, "Caddy storage for certificates and the internal CA (default Caddy's data dir)")
 	f.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "serve Prometheus /metrics on this address (empty: off)")
 	registerAuditFlags(f, &c.Audit)
+	f.BoolVar(&c.RefuseAPIKey, "refuse-api-key", c.RefuseAPIKey, "do not admit the API key from clients on token ports (only the sandbox's tokens or a signed URL); the key is still sent to lifecycle; airlock.yaml gateway.refuseAPIKey")
 	f.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "enable Caddy's admin API on this address (empty: off); airlock.yaml gateway.adminListen")
 	f.StringVar(&gf.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 }

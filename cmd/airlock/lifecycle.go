@@ -44,7 +44,8 @@ Each sandbox is a pod in --namespace (execd from the --execd-image init containe
 the node-local egressd address --dns, a NetworkPolicy as a second layer), or an
 agent-sandbox Sandbox resource (--provider agent-sandbox). State lives in the cluster,
 in --system-namespace: airlock.dev Sandbox and Policy resources (CRDs in
-deploy/kubernetes/base/crds), one Secret per sandbox for its access token, and a Lease.
+deploy/kubernetes/base/crds) and a Lease; one Secret per sandbox for its access token
+in --token-namespace (default the system namespace).
 Any number of replicas serve the same sandboxes; the one holding the Lease runs expiry
 and reconcile, and another takes over within --lease-duration when it goes.
 
@@ -103,6 +104,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Listen, "listen", c.Listen, "address of the lifecycle API")
 	f.StringVar(&c.Namespace, "namespace", c.Namespace, "namespace of the sandbox pods")
 	f.StringVar(&c.SystemNamespace, "system-namespace", envOr("POD_NAMESPACE", c.SystemNamespace), "namespace of the state (Sandbox and Policy resources, token Secrets, the Lease); env POD_NAMESPACE")
+	f.StringVar(&c.TokenNamespace, "token-namespace", c.TokenNamespace, "namespace of the access-token Secrets, one per sandbox (default the system namespace; a namespace of their own keeps lifecycle's Secret access away from the API key's)")
 	f.StringVar(&c.Provider, "provider", c.Provider, "sandbox workload: pod, or agent-sandbox (the kubernetes-sigs/agent-sandbox Sandbox resource)")
 	f.StringVar(&c.ExecdImage, "execd-image", c.ExecdImage, "image carrying the static execd for the init container (default airlock/execd:<version>)")
 	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")

@@ -146,6 +146,7 @@ func TestGatewaySameConfig(t *testing.T) {
 		{"max_conns", []string{"--max-conns-per-sandbox=-1"}, "gateway: {maxConnsPerSandbox: -1}", func(c stack.GatewayConfig) bool { return c.MaxConnsPerSandbox == -1 }},
 		{"tls_admin", []string{"--tls=internal", "--admin-listen=127.0.0.1:2019"}, "gateway: {tls: internal, adminListen: \"127.0.0.1:2019\"}",
 			func(c stack.GatewayConfig) bool { return c.TLS == "internal" && c.AdminListen == "127.0.0.1:2019" }},
+		{"refuse_api_key", []string{"--refuse-api-key"}, "gateway: {refuseAPIKey: true}", func(c stack.GatewayConfig) bool { return c.RefuseAPIKey }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gf := &gatewayFlags{}

@@ -95,6 +95,7 @@ func TestApplyAndAccess(t *testing.T) {
 				t.Errorf("the API server warned: %q", w)
 			}
 			checkAccess(ctx, t, env, l)
+			checkSandboxNamespaceEnforces(ctx, t, env, m, l)
 		})
 	}
 	t.Run("pod-security", func(t *testing.T) { checkPodSecurity(t, env) })
@@ -140,6 +141,20 @@ func checkPodSecurity(t *testing.T, env *kubetest.Env) {
 	}
 	if err := create(baseline, e.Spec.Template); err == nil {
 		t.Error("egressd passes \"baseline\": then airlock-system should enforce it")
+	}
+}
+
+// checkSandboxNamespaceEnforces: the layout's sandbox namespace, as applied, refuses a
+// pod that needs more than "baseline" (egressd's template: hostNetwork, host paths,
+// capabilities), so no sandbox pod can ever run privileged there.
+func checkSandboxNamespaceEnforces(ctx context.Context, t *testing.T, env *kubetest.Env, m *manifest, l layout) {
+	t.Helper()
+	e := typed[appsv1.DaemonSet](t, m.find("DaemonSet", l.system, "airlock-egressd"))
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-"}, Spec: e.Spec.Template.Spec}
+	pod.Spec.ServiceAccountName = ""
+	_, err := env.Client.CoreV1().Pods(l.sandboxes).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err == nil || !strings.Contains(err.Error(), "violates PodSecurity") {
+		t.Errorf("sandbox namespace %s admitted a privileged pod (want a PodSecurity refusal): %v", l.sandboxes, err)
 	}
 }
 
@@ -251,14 +266,14 @@ func verbs(group, resource, ns string, vs ...string) []access {
 }
 
 // lifecycleCalls are the requests lifecycle makes (lifecycle/kubestore in the system
-// namespace, lifecycle/kube in the sandbox namespace).
-func lifecycleCalls(sys, sbx string) []access {
+// and token namespaces, lifecycle/kube in the sandbox namespace).
+func lifecycleCalls(sys, sbx, tok string) []access {
 	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 	return slices.Concat(
 		verbs("airlock.dev", "sandboxes", sys, all...),
 		verbs("airlock.dev", "policies", sys, all...),
 		[]access{{verb: "update", group: "airlock.dev", resource: "sandboxes", subresource: "status", namespace: sys}},
-		verbs("", "secrets", sys, "get", "list", "watch", "create", "update", "delete"),
+		verbs("", "secrets", tok, "get", "list", "watch", "create", "update", "delete"),
 		[]access{
 			{verb: "create", resource: "configmaps", namespace: sys},
 			{verb: "get", resource: "configmaps", namespace: sys, name: "airlock-lifecycle-instance"},
@@ -273,9 +288,18 @@ func lifecycleCalls(sys, sbx string) []access {
 	)
 }
 
-// lifecycleDenied are samples lifecycle must not be able to do.
-func lifecycleDenied(sys, sbx string) []access {
+// lifecycleDenied are samples lifecycle must not be able to do. No Secret of the
+// system namespace: the operator's API key Secret is there (the kubelet hands it to
+// the pods that name it).
+func lifecycleDenied(sys, sbx, tok string) []access {
 	a := []access{
+		{verb: "get", resource: "secrets", namespace: sys, name: "airlock-api-key"},
+		{verb: "list", resource: "secrets", namespace: sys},
+		{verb: "watch", resource: "secrets", namespace: sys},
+		{verb: "update", resource: "secrets", namespace: sys, name: "airlock-api-key"},
+		{verb: "delete", resource: "secrets", namespace: sys, name: "airlock-api-key"},
+		{verb: "create", resource: "secrets", namespace: sys},
+		{verb: "create", resource: "pods", namespace: tok},
 		{verb: "list", resource: "secrets"},
 		{verb: "get", resource: "secrets", namespace: "kube-system"},
 		{verb: "create", resource: "pods", namespace: "kube-system"},
@@ -291,19 +315,17 @@ func lifecycleDenied(sys, sbx string) []access {
 		{verb: "get", resource: "configmaps", namespace: sys, name: "airlock-settings"},
 		{verb: "delete", group: "apiextensions.k8s.io", resource: "customresourcedefinitions", name: "sandboxes.airlock.dev"},
 	}
-	if sys != sbx {
-		a = append(a,
-			access{verb: "create", resource: "pods", namespace: sys},
-			access{verb: "list", resource: "secrets", namespace: sbx},
-			access{verb: "get", group: "airlock.dev", resource: "sandboxes", namespace: sbx},
-		)
-	}
-	return a
+	return append(a,
+		access{verb: "create", resource: "pods", namespace: sys},
+		access{verb: "list", resource: "secrets", namespace: sbx},
+		access{verb: "get", group: "airlock.dev", resource: "sandboxes", namespace: sbx},
+	)
 }
 
 // noAPIDenied are samples for the components that have no API access at all.
-func noAPIDenied(sys, sbx string) []access {
+func noAPIDenied(sys, sbx, tok string) []access {
 	return []access{
+		{verb: "list", resource: "secrets", namespace: tok},
 		{verb: "get", resource: "pods", namespace: sys},
 		{verb: "list", resource: "pods", namespace: sbx},
 		{verb: "watch", resource: "pods"},
@@ -321,17 +343,17 @@ func noAPIDenied(sys, sbx string) []access {
 
 func checkAccess(ctx context.Context, t *testing.T, env *kubetest.Env, l layout) {
 	t.Helper()
-	sys, sbx := l.system, l.sandboxes
-	for _, a := range lifecycleCalls(sys, sbx) {
+	sys, sbx, tok := l.system, l.sandboxes, l.tokens
+	for _, a := range lifecycleCalls(sys, sbx, tok) {
 		wantAllowed(ctx, t, env, sys, "airlock-lifecycle", a)
 	}
 	// Denials are checked once the grants above are visible to the authorizer (its
 	// RBAC cache follows the API), so a denial is not a stale cache.
-	for _, a := range lifecycleDenied(sys, sbx) {
+	for _, a := range lifecycleDenied(sys, sbx, tok) {
 		wantDenied(ctx, t, env, sys, "airlock-lifecycle", a)
 	}
 	for _, sa := range []string{"airlock-gateway", "airlock-egressd"} {
-		for _, a := range noAPIDenied(sys, sbx) {
+		for _, a := range noAPIDenied(sys, sbx, tok) {
 			wantDenied(ctx, t, env, sys, sa, a)
 		}
 	}

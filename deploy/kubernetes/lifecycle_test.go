@@ -46,7 +46,7 @@ func TestLifecycleWithItsRole(t *testing.T) {
 			}
 		}
 	}
-	const sys, sbx = "airlock-system", "airlock-sandboxes"
+	const sys, sbx, tok = "airlock-system", "airlock-sandboxes", "airlock-tokens"
 	kc := rest.CopyConfig(env.Config)
 	kc.Impersonate = rest.ImpersonationConfig{
 		UserName: "system:serviceaccount:" + sys + ":airlock-lifecycle",
@@ -55,7 +55,7 @@ func TestLifecycleWithItsRole(t *testing.T) {
 	logs := &testenv.SyncBuffer{}
 	identity := fmt.Sprintf("manifests-test-%d", time.Now().UnixNano())
 	cp, err := cluster.Start(ctx, cluster.Config{
-		Kube: kc, Listen: "127.0.0.1:0", Namespace: sbx, SystemNamespace: sys,
+		Kube: kc, Listen: "127.0.0.1:0", Namespace: sbx, SystemNamespace: sys, TokenNamespace: tok,
 		NoAuth: true, ExecdImage: "airlock/execd:0.1.0", DNS: []netip.Addr{netip.MustParseAddr("169.254.20.10")},
 		PolicyDir: policyDir, Identity: identity, LeaseDuration: 3 * time.Second, ReadyTimeout: 5 * time.Second,
 		Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -102,6 +102,14 @@ func TestLifecycleWithItsRole(t *testing.T) {
 	nps, err := env.Client.NetworkingV1().NetworkPolicies(sbx).List(ctx, sel)
 	if err != nil || len(nps.Items) != 1 {
 		t.Errorf("the sandbox's NetworkPolicy in %s: %d, %v", sbx, len(nps.Items), err)
+	}
+	// Its access token is a Secret in the token namespace, none in the system namespace.
+	toks, err := env.Client.CoreV1().Secrets(tok).List(ctx, sel)
+	if err != nil || len(toks.Items) != 1 {
+		t.Errorf("the sandbox's access-token Secret in %s: %v %v", tok, toks, err)
+	}
+	if sys, _ := env.Client.CoreV1().Secrets(sys).List(ctx, sel); sys != nil && len(sys.Items) != 0 {
+		t.Errorf("an access-token Secret in the system namespace: %v", sys.Items)
 	}
 
 	req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, base+"/sandboxes/"+created.ID, nil)

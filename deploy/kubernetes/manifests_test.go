@@ -30,16 +30,17 @@ type layout struct {
 	dir            string
 	system         string // namespace of the components and the state
 	sandboxes      string // namespace of the sandbox pods
+	tokens         string // namespace of the access-token Secrets (lifecycle --token-namespace)
 	runtimeClass   string // lifecycle --runtime-class
 	extraObjects   []string
 	namespaceCount int
 }
 
 var layouts = []layout{
-	{dir: "base", system: "airlock-system", sandboxes: "airlock-sandboxes", namespaceCount: 2},
-	{dir: "overlays/single-namespace", system: "airlock", sandboxes: "airlock", namespaceCount: 1},
-	{dir: "overlays/gvisor", system: "airlock-system", sandboxes: "airlock-sandboxes", runtimeClass: "gvisor",
-		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 2},
+	{dir: "base", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", namespaceCount: 3},
+	{dir: "overlays/single-namespace", system: "airlock", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", namespaceCount: 3},
+	{dir: "overlays/gvisor", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", runtimeClass: "gvisor",
+		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 3},
 }
 
 // manifest is one rendered kustomization.
@@ -166,11 +167,13 @@ func TestRender(t *testing.T) {
 	for _, l := range layouts {
 		t.Run(filepath.Base(l.dir), func(t *testing.T) {
 			m := render(t, l.dir)
-			sys, sbx := l.system, l.sandboxes
+			sys, sbx, tok := l.system, l.sandboxes, l.tokens
 			want := []string{
 				"CustomResourceDefinition//sandboxes.airlock.dev",
 				"CustomResourceDefinition//policies.airlock.dev",
-				"Namespace//" + sys, "Namespace//" + sbx,
+				"Namespace//" + sys, "Namespace//" + sbx, "Namespace//" + tok,
+				"Role/" + tok + "/airlock-lifecycle-tokens",
+				"RoleBinding/" + tok + "/airlock-lifecycle-tokens",
 				"ServiceAccount/" + sys + "/airlock-lifecycle",
 				"ServiceAccount/" + sys + "/airlock-gateway",
 				"ServiceAccount/" + sys + "/airlock-egressd",
@@ -203,11 +206,12 @@ func TestRender(t *testing.T) {
 				t.Error("a Secret is rendered: secrets are created by the operator (README), never committed")
 			}
 			for _, o := range m.objs {
-				if ns := o.GetNamespace(); ns != "" && ns != sys && ns != sbx {
+				if ns := o.GetNamespace(); ns != "" && ns != sys && ns != sbx && ns != tok {
 					t.Errorf("%s: namespace %q outside the layout's", key(o), ns)
 				}
 			}
 			checkRBAC(t, m)
+			checkNamespaces(t, m, l)
 			checkLifecycle(t, m, l)
 			checkGateway(t, m, l)
 			checkEgressd(t, m, l)
@@ -218,6 +222,31 @@ func TestRender(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkNamespaces: sandbox pods run where Pod Security enforces "baseline" (never the
+// "privileged" level egressd needs), in every layout, and apart from the system
+// namespace; the access-token Secrets are apart from the system namespace (and its API
+// key Secret) too.
+func checkNamespaces(t *testing.T, m *manifest, l layout) {
+	t.Helper()
+	enforce := func(ns string) string {
+		o := m.find("Namespace", "", ns)
+		if o == nil {
+			t.Errorf("no Namespace %s rendered", ns)
+			return ""
+		}
+		return o.GetLabels()["pod-security.kubernetes.io/enforce"]
+	}
+	if got := enforce(l.sandboxes); got != "baseline" {
+		t.Errorf("sandbox namespace %s enforces Pod Security %q, want baseline", l.sandboxes, got)
+	}
+	if l.sandboxes == l.system || l.tokens == l.system {
+		t.Errorf("sandboxes in %s, tokens in %s: both must be apart from the system namespace %s", l.sandboxes, l.tokens, l.system)
+	}
+	if got := enforce(l.tokens); got != "restricted" {
+		t.Errorf("token namespace %s enforces Pod Security %q, want restricted (no pod runs there)", l.tokens, got)
 	}
 }
 
@@ -301,7 +330,7 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 		t.Errorf("lifecycle runs %q", args)
 	}
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
-		"--namespace="+l.sandboxes, "--system-namespace="+l.system,
+		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
 		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--execd-image=airlock/execd:0.1.0")
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle"))
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
@@ -323,6 +352,8 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 	}
 	args := m.args(t, l.system, p.Containers[0])
 	lc := "airlock-lifecycle." + l.system + ".svc:8080"
+	// The public gateway never admits the API key from clients.
+	wantArgs(t, "gateway", args, "--refuse-api-key")
 	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
 		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc, "--audit-dir=/var/lib/airlock/audit")
 	// The audit log and its key are on a volume of the pod's own (the root filesystem

@@ -55,9 +55,14 @@ const instanceConfigMap = "airlock-lifecycle-instance"
 type Config struct {
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
-	// Namespace holds the Sandbox and Policy resources, the access-token Secrets, the
-	// instance ConfigMap and the Lease (the system namespace, not the sandboxes').
+	// Namespace holds the Sandbox and Policy resources, the instance ConfigMap and the
+	// Lease (the system namespace, not the sandboxes').
 	Namespace string
+	// SecretNamespace holds the access-token Secrets (one per sandbox, label
+	// airlock.dev/access-token); default Namespace. A namespace of their own lets RBAC
+	// give lifecycle list and watch on them without any Secret of the system namespace
+	// (RBAC cannot grant by label): the deploy manifests use airlock-tokens.
+	SecretNamespace string
 	// Identity names this replica in the Lease; default the host name plus a random
 	// suffix.
 	Identity string
@@ -112,6 +117,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SecretNamespace == "" {
+		cfg.SecretNamespace = cfg.Namespace
 	}
 	if cfg.LeaseName == "" {
 		cfg.LeaseName = "airlock-lifecycle"
@@ -281,7 +289,7 @@ func (s *Store) ensureToken(ctx context.Context, id, token string) error {
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{v1alpha1.AccessTokenKey: []byte(token)},
 	}
-	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
+	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.SecretNamespace)
 	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
@@ -303,7 +311,7 @@ func (s *Store) DeleteSandbox(id string) error {
 	if err := s.sbx.Delete(ctx, id, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("kubestore: deleting sandbox %s: %w", id, err)
 	}
-	err := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace).Delete(ctx, secretName(id), metav1.DeleteOptions{})
+	err := s.cfg.Client.CoreV1().Secrets(s.cfg.SecretNamespace).Delete(ctx, secretName(id), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("kubestore: deleting the access token Secret of %s: %w", id, err)
 	}
@@ -338,7 +346,7 @@ func (s *Store) Sandboxes() (map[string][]byte, error) {
 		for i := range list.Items {
 			objs = append(objs, &list.Items[i])
 		}
-		secs, err := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelAccessToken})
+		secs, err := s.cfg.Client.CoreV1().Secrets(s.cfg.SecretNamespace).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelAccessToken})
 		if err != nil {
 			return nil, fmt.Errorf("kubestore: listing access token Secrets: %w", err)
 		}
@@ -371,7 +379,7 @@ func (s *Store) Sandboxes() (map[string][]byte, error) {
 func (s *Store) Follow(ctx context.Context, apply func(id string, doc []byte)) error {
 	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.cfg.Dynamic, 0, s.cfg.Namespace, nil)
 	s.sbxInformer = df.ForResource(SandboxGVR).Informer()
-	kf := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0, informers.WithNamespace(s.cfg.Namespace),
+	kf := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0, informers.WithNamespace(s.cfg.SecretNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelAccessToken }))
 	s.secretInformer = kf.Core().V1().Secrets().Informer()
 
@@ -443,7 +451,7 @@ func (s *Store) deliver(o *unstructured.Unstructured, apply func(string, []byte)
 	s.rv[id] = o.GetResourceVersion()
 	s.mu.Unlock()
 	token := ""
-	if obj, ok, _ := s.secretInformer.GetStore().GetByKey(s.cfg.Namespace + "/" + secretName(id)); ok {
+	if obj, ok, _ := s.secretInformer.GetStore().GetByKey(s.cfg.SecretNamespace + "/" + secretName(id)); ok {
 		token = string(obj.(*corev1.Secret).Data[v1alpha1.AccessTokenKey])
 	}
 	doc, err := toDoc(o, token)
