@@ -39,6 +39,7 @@ type HostState struct {
 	Cgroups   []string          // /sys/fs/cgroup/<controller>/kubepods folders
 	Bridge    bool              // the CNI bridge exists
 	Egressd   []string          // what Airlock's egressd on the node leaves: EgressdDNSInterface, EgressdPinRoot
+	BPFShared bool              // /sys/fs/bpf is a shared mount (up.sh makes a private one shared)
 	Chains    []string          // "<iptables|ip6tables> <table> <chain>" of nodeChain chains
 	IPSets    []string          // KUBE-* and kube-router* ipsets
 	NFTTables []string          // every nftables table, "<family> <name>"
@@ -64,6 +65,14 @@ func Snapshot() (HostState, error) {
 	s.Cgroups, _ = filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	_, err := os.Stat(filepath.Join("/sys/class/net", Bridge))
 	s.Bridge = err == nil
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for l := range strings.SplitSeq(string(mi), "\n") {
+			// mount ID, parent ID, major:minor, root, mount point, options, optional fields...
+			if f := strings.Fields(l); len(f) > 6 && f[4] == "/sys/fs/bpf" {
+				s.BPFShared = strings.Contains(strings.Join(f[6:], " "), "shared:")
+			}
+		}
+	}
 	for _, p := range []string{filepath.Join("/sys/class/net", EgressdDNSInterface), EgressdPinRoot} {
 		if _, err := os.Lstat(p); err == nil {
 			s.Egressd = append(s.Egressd, p)
@@ -149,6 +158,9 @@ func (s HostState) Diff(after HostState) []string {
 	}
 	if after.Bridge {
 		d = append(d, "bridge "+Bridge)
+	}
+	if s.BPFShared != after.BPFShared {
+		d = append(d, fmt.Sprintf("/sys/fs/bpf shared: %v, before: %v", after.BPFShared, s.BPFShared))
 	}
 	for _, p := range after.Egressd {
 		d = append(d, "egressd's "+p)

@@ -197,6 +197,10 @@ if [[ -f $before ]]; then
 	while read -r kind key value; do
 		[[ $kind == sysctl ]] && sysctl -qw "$key=$value"
 	done <"$before"
+	# up.sh made a private /sys/fs/bpf shared (egressd's mount propagation).
+	if grep -qx "bpffs private" "$before" && [[ $(findmnt -n -o PROPAGATION /sys/fs/bpf) != private ]]; then
+		mount --make-private /sys/fs/bpf
+	fi
 	for p in /var/lib/cni /var/lib/kubelet /var/log/containers /var/log/pods /run/containerd; do
 		grep -qxF "path $p" "$before" && continue
 		[[ $p == /run/containerd && -n $(ls -A /run/containerd/s 2>/dev/null) ]] && continue # Docker's shims

@@ -74,6 +74,7 @@ echo "$ASSETS" >"$KUBE_STATE/assets"
 		if [[ -e $p ]]; then echo "path $p"; fi
 	done
 	nft list tables | sed 's/^table /nfttable /'
+	echo "bpffs $(findmnt -n -o PROPAGATION /sys/fs/bpf 2>/dev/null || echo none)"
 } >"$KUBE_STATE/host.before"
 
 # --- certificates ----------------------------------------------------------------------
@@ -167,6 +168,15 @@ wait_for() {
 	kube_log "$what ($(elapsed))"
 }
 https_ok() { curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$1"; }
+
+# --- bpffs: shared, as on a systemd node ----------------------------------------------
+# egressd's DaemonSet mounts /sys/fs/bpf with mountPropagation HostToContainer, which the
+# runtime refuses on a private mount (this host has no systemd, whose mounts are shared).
+# down.sh makes it private again.
+if ! mountpoint -q /sys/fs/bpf; then
+	mount -t bpf bpf /sys/fs/bpf # as deploy/host/prepare.sh does; left mounted
+fi
+[[ $(findmnt -n -o PROPAGATION /sys/fs/bpf) == private ]] && mount --make-shared /sys/fs/bpf
 
 # --- host network: sysctls, the node's address, forwarding ----------------------------
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
