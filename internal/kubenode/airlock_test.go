@@ -190,6 +190,20 @@ func TestAirlockOnNode(t *testing.T) {
 		return err == nil && len(pods.Items) == 0, err
 	})
 
+	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
+	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.
+	t.Run("sdk", func(t *testing.T) {
+		out := runSDKSuite(t, "kube.test.mjs", "AIRLOCK_KUBE_DOMAIN="+api, "AIRLOCK_KUBE_GATEWAY="+gw,
+			"AIRLOCK_KUBE_API_KEY="+keys.APIKey, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)
+		var summary []string
+		for l := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(l, "ok ") || strings.HasPrefix(l, "not ok ") || strings.HasPrefix(l, "# ") {
+				summary = append(summary, l)
+			}
+		}
+		t.Logf("tests/sdk/kube.test.mjs on the node:\n%s", strings.Join(summary, "\n"))
+	})
+
 	// down.sh also removes what egressd left on the host (its interface, tables, pins).
 	if err := n.Down(); err != nil {
 		t.Fatal(err)
@@ -201,6 +215,34 @@ func TestAirlockOnNode(t *testing.T) {
 	if d := before.Diff(after); len(d) > 0 {
 		t.Fatalf("the host is not as before the node:\n  %s", strings.Join(d, "\n  "))
 	}
+}
+
+// runSDKSuite runs one file of tests/sdk with node's test runner and env added, after
+// npm ci when the SDK is not installed; it fails t when the suite fails.
+func runSDKSuite(t *testing.T, file string, env ...string) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		testenv.SkipOrFail(t, "node is not installed (make prepare installs it)")
+	}
+	dir := filepath.Join(ScriptDir(), "..", "..", "..", "tests", "sdk")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@alibaba-group", "opensandbox")); err != nil {
+		npm := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		npm.Dir = dir
+		if out, err := npm.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci: %v\n%s", err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-concurrency=1", "--test-timeout=600000", file)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("tests/sdk/%s failed on the node: %v\n%s", file, err, out)
+	}
+	return string(out)
 }
 
 // buildImages builds the airlock and execd images the manifests name, as the operator

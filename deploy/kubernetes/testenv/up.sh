@@ -140,12 +140,21 @@ kubeconfig "$KUBE_CONFIG" admin
 for c in controller-manager scheduler node kube-proxy kube-router coredns; do kubeconfig "$KUBE_STATE/$c.kubeconfig" "$c"; done
 
 # --- processes -------------------------------------------------------------------------
-# start NAME COMMAND...: runs COMMAND in its own session, output in logs/NAME.log.
+# start NAME COMMAND...: runs COMMAND in its own session, output in logs/NAME.log, with
+# no file descriptor of the caller's beyond those three (the shared test lock's among
+# them: a daemon that kept it would hold the lock after the test, and containerd would
+# hand it on to every container).
 start() {
-	local name=$1
+	local name=$1 fd
 	shift
-	setsid "$@" >>"$KUBE_LOGS/$name.log" 2>&1 </dev/null &
-	echo $! >"$KUBE_PIDS/$name.pid"
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			((fd > 2)) && eval "exec $fd>&-"
+		done
+		setsid "$@" >>"$KUBE_LOGS/$name.log" 2>&1 </dev/null &
+		echo $! >"$KUBE_PIDS/$name.pid"
+	)
 }
 
 # wait_for WHAT SECONDS LOG COMMAND...: polls COMMAND every 0.5 s; on timeout prints the
