@@ -94,8 +94,9 @@ func TestAirlockOnNode(t *testing.T) {
 	// TEST-NET-2 addresses, outside every range egressd denies), only one of which the
 	// sandbox's policy allows; and a listener of the test on the node's address, which
 	// the policy allows by CIDR (so the sandbox's NetworkPolicy admits it) but egressd's
-	// operator deny (the overlay's --deny=10.244.0.0/24) refuses: only egressd stands
-	// between the pod and it.
+	// always-deny overlay refuses (the overlay's --deny=10.244.0.0/24, and egressd
+	// denies the node's own addresses anyway): only egressd stands between the pod and
+	// it, and its audit log must show the flow denied.
 	ns := n.Namespace(t, "egress")
 	allowedName := dnsName(t, n, ns, "allowed", "198.51.100.7")
 	deniedName := dnsName(t, n, ns, "denied", "198.51.100.8")
@@ -176,7 +177,7 @@ func TestAirlockOnNode(t *testing.T) {
 	}
 	host, port, _ := net.SplitHostPort(denied)
 	if got := run(fmt.Sprintf(`timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo open || echo blocked`, host, port)); got != "blocked" {
-		t.Errorf("%s (egressd's operator deny) is %q from the sandbox, want blocked", denied, got)
+		t.Errorf("%s (egressd's always-deny overlay) is %q from the sandbox, want blocked", denied, got)
 	}
 	// The denial is egressd's: its audit log on the node has the flow.
 	rec := waitAudit(t, n, sb.ID, host, port)
