@@ -38,8 +38,10 @@ const (
 // does (the testnode overlay through internal/kubedeploy: server-side apply, rollouts of
 // lifecycle's two replicas, the gateway and the egressd DaemonSet), then through the
 // lifecycle API's NodePort creates a sandbox pod, runs a command in it through the
-// gateway and execd, checks that the node's egressd enforces its policy (an allowed
-// address is reached, a denied one is not) and deletes it.
+// gateway and execd, checks that the node's egressd enforces its policy from the
+// entrypoint's first instant (an allowed name resolves, another does not, a denied
+// connection is blocked and audited) and deletes it; then runs the published JS SDK's
+// Kubernetes suite against the NodePorts, and checks the host is clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -109,9 +111,15 @@ func TestAirlockOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	began = time.Now()
+	// The entrypoint's first act is the denied connection: execd holds the entrypoint
+	// until lifecycle releases it, which it does once the node's egressd enforces, so
+	// even that first attempt is blocked.
+	dhost, dport, _ := net.SplitHostPort(denied)
+	first := fmt.Sprintf(`(timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo open || echo blocked) >/tmp/first-connect; exec tail -f /dev/null`,
+		dhost, dport)
 	sb, err := c.Create(ctx, sdk.CreateRequest{
 		Image: nodeSandboxImage, Timeout: 10 * time.Minute, NetworkPolicy: json.RawMessage(policy),
-		Resources: map[string]string{"cpu": "500m", "memory": "256Mi"},
+		Resources: map[string]string{"cpu": "500m", "memory": "256Mi"}, Entrypoint: []string{"bash", "-c", first},
 	})
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -175,7 +183,10 @@ func TestAirlockOnNode(t *testing.T) {
 	if got := run("getent hosts " + deniedName + " || echo unresolved"); got != "unresolved" {
 		t.Errorf("the name %s outside the policy resolves to %q in the sandbox, want unresolved", deniedName, got)
 	}
-	host, port, _ := net.SplitHostPort(denied)
+	if got := run("for i in $(seq 50); do [ -s /tmp/first-connect ] && break; sleep 0.2; done; cat /tmp/first-connect"); got != "blocked" {
+		t.Errorf("the entrypoint's first connection to %s was %q, want blocked (entrypoint held until egressd enforces)", denied, got)
+	}
+	host, port := dhost, dport
 	if got := run(fmt.Sprintf(`timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo open || echo blocked`, host, port)); got != "blocked" {
 		t.Errorf("%s (egressd's always-deny overlay) is %q from the sandbox, want blocked", denied, got)
 	}
