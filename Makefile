@@ -98,7 +98,8 @@ clean: ## remove bin/
 # A one-node Kubernetes cluster on this host (deploy/kubernetes/testenv/README.md). Hold
 # /tmp/airlock-test.lock while it runs when tests share this host.
 .PHONY: kube-up kube-down
-kube-up: ## start a one-node cluster here (kubelet, private containerd, CNI, NetworkPolicy); prints its kubeconfig
+kube-up: image ## start a one-node cluster here (kubelet, private containerd, CNI, NetworkPolicy, DNS) and deploy Airlock on it from its manifests; prints the lifecycle API, the gateway and the API key
 	@deploy/kubernetes/testenv/up.sh
+	@deploy/kubernetes/testenv/airlock-up.sh
 kube-down: ## stop the one-node cluster and leave the host as it was before kube-up
 	@deploy/kubernetes/testenv/down.sh

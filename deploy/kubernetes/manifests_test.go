@@ -1,6 +1,7 @@
 package manifests_test
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +35,8 @@ type layout struct {
 	runtimeClass   string // lifecycle --runtime-class
 	extraObjects   []string
 	namespaceCount int
+	gatewayService corev1.ServiceType // default LoadBalancer
+	egressdAudit   string             // egressd's audit hostPath; default /var/lib/airlock
 }
 
 var layouts = []layout{
@@ -41,6 +44,9 @@ var layouts = []layout{
 	{dir: "overlays/single-namespace", system: "airlock", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", namespaceCount: 3},
 	{dir: "overlays/gvisor", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", runtimeClass: "gvisor",
 		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 3},
+	{dir: "overlays/testnode", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens",
+		extraObjects: []string{"Service/airlock-system/airlock-lifecycle-nodeport"}, namespaceCount: 3,
+		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd"},
 }
 
 // manifest is one rendered kustomization.
@@ -368,8 +374,9 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 		t.Errorf("gateway: no emptyDir volume mounted at /var/lib/airlock for the audit log (%v)", p.Containers[0].VolumeMounts)
 	}
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
-	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
-		t.Errorf("gateway Service: %s %+v, want LoadBalancer 80 to http", svc.Spec.Type, svc.Spec.Ports)
+	wantType := cmp.Or(l.gatewayService, corev1.ServiceTypeLoadBalancer)
+	if svc.Spec.Type != wantType || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
+		t.Errorf("gateway Service: %s %+v, want %s 80 to http", svc.Spec.Type, svc.Spec.Ports, wantType)
 	}
 }
 
@@ -398,7 +405,7 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 			host[v.HostPath.Path] = v.Name
 		}
 	}
-	for _, path := range []string{"/sys/fs/bpf", "/var/lib/airlock"} {
+	for _, path := range []string{"/sys/fs/bpf", cmp.Or(l.egressdAudit, "/var/lib/airlock")} {
 		if host[path] == "" {
 			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
 		}

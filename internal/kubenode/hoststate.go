@@ -38,6 +38,8 @@ type HostState struct {
 	Paths     map[string]bool   // hostPaths -> exists
 	Cgroups   []string          // /sys/fs/cgroup/<controller>/kubepods folders
 	Bridge    bool              // the CNI bridge exists
+	Egressd   []string          // what Airlock's egressd on the node leaves: EgressdDNSInterface, EgressdPinRoot
+	BPFShared bool              // /sys/fs/bpf is a shared mount (up.sh makes a private one shared)
 	Chains    []string          // "<iptables|ip6tables> <table> <chain>" of nodeChain chains
 	IPSets    []string          // KUBE-* and kube-router* ipsets
 	NFTTables []string          // every nftables table, "<family> <name>"
@@ -63,6 +65,19 @@ func Snapshot() (HostState, error) {
 	s.Cgroups, _ = filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	_, err := os.Stat(filepath.Join("/sys/class/net", Bridge))
 	s.Bridge = err == nil
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for l := range strings.SplitSeq(string(mi), "\n") {
+			// mount ID, parent ID, major:minor, root, mount point, options, optional fields...
+			if f := strings.Fields(l); len(f) > 6 && f[4] == "/sys/fs/bpf" {
+				s.BPFShared = strings.Contains(strings.Join(f[6:], " "), "shared:")
+			}
+		}
+	}
+	for _, p := range []string{filepath.Join("/sys/class/net", EgressdDNSInterface), EgressdPinRoot} {
+		if _, err := os.Lstat(p); err == nil {
+			s.Egressd = append(s.Egressd, p)
+		}
+	}
 	for _, ipt := range []string{"iptables", "ip6tables"} {
 		out, err := exec.Command(ipt + "-save").Output()
 		if err != nil {
@@ -124,7 +139,8 @@ func Snapshot() (HostState, error) {
 // Diff lists what after has of the node that s (taken before the node started) did not:
 // changed sysctls and host folders, kubepods cgroups, the bridge, the node's iptables
 // chains and ipsets, nftables tables that were not there (except Airlock's own "airlock*"
-// tables, which other tests create), mounts and processes. Empty means clean.
+// tables, which other tests create, but including the node's egressd's), what the node's
+// egressd leaves, mounts and processes. Empty means clean.
 func (s HostState) Diff(after HostState) []string {
 	var d []string
 	for _, k := range Sysctls {
@@ -143,6 +159,12 @@ func (s HostState) Diff(after HostState) []string {
 	if after.Bridge {
 		d = append(d, "bridge "+Bridge)
 	}
+	if s.BPFShared != after.BPFShared {
+		d = append(d, fmt.Sprintf("/sys/fs/bpf shared: %v, before: %v", after.BPFShared, s.BPFShared))
+	}
+	for _, p := range after.Egressd {
+		d = append(d, "egressd's "+p)
+	}
 	for _, c := range added(s.Chains, after.Chains) {
 		d = append(d, "chain "+c)
 	}
@@ -150,7 +172,7 @@ func (s HostState) Diff(after HostState) []string {
 		d = append(d, "ipset "+c)
 	}
 	for _, t := range added(s.NFTTables, after.NFTTables) {
-		if !strings.HasPrefix(strings.Fields(t)[1], "airlock") {
+		if name := strings.Fields(t)[1]; name == EgressdNFTTable || !strings.HasPrefix(name, "airlock") {
 			d = append(d, "nftables table "+t)
 		}
 	}

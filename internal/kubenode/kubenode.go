@@ -1,7 +1,7 @@
 // Package kubenode starts the one-node Kubernetes cluster of deploy/kubernetes/testenv
 // for the tests that need real pods: kube-apiserver, etcd, kube-controller-manager,
-// kube-scheduler, kubelet with a private containerd and bridge CNI, kube-proxy (nftables
-// mode) and kube-router enforcing NetworkPolicy. Start runs up.sh and registers down.sh
+// kube-scheduler, kubelet with a private containerd and ptp CNI, kube-proxy (nftables
+// mode), kube-router enforcing NetworkPolicy and CoreDNS. Start runs up.sh and registers down.sh
 // for the end of the test; Snapshot and HostState.Diff check that down.sh left the host
 // as it found it.
 //
@@ -37,17 +37,24 @@ import (
 const (
 	StateDir   = "/var/lib/airlock-kube"      // certificates, etcd, kubelet, containerd root, logs
 	RunDir     = "/run/airlock-kube"          // containerd's socket and state, pods' netns
-	Bridge     = "airlockkube0"               // the CNI bridge
+	Bridge     = "airlockkube0"               // holds NodeIP (a bridge without ports; pods are ptp veths)
 	PodCIDR    = "10.244.0.0/24"              // pod addresses
-	NodeIP     = "10.244.0.1"                 // the bridge's address: API server, kubelet, node IP
+	NodeIP     = "10.244.0.1"                 // the bridge's address: API server, kubelet, node IP, CoreDNS
+	DNSIP      = "10.96.0.10"                 // the kube-dns Service (clusterDNS)
 	NodeName   = "localhost"                  // the Node object's name
 	PauseImage = "airlock.local/kube-pause:1" // sandbox image; also serve/probe (see testenv/pause)
+
+	// What Airlock's egressd leaves on the host when deployed with the testnode overlay
+	// (its flags there); down.sh removes them.
+	EgressdPinRoot      = "/sys/fs/bpf/airlock-kube" // --pin-root
+	EgressdNFTTable     = "airlockkube"              // --nft-table
+	EgressdDNSInterface = "airlockkube-dns"          // --dns-interface
 )
 
 // Components are the processes up.sh starts, in start order; their logs are
 // StateDir/logs/<component>.log.
 var Components = []string{"containerd", "etcd", "kube-apiserver", "kube-controller-manager",
-	"kube-scheduler", "kubelet", "kube-proxy", "kube-router"}
+	"kube-scheduler", "kubelet", "kube-proxy", "kube-router", "coredns"}
 
 // UpTimeout bounds up.sh: a cold build of the pinned binaries included (see README.md).
 const UpTimeout = 35 * time.Minute

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +68,50 @@ func waitProbes(t *testing.T, n *Node, ns, pod, want, why string) {
 	t.Logf("probes %s (%s): %q", want, why, last)
 }
 
+// checkPodRoute checks what egressd relies on to find a pod's veth (ptp CNI): the host's
+// route to the pod's address is a /32 without a gateway through a veth of its own.
+func checkPodRoute(t *testing.T, pod netip.Addr) {
+	t.Helper()
+	routes, err := netlink.RouteGetWithOptions(pod.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true})
+	if err != nil || len(routes) != 1 {
+		t.Fatalf("route to pod %s: %v %v", pod, routes, err)
+	}
+	r := routes[0]
+	l, err := netlink.LinkByIndex(r.LinkIndex)
+	if err != nil {
+		t.Fatalf("link of the route to pod %s: %v", pod, err)
+	}
+	if ones, _ := r.Dst.Mask.Size(); ones != 32 || r.Gw != nil || l.Type() != "veth" {
+		t.Fatalf("route to pod %s is %s via %v on %s (%s); want a /32 through the pod's own veth", pod, r.Dst, r.Gw, l.Attrs().Name, l.Type())
+	}
+	t.Logf("pod %s: host route %s on veth %s", pod, r.Dst, l.Attrs().Name)
+}
+
+// checkClusterDNS asks the kube-dns Service (through kube-proxy, as a hostNetwork pod with
+// dnsPolicy ClusterFirstWithHostNet does) for the kubernetes Service's name.
+func checkClusterDNS(t *testing.T) {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion("kubernetes.default.svc.cluster.local.", dns.TypeA)
+	var r *dns.Msg
+	var err error
+	for range 20 { // the Service's rules may lag the Service by a moment
+		if r, _, err = (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(DNSIP, "53")); err == nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("asking the cluster DNS %s: %v", DNSIP, err)
+	}
+	if len(r.Answer) != 1 {
+		t.Fatalf("cluster DNS answered %v for kubernetes.default.svc.cluster.local", r.Answer)
+	}
+	if a, ok := r.Answer[0].(*dns.A); !ok || a.A.String() != "10.96.0.1" {
+		t.Fatalf("cluster DNS answered %v for kubernetes.default.svc.cluster.local, want 10.96.0.1", r.Answer[0])
+	}
+}
+
 // TestNodeRunsPodsAndEnforcesNetworkPolicy brings the node up, runs a server and a client
 // pod on the bridge, shows that a NetworkPolicy denying the server's ingress blocks the
 // client and that one allowing it opens the way again, then brings the node down and
@@ -99,6 +145,8 @@ func TestNodeRunsPodsAndEnforcesNetworkPolicy(t *testing.T) {
 	if server.Spec.NodeName != NodeName {
 		t.Fatalf("server pod scheduled on %q, want %q", server.Spec.NodeName, NodeName)
 	}
+	checkPodRoute(t, ip)
+	checkClusterDNS(t)
 	target := net.JoinHostPort(server.Status.PodIP, "8080")
 	if _, err := pods.Create(ctx, toolPod("client", map[string]string{"role": "client"}, "probe", target, "300ms"), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating the client pod: %v", err)

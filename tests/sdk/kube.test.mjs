@@ -4,7 +4,8 @@
 // containers by the test kubelet. The Go test TestSDKOnKubernetes
 // (lifecycle/conformance) starts all of it and runs this file with
 // AIRLOCK_KUBE_DOMAIN, AIRLOCK_KUBE_GATEWAY and AIRLOCK_KUBE_API_KEY set; `make
-// sdk-test` runs that Go test. Egress enforcement belongs to egressd on the nodes,
+// sdk-test` runs that Go test. TestAirlockOnNode (internal/kubenode) runs it too,
+// against Airlock deployed by its manifests on the one-node cluster (make kube-up). Egress enforcement belongs to egressd on the nodes,
 // which this suite does not run: the policy API is checked as stored.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -16,6 +17,9 @@ const gateway = process.env.AIRLOCK_KUBE_GATEWAY;
 const apiKey = process.env.AIRLOCK_KUBE_API_KEY;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `kube${process.pid}`;
+// Small enough that two sandboxes (requests = limits) fit beside Airlock on the 2-core
+// one-node cluster; the SDK's default is 1 CPU and 2 GiB.
+const RESOURCE = { cpu: "250m", memory: "512Mi" };
 
 function config() {
   return new ConnectionConfig({ domain, apiKey, requestTimeoutSeconds: 60 });
@@ -35,6 +39,7 @@ test("create a pod-backed sandbox, then getInfo", async () => {
   sbx = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: RESOURCE,
     metadata: { suite: RUN, role: "main" },
     env: { GREETING: "hello-from-kube" },
     timeoutSeconds: 600,
@@ -101,6 +106,7 @@ test("egress policy through the egress API (stored; egressd enforces it on the n
   const pol = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: RESOURCE,
     metadata: { suite: RUN, role: "egress" },
     networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: "allowed.test" }] },
     timeoutSeconds: 600,

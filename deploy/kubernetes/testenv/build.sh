@@ -7,8 +7,9 @@
 # Usage: deploy/kubernetes/testenv/build.sh [--node]
 #   (none)   kube-apiserver and etcd: the API server the Kubernetes tests run on loopback
 #            (controller-runtime envtest)
-#   --node   also kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl and
-#            kube-router (the NetworkPolicy controller): the one-node cluster of up.sh
+#   --node   also kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl,
+#            kube-router (the NetworkPolicy controller) and CoreDNS (the cluster DNS): the
+#            one-node cluster of up.sh
 #
 # Cost measured on this 2-core machine with empty Go module and build caches: 5 min for
 # the API server and etcd (0.85 GB of modules, 2.9 GB of build cache); --node adds the
@@ -20,6 +21,7 @@ KUBE_VERSION=v1.37.1      # k8s.io/kubernetes; its staging modules are v0.37.1
 STAGING_VERSION=v0.37.1
 ETCD_VERSION=v3.7.3
 KUBE_ROUTER_VERSION=v2.1.0 # github.com/cloudnativelabs/kube-router/v2: NetworkPolicy (see README.md)
+COREDNS_VERSION=v1.15.0    # github.com/coredns/coredns: the cluster DNS (kubernetes plugin)
 ASSETS=${AIRLOCK_KUBE_ASSETS:-${HOME}/.cache/airlock/kube/${KUBE_VERSION}-etcd${ETCD_VERSION}}
 export PATH=/usr/local/go/bin:$PATH
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -28,7 +30,7 @@ node=0
 for a in "$@"; do
 	case "$a" in
 	--node) node=1 ;;
-	-h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,17p' "$0"; exit 0 ;;
 	*) echo "build.sh: unknown option $a (see --help)" >&2; exit 2 ;;
 	esac
 done
@@ -105,6 +107,37 @@ if [[ $node == 1 && $router_version != *"version $KUBE_ROUTER_VERSION,"* ]]; the
 	go build -trimpath -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
 		-o "$ASSETS/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
 	mv "$ASSETS/kube-router.tmp" "$ASSETS/kube-router"
+fi
+
+# CoreDNS with only the plugins up.sh's Corefile uses (kubernetes, cache, errors, bind,
+# ready, loadbalance), compiled into a small main of our own: the full build's cloud
+# plugins would triple the compile time. Its version is checked in the binary.
+dns_version=$("$ASSETS/coredns" -version 2>&1 || true)
+if [[ $node == 1 && $dns_version != *"CoreDNS-${COREDNS_VERSION#v}"* ]]; then
+	log "building CoreDNS $COREDNS_VERSION into $ASSETS (cold: about 3 min)"
+	mkdir -p "$work/coredns" && cd "$work/coredns"
+	go mod init airlock.local/coredns >/dev/null 2>&1
+	cat >main.go <<-'EOF'
+		// Command coredns is CoreDNS with the plugins of the one-node cluster's Corefile.
+		package main
+
+		import (
+			_ "github.com/coredns/coredns/plugin/bind"
+			_ "github.com/coredns/coredns/plugin/cache"
+			_ "github.com/coredns/coredns/plugin/errors"
+			_ "github.com/coredns/coredns/plugin/kubernetes"
+			_ "github.com/coredns/coredns/plugin/loadbalance"
+			_ "github.com/coredns/coredns/plugin/ready"
+
+			"github.com/coredns/coredns/coremain"
+		)
+
+		func main() { coremain.Run() }
+	EOF
+	fetch go get "github.com/coredns/coredns@$COREDNS_VERSION"
+	fetch go mod tidy
+	go build -trimpath -ldflags "-s -w" -o "$ASSETS/coredns.tmp" .
+	mv "$ASSETS/coredns.tmp" "$ASSETS/coredns"
 fi
 
 log "ready in $ASSETS: $(cd "$ASSETS" && ls | tr '\n' ' ')"

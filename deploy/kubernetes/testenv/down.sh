@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Stops the one-node cluster up.sh started (`make kube-down`) and leaves the host as it
 # was before: pods' containers and sandboxes gone, every process up.sh started stopped,
-# kubelet's and containerd's mounts unmounted, the kubepods cgroups removed, the CNI
-# bridge deleted, the iptables chains, ipsets and nftables tables of kubelet, the CNI
-# plugins, kube-proxy, kube-router and up.sh deleted, the sysctls put back to their saved
-# values and the node's folders removed. Docker's rules and bridge are never touched.
+# kubelet's and containerd's mounts unmounted, the kubepods cgroups removed, the node's
+# bridge and what Airlock's egressd left (its interface, tables and eBPF pins) deleted,
+# the iptables chains, ipsets and nftables tables of kubelet, the CNI plugins,
+# kube-proxy, kube-router and up.sh deleted, the sysctls put back to their saved values
+# and the node's folders removed. Docker's rules and bridge are never touched.
 #
 # Usage: deploy/kubernetes/testenv/down.sh [--keep-logs DIR]
 #   --keep-logs DIR  copy the components' logs to DIR first
@@ -85,7 +86,7 @@ fi
 # The node agents together, then the control plane (killed: all it keeps is in the state
 # folder, which goes), then containerd (after the containers kubelet did not stop: their
 # tasks killed, their containers deleted).
-stop kube-router kube-proxy kubelet
+stop coredns kube-router kube-proxy kubelet
 stop -KILL kube-scheduler kube-controller-manager kube-apiserver etcd
 if [[ -S $KUBE_CONTAINERD_SOCK ]]; then
 	for id in $(kube_ctr tasks ls -q 2>/dev/null); do kube_ctr tasks kill -s SIGKILL "$id" >/dev/null 2>&1; done
@@ -150,6 +151,14 @@ done
 
 # --- network: bridge, iptables chains, ipsets, nftables tables -------------------------
 ip link del "$KUBE_BRIDGE" 2>/dev/null
+# Airlock's egressd (overlays/testnode): its DNS address's interface, nftables tables and
+# pinned eBPF state outlive it by design (enforcement survives a restart).
+ip link del "$KUBE_EGRESSD_DNS_IF" 2>/dev/null
+if command -v nft >/dev/null; then
+	nft list tables 2>/dev/null | awk -v n="$KUBE_EGRESSD_NFT" '$3 == n {print $2}' |
+		while read -r fam; do nft delete table "$fam" "$KUBE_EGRESSD_NFT"; done
+fi
+rm -rf "$KUBE_EGRESSD_PINS"
 for ipt in iptables ip6tables; do
 	for t in filter nat mangle raw; do
 		rules=$($ipt-save -t "$t" 2>/dev/null) || continue
@@ -188,6 +197,10 @@ if [[ -f $before ]]; then
 	while read -r kind key value; do
 		[[ $kind == sysctl ]] && sysctl -qw "$key=$value"
 	done <"$before"
+	# up.sh made a private /sys/fs/bpf shared (egressd's mount propagation).
+	if grep -qx "bpffs private" "$before" && [[ $(findmnt -n -o PROPAGATION /sys/fs/bpf) != private ]]; then
+		mount --make-private /sys/fs/bpf
+	fi
 	for p in /var/lib/cni /var/lib/kubelet /var/log/containers /var/log/pods /run/containerd; do
 		grep -qxF "path $p" "$before" && continue
 		[[ $p == /run/containerd && -n $(ls -A /run/containerd/s 2>/dev/null) ]] && continue # Docker's shims
@@ -205,6 +218,9 @@ left=()
 [[ -n $(node_mounts) ]] && left+=("mounts: $(node_mounts | tr '\n' ' ')")
 ls -d /sys/fs/cgroup/*/kubepods >/dev/null 2>&1 && left+=("cgroups: $(ls -d /sys/fs/cgroup/*/kubepods | tr '\n' ' ')")
 ip link show "$KUBE_BRIDGE" >/dev/null 2>&1 && left+=("bridge $KUBE_BRIDGE")
+ip link show "$KUBE_EGRESSD_DNS_IF" >/dev/null 2>&1 && left+=("interface $KUBE_EGRESSD_DNS_IF")
+[[ -e $KUBE_EGRESSD_PINS ]] && left+=("eBPF pins $KUBE_EGRESSD_PINS")
+nft list tables 2>/dev/null | grep -q " $KUBE_EGRESSD_NFT\$" && left+=("nftables tables $KUBE_EGRESSD_NFT")
 for ipt in iptables ip6tables; do
 	c=$($ipt-save 2>/dev/null | grep -oE "^:($IPT_PREFIXES)[^ ]*" | tr '\n' ' ')
 	[[ -n $c ]] && left+=("$ipt chains: $c")

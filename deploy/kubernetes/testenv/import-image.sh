@@ -5,8 +5,10 @@
 # latest). A name without a registry, like airlock/sandbox:latest, is docker.io/airlock/
 # sandbox:latest in containerd, which is also how kubelet spells the pod's image.
 #
-# Usage: deploy/kubernetes/testenv/import-image.sh IMAGE... | --tar FILE...
+# Usage: deploy/kubernetes/testenv/import-image.sh IMAGE[=NAME]... | --tar FILE...
 #   IMAGE       a Docker image reference (from `docker images`)
+#   IMAGE=NAME  also tagged NAME in the node (for example a :latest image under another
+#               tag, which kubelet then does not try to pull)
 #   --tar FILE  docker-archive or OCI tarballs instead (for example from image-tar.sh)
 set -euo pipefail
 
@@ -15,7 +17,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 
 [[ $EUID == 0 ]] || kube_die "must run as root (the node's containerd socket is root's)"
-(($#)) || { sed -n '2,10p' "$0" >&2; exit 2; }
+(($#)) || { sed -n '2,12p' "$0" >&2; exit 2; }
 [[ -S $KUBE_CONTAINERD_SOCK ]] || kube_die "the node's containerd is not running ($KUBE_CONTAINERD_SOCK): make kube-up"
 
 if [[ $1 == --tar ]]; then
@@ -26,8 +28,25 @@ if [[ $1 == --tar ]]; then
 	done
 	exit 0
 fi
-for img in "$@"; do
+# full NAME: the reference as containerd (and kubelet) spell it: docker.io/library/x:latest.
+full() {
+	local ref=$1 first=${1%%/*}
+	[[ ${ref##*/} == *[:@]* ]] || ref=$ref:latest
+	if [[ $ref != */* ]]; then
+		ref=docker.io/library/$ref
+	elif [[ $first != *.* && $first != *:* && $first != localhost ]]; then
+		ref=docker.io/$ref
+	fi
+	echo "$ref"
+}
+for arg in "$@"; do
+	img=${arg%%=*}
 	docker image inspect "$img" >/dev/null 2>&1 || kube_die "no Docker image $img (docker images)"
 	docker save "$img" | kube_ctr images import - >/dev/null
-	kube_log "imported $img"
+	if [[ $arg == *=* ]]; then
+		kube_ctr images tag --force "$(full "$img")" "$(full "${arg#*=}")" >/dev/null
+		kube_log "imported $img as ${arg#*=}"
+	else
+		kube_log "imported $img"
+	fi
 done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts a one-node Kubernetes cluster on this machine (`make kube-up`): etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, a private containerd with the
-# CRI plugin, bridge CNI, kubelet, kube-proxy (nftables mode) and kube-router (NetworkPolicy
-# only). Waits until the node is Ready and prints the admin kubeconfig's path on its last
+# CRI plugin, ptp CNI, kubelet, kube-proxy (nftables mode), kube-router (NetworkPolicy
+# only) and CoreDNS (the cluster DNS). Waits until the node is Ready and prints the admin kubeconfig's path on its last
 # line. down.sh (`make kube-down`) undoes all of it. Needs root. See README.md.
 #
 # Usage: deploy/kubernetes/testenv/up.sh
@@ -58,7 +58,7 @@ fi
 
 # --- binaries (cached by version) ------------------------------------------------------
 ASSETS=$(nice -n 15 "$here/build.sh" --node | tail -1)
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kube-router; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kube-router coredns; do
 	[[ -x $ASSETS/$b ]] || kube_die "$ASSETS/$b missing after build.sh --node"
 done
 kubectl() { "$ASSETS/kubectl" --kubeconfig "$KUBE_CONFIG" --request-timeout=20s "$@"; }
@@ -74,6 +74,7 @@ echo "$ASSETS" >"$KUBE_STATE/assets"
 		if [[ -e $p ]]; then echo "path $p"; fi
 	done
 	nft list tables | sed 's/^table /nfttable /'
+	echo "bpffs $(findmnt -n -o PROPAGATION /sys/fs/bpf 2>/dev/null || echo none)"
 } >"$KUBE_STATE/host.before"
 
 # --- certificates ----------------------------------------------------------------------
@@ -108,6 +109,7 @@ cert scheduler "/CN=system:kube-scheduler" clientAuth
 cert node "/O=system:nodes/CN=system:node:$KUBE_NODE_NAME" clientAuth
 cert kube-proxy "/CN=system:kube-proxy" clientAuth
 cert kube-router "/CN=airlock-kube:kube-router" clientAuth
+cert coredns "/CN=airlock-kube:coredns" clientAuth
 cert front-proxy-client "/CN=front-proxy-client" clientAuth "" front-proxy-ca
 openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
 openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
@@ -135,15 +137,24 @@ kubeconfig() {
 	chmod 600 "$1"
 }
 kubeconfig "$KUBE_CONFIG" admin
-for c in controller-manager scheduler node kube-proxy kube-router; do kubeconfig "$KUBE_STATE/$c.kubeconfig" "$c"; done
+for c in controller-manager scheduler node kube-proxy kube-router coredns; do kubeconfig "$KUBE_STATE/$c.kubeconfig" "$c"; done
 
 # --- processes -------------------------------------------------------------------------
-# start NAME COMMAND...: runs COMMAND in its own session, output in logs/NAME.log.
+# start NAME COMMAND...: runs COMMAND in its own session, output in logs/NAME.log, with
+# no file descriptor of the caller's beyond those three (the shared test lock's among
+# them: a daemon that kept it would hold the lock after the test, and containerd would
+# hand it on to every container).
 start() {
-	local name=$1
+	local name=$1 fd
 	shift
-	setsid "$@" >>"$KUBE_LOGS/$name.log" 2>&1 </dev/null &
-	echo $! >"$KUBE_PIDS/$name.pid"
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			((fd > 2)) && eval "exec $fd>&-"
+		done
+		setsid "$@" >>"$KUBE_LOGS/$name.log" 2>&1 </dev/null &
+		echo $! >"$KUBE_PIDS/$name.pid"
+	)
 }
 
 # wait_for WHAT SECONDS LOG COMMAND...: polls COMMAND every 0.5 s; on timeout prints the
@@ -167,32 +178,45 @@ wait_for() {
 }
 https_ok() { curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$1"; }
 
-# --- host network: sysctls, bridge, forwarding ----------------------------------------
+# --- bpffs: shared, as on a systemd node ----------------------------------------------
+# egressd's DaemonSet mounts /sys/fs/bpf with mountPropagation HostToContainer, which the
+# runtime refuses on a private mount (this host has no systemd, whose mounts are shared).
+# down.sh makes it private again.
+if ! mountpoint -q /sys/fs/bpf; then
+	mount -t bpf bpf /sys/fs/bpf # as deploy/host/prepare.sh does; left mounted
+fi
+[[ $(findmnt -n -o PROPAGATION /sys/fs/bpf) == private ]] && mount --make-shared /sys/fs/bpf
+
+# --- host network: sysctls, the node's address, forwarding ----------------------------
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# The node's address lives on a bridge without ports (this kernel has no dummy driver):
+# pods are not bridged, each has its own veth (the ptp CNI plugin below), but the /24
+# keeps traffic to a pod address that has no pod on this host instead of the default
+# route.
 ip link add "$KUBE_BRIDGE" type bridge
 ip addr add "$KUBE_NODE_IP/${KUBE_POD_CIDR#*/}" dev "$KUBE_BRIDGE"
 ip link set "$KUBE_BRIDGE" up
-# Docker sets the FORWARD policy to DROP; pods on the bridge talk to each other through
-# this chain, appended after Docker's rules (never changing them) and after kube-router's
-# chain (first in FORWARD), which rejects what a NetworkPolicy denies. Nothing leaves the
-# bridge for another interface: pods reach only each other and this host.
+# Docker sets the FORWARD policy to DROP; pods talk to each other through this chain,
+# appended after Docker's rules (never changing them) and after kube-router's chain
+# (first in FORWARD), which rejects what a NetworkPolicy denies. Only pod-to-pod traffic
+# is accepted: pods reach only each other and this host.
 iptables -w -N "$KUBE_FWD_CHAIN"
-iptables -w -A "$KUBE_FWD_CHAIN" -i "$KUBE_BRIDGE" -o "$KUBE_BRIDGE" -j ACCEPT
+iptables -w -A "$KUBE_FWD_CHAIN" -s "$KUBE_POD_CIDR" -d "$KUBE_POD_CIDR" -j ACCEPT
 iptables -w -A FORWARD -m comment --comment "airlock kube node" -j "$KUBE_FWD_CHAIN"
 
 # --- containerd (private) and CNI ------------------------------------------------------
 mkdir -p "$KUBE_STATE/cni/net.d" "$KUBE_STATE/cni/ipam" "$KUBE_RUN/containerd"
+# ptp: each pod gets its own veth, the host side carrying the gateway address and a /32
+# route to the pod. egressd finds a pod's veth from that route (a routed CNI, like Calico);
+# kube-router matches the routed traffic in FORWARD by the pods' addresses.
 cat >"$KUBE_STATE/cni/net.d/10-$KUBE_CNI_NETWORK.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "$KUBE_CNI_NETWORK",
   "plugins": [
     {
-      "type": "bridge",
-      "bridge": "$KUBE_BRIDGE",
-      "isGateway": true,
+      "type": "ptp",
       "ipMasq": false,
-      "hairpinMode": true,
       "ipam": {
         "type": "host-local",
         "dataDir": "$KUBE_STATE/cni/ipam",
@@ -390,6 +414,78 @@ start kube-router "$ASSETS/kube-router" --kubeconfig "$KUBE_STATE/kube-router.ku
 wait_for "kube-proxy healthy" 60 kube-proxy curl -fsS http://127.0.0.1:10256/healthz
 wait_for "kube-router's NetworkPolicy chains" 60 kube-router iptables -w -n -L KUBE-ROUTER-FORWARD
 wait_for "default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default
+
+# --- cluster DNS -----------------------------------------------------------------------
+# CoreDNS runs on the host, on the node's address only (never :53 of every interface:
+# egressd answers sandboxes on its own address), and reads the API with its own client
+# certificate. The kube-dns Service has no selector: its EndpointSlice names the node's
+# address, so kube-proxy sends the clusterDNS address (pods, and hostNetwork pods with
+# dnsPolicy ClusterFirstWithHostNet) there.
+kube_log "CoreDNS on $KUBE_NODE_IP:53 (Service kube-dns, $KUBE_DNS_IP)"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "airlock-kube:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [services, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "airlock-kube:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "airlock-kube:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "airlock-kube:coredns"}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns}
+spec:
+  clusterIP: $KUBE_DNS_IP
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: 53}
+  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-node
+  namespace: kube-system
+  labels:
+    kubernetes.io/service-name: kube-dns
+    endpointslice.kubernetes.io/managed-by: airlock-kube
+addressType: IPv4
+endpoints:
+- addresses: [$KUBE_NODE_IP]
+  conditions: {ready: true}
+  nodeName: $KUBE_NODE_NAME
+ports:
+- {name: dns, port: 53, protocol: UDP}
+- {name: dns-tcp, port: 53, protocol: TCP}
+EOF
+cat >"$KUBE_STATE/Corefile" <<EOF
+.:53 {
+    bind $KUBE_NODE_IP
+    errors
+    ready 127.0.0.1:$KUBE_DNS_READY_PORT
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $KUBE_STATE/coredns.kubeconfig airlock-kube
+        pods disabled
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    cache 30
+    loadbalance
+}
+EOF
+start coredns "$ASSETS/coredns" -conf "$KUBE_STATE/Corefile"
+wait_for "CoreDNS ready" 60 coredns curl -fsS "http://127.0.0.1:$KUBE_DNS_READY_PORT/ready"
 
 kube_log "node up in $(elapsed); kubectl --kubeconfig $KUBE_CONFIG get pods -A"
 echo "$KUBE_CONFIG"

@@ -1,0 +1,76 @@
+// Command deploy deploys Airlock on the one-node cluster of up.sh from its own manifests
+// (internal/kubedeploy: kustomize, the API key Secret, server-side apply, rollouts) and
+// prints the addresses and the API key the way `airlock up` does. `make kube-up` runs it
+// through airlock-up.sh, after importing the images.
+//
+// Usage: go run ./deploy/kubernetes/testenv/deploy [-kubeconfig FILE] [-k DIR] [-timeout D]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/airlockdev/airlock/internal/kubedeploy"
+)
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "/var/lib/airlock-kube/kubeconfig", "the cluster's admin kubeconfig")
+	dir := flag.String("k", "deploy/kubernetes/overlays/testnode", "the kustomization to apply")
+	sandboxImage := flag.String("sandbox-image", "airlock/sandbox:0.1.0", "the image the printed SDK example names")
+	timeout := flag.Duration("timeout", 5*time.Minute, "how long to wait for the rollouts")
+	flag.Parse()
+	if err := run(*kubeconfig, *dir, *sandboxImage, *timeout); err != nil {
+		fmt.Fprintln(os.Stderr, "deploy:", err)
+		os.Exit(1)
+	}
+}
+
+func run(kubeconfig, dir, sandboxImage string, timeout time.Duration) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	m, err := kubedeploy.Render(dir)
+	if err != nil {
+		return err
+	}
+	d, err := kubedeploy.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	began := time.Now()
+	keys, err := d.Deploy(ctx, m, kubedeploy.SystemNamespace)
+	if err != nil {
+		return err
+	}
+	if err := d.WaitRollouts(ctx, m); err != nil {
+		return err
+	}
+	api, err := d.NodePortAddr(ctx, kubedeploy.SystemNamespace, "airlock-lifecycle-nodeport")
+	if err != nil {
+		return err
+	}
+	gw, err := d.NodePortAddr(ctx, kubedeploy.SystemNamespace, "airlock-gateway")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "==> Airlock deployed from %s and rolled out in %s\n", dir, time.Since(began).Round(100*time.Millisecond))
+	w := os.Stdout
+	fmt.Fprintf(w, "Airlock is up on the one-node cluster (%s).\n\n", kubeconfig)
+	fmt.Fprintf(w, "  Lifecycle API: http://%s (NodePort of Service airlock-system/airlock-lifecycle-nodeport)\n", api)
+	fmt.Fprintf(w, "  Gateway:       http://%s (NodePort; execd, the egress API and SDK clients: http://%s/sandboxes/<id>/proxy/<port>/)\n", gw, gw)
+	fmt.Fprintf(w, "  Egress:        egressd DaemonSet airlock-system/airlock-egressd on the node\n")
+	fmt.Fprintf(w, "  OPEN-SANDBOX-API-KEY: %s\n", keys.APIKey)
+	fmt.Fprintf(w, "\nOpenSandbox SDK (npm install @alibaba-group/opensandbox):\n\n")
+	fmt.Fprintf(w, "  import { Sandbox } from \"@alibaba-group/opensandbox\";\n")
+	fmt.Fprintf(w, "  const sbx = await Sandbox.create({ connectionConfig: { domain: %q, apiKey: %q }, image: %q });\n", api, keys.APIKey, sandboxImage)
+	fmt.Fprintf(w, "  console.log((await sbx.commands.run(\"echo hello from $(hostname)\")).logs.stdout[0].text);\n\n")
+	return nil
+}
