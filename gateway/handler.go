@@ -47,7 +47,7 @@ const (
 // X-EXECD-ACCESS-TOKEN except on execd's port, where the gateway sets the sandbox's own
 // when it has the execd key) and the path prefix of path forms (X-Forwarded-Prefix tells
 // the app what was stripped), then proxy. Path forms share one browser origin and are
-// hardened (pathform.go): service worker scripts are refused (403), and responses lose
+// hardened (internal/pathform): service worker scripts are refused (403), and responses lose
 // Service-Worker-Allowed, get cookies scoped to the route's prefix and a CSP sandbox on
 // documents. Denials are JSON {code, message, requestId}
 // with statuses 400, 401, 403, 404, 410, 429 or 503 (with Retry-After); an unreachable
