@@ -238,6 +238,8 @@ func (s *Server) ptyPump(p *ptySession, c *ptyConn, next int64, done <-chan stru
 			continue
 		}
 		if exiting {
+			// Released before the exit frame: a client that reconnects on it is not refused.
+			p.release(c)
 			p.mu.Lock()
 			code := p.exitCode
 			p.mu.Unlock()
