@@ -150,13 +150,14 @@ func TestPTYInSandbox(t *testing.T) {
 
 	var c2 *execdtest.PTYClient
 	outer := t // c2 outlives the subtest
-	t.Run("replay_since_offset", func(t *testing.T) {
-		c1.Stdin(t, "sleep 2; echo missed-$((40+2))\n")
+	replayed := t.Run("replay_since_offset", func(t *testing.T) {
+		// 5000 bytes after the marker: once the offset moved that far, the marker is in.
+		c1.Stdin(t, "sleep 2; echo missed-$((40+2)); printf '%05000d\\n' 0\n")
 		c1.Expect(t, "missed-$((40+2))", ptyWait) // the terminal's echo of the line
 		c1.WS.CloseNow()
 		since := a.status(t, id).OutputOffset
 		deadline := time.Now().Add(ptyWait)
-		for a.status(t, id).OutputOffset < since+int64(len("missed-42")) {
+		for a.status(t, id).OutputOffset < since+5000 {
 			if time.Now().After(deadline) {
 				t.Fatal("no output while disconnected")
 			}
@@ -171,7 +172,7 @@ func TestPTYInSandbox(t *testing.T) {
 		c2.Stdin(t, "echo back-$((6*7))\n")
 		c2.Expect(t, "back-42", ptyWait)
 	})
-	if c2 == nil {
+	if !replayed {
 		t.FailNow()
 	}
 
@@ -179,7 +180,7 @@ func TestPTYInSandbox(t *testing.T) {
 	t.Run("takeover", func(t *testing.T) {
 		c3.WaitFor(t, "connected", ptyWait)
 		if f := c3.WaitFor(t, "replay", ptyWait); f.Offset != 0 || !strings.Contains(string(f.Data), "back-42") {
-			t.Fatalf("takeover replay at %d: %q", f.Offset, f.Data)
+			t.Fatalf("takeover replay at %d, %d bytes (output offset now %d): %q", f.Offset, len(f.Data), a.status(t, id).OutputOffset, f.Data)
 		}
 		if f := c2.WaitFor(t, "closed", ptyWait); f.CloseCode != execd.PTYCloseTakenOver {
 			t.Fatalf("the evicted holder was closed with %d (%v), want 4001", f.CloseCode, f.Err)
@@ -270,4 +271,31 @@ func TestPTYExitWithLeftoverChild(t *testing.T) {
 	if st := a.status(t, id); st.Running {
 		t.Fatalf("after exit: %+v", st)
 	}
+}
+
+// TestPTYTakeoverDuringFlood: a holder is evicted even while the shell never stops
+// writing, and the new holder gets the stream.
+func TestPTYTakeoverDuringFlood(t *testing.T) {
+	sb := execdtest.Start(t, execdtest.Options{})
+	a := ptyAPI{base: sb.URL}
+	id := a.create(t, execd.CreatePTYRequest{Command: "yes flood-line"})
+	c1 := a.dial(t, id, "")
+	c1.Expect(t, "flood-line", ptyWait)
+	c2 := a.dial(t, id, "takeover=1&since=999999999999")
+	for deadline := time.Now().Add(ptyWait); ; {
+		f := c1.Next(time.Until(deadline))
+		if f.Type == "closed" {
+			if f.CloseCode != execd.PTYCloseTakenOver {
+				t.Fatalf("the evicted holder was closed with %d (%v), want 4001", f.CloseCode, f.Err)
+			}
+			break
+		}
+		if f.Type == "timeout" {
+			t.Fatal("the holder of a flooding shell was never evicted")
+		}
+	}
+	c2.WaitFor(t, "connected", ptyWait)
+	c2.Expect(t, "flood-line", ptyWait)
+	expect(t, do(t, "DELETE", a.base+"/pty/"+id, nil), http.StatusOK)
+	c2.WaitFor(t, "exit", ptyWait)
 }

@@ -156,6 +156,7 @@ func (s *Server) handlePTYSocket(w http.ResponseWriter, r *http.Request) {
 	before := p.out.Total()
 	started, err := s.startPTY(p, usePTY)
 	if err != nil {
+		s.log.Warn("pty session did not start", "session_id", p.id, "err", err)
 		s.ptyJSON(ws, PTYServerFrame{Type: "error", Code: "START_FAILED", Error: err.Error()})
 		ws.Close(websocket.StatusInternalError, "START_FAILED")
 		return
@@ -225,6 +226,10 @@ func (s *Server) ptyPump(p *ptySession, c *ptyConn, next int64, done <-chan stru
 	exiting := false
 	frame := make([]byte, 1+PTYFrameBytes)
 	for {
+		if c.isEvicted() { // checked first: a shell that never stops writing must not keep it
+			ws.Close(PTYCloseTakenOver, "TAKEN_OVER")
+			return
+		}
 		data, ch, from, wake := p.out.next(next, PTYFrameBytes)
 		if len(data) > 0 {
 			frame[0] = ch

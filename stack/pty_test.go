@@ -178,11 +178,12 @@ func TestStackPTY(t *testing.T) {
 		if st := gwRoute.refused(t, id, "", gwRoute.hdr); st != http.StatusConflict {
 			t.Fatalf("a second client: %d, want 409", st)
 		}
-		p1.Stdin(t, "sleep 2; echo missed-$((40+2))\n")
+		// 5000 bytes after the marker: once the offset moved that far, the marker is in.
+		p1.Stdin(t, "sleep 2; echo missed-$((40+2)); printf '%05000d\\n' 0\n")
 		p1.Expect(t, "missed-$((40+2))", ptyWait) // the terminal's echo of the line
 		p1.WS.CloseNow()
 		since := gwRoute.offset(t, id)
-		for deadline := time.Now().Add(ptyWait); gwRoute.offset(t, id) < since+int64(len("missed-42")); time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(ptyWait); gwRoute.offset(t, id) < since+5000; time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("no output while disconnected")
 			}
