@@ -132,8 +132,10 @@ func (s *Server) handlePTYSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Unlock()
 
-	// Authentication is the X-EXECD-ACCESS-TOKEN header, which a browser never attaches
-	// on its own, so a cross-origin page gains nothing: any Origin may connect.
+	// Authentication is the X-EXECD-ACCESS-TOKEN header (checked by the middleware), which
+	// a browser never attaches on its own, so a cross-origin page gains nothing from the
+	// Origin check and any Origin may connect (as OpenSandbox's execd does). Without a
+	// token execd authenticates nothing, WebSocket or not; Airlock always sets one.
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
 		p.release(c)
