@@ -10,6 +10,9 @@
 //     permissions with owner/group names, move, delete, mkdir, list)
 //   - /code/... (stateful code contexts: Python and any other language with a Jupyter
 //     kernelspec in the image, spoken to over the Jupyter messaging protocol, and bash)
+//   - /pty, /pty/{id}, /pty/{id}/ws (interactive shells on a pseudo-terminal or pipes
+//     over WebSocket, with replay by byte offset and one holder at a time:
+//     docs/spec/execd-pty.md)
 //
 // Streams are text/event-stream bodies of JSON objects each followed by a blank line.
 // Every error answer is JSON {"code": "...", "message": "..."}.

@@ -29,6 +29,9 @@ var (
 	ErrBusy = errors.New("busy")
 	// ErrUnavailable is a feature this image cannot offer (no shell for commands).
 	ErrUnavailable = errors.New("unavailable")
+	// ErrAlreadyConnected is a WebSocket to a PTY session that another client holds
+	// (execd-pty.md: 409 unless takeover=1).
+	ErrAlreadyConnected = errors.New("already connected")
 	// ErrClosed is a request reaching a server, session or context that is shutting down.
 	ErrClosed = errors.New("closed")
 )
@@ -66,6 +69,8 @@ func toHTTP(err error) (int, string) {
 		return http.StatusForbidden, "PERMISSION_DENIED"
 	case errors.Is(err, fs.ErrExist):
 		return http.StatusConflict, "ALREADY_EXISTS"
+	case errors.Is(err, ErrAlreadyConnected):
+		return http.StatusConflict, "ALREADY_CONNECTED"
 	case errors.Is(err, ErrBusy):
 		return http.StatusConflict, "BUSY"
 	case errors.Is(err, ErrRange):

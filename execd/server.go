@@ -61,6 +61,7 @@ type Server struct {
 	cmds     *commands
 	sessions *sessions
 	code     *codeContexts
+	ptys     *ptySessions
 	metrics  *metricsSampler
 
 	closeOnce sync.Once
@@ -112,6 +113,7 @@ func New(cfg Config) (*Server, error) {
 	s.cmds = newCommands(s)
 	s.sessions = newSessions(s)
 	s.code = newCodeContexts(s)
+	s.ptys = &ptySessions{byID: map[string]*ptySession{}}
 	s.metrics = newMetricsSampler()
 	s.handler = s.routes()
 	return s, nil
@@ -154,13 +156,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Close ends every command, session and code context the server started and removes
+// Close ends every command, session, PTY session and code context the server started and removes
 // its own state directory. It is safe to call more than once.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.cmds.close()
 		s.sessions.close()
 		s.code.close()
+		s.ptys.close()
 		if s.ownState {
 			os.RemoveAll(s.stateDir)
 		}
@@ -191,6 +194,11 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /session", s.handleCreateSession)
 	mux.HandleFunc("POST /session/{id}/run", s.handleRunInSession)
 	mux.HandleFunc("DELETE /session/{id}", s.handleDeleteSession)
+
+	mux.HandleFunc("POST /pty", s.handleCreatePTY)
+	mux.HandleFunc("GET /pty/{id}", s.handleGetPTY)
+	mux.HandleFunc("DELETE /pty/{id}", s.handleDeletePTY)
+	mux.HandleFunc("GET /pty/{id}/ws", s.handlePTYSocket)
 
 	mux.HandleFunc("GET /files/info", s.handleFilesInfo)
 	mux.HandleFunc("DELETE /files", s.handleDeleteFiles)
