@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/egressd/cgroupv2"
+	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/internal/testenv"

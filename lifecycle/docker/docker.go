@@ -26,7 +26,7 @@ import (
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
-	"github.com/airlockdev/airlock/egressd/cgroupv2"
+	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/lifecycle"
 )
 

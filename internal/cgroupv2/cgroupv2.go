@@ -1,7 +1,9 @@
 // Package cgroupv2 finds cgroup v2 directories: where the unified hierarchy is mounted
 // (/sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a hybrid one) and which
 // directory a process belongs to. eBPF socket programs attach to these directories:
-// egressd finds each sandbox's (datapath.Spec.Cgroup) with OfPid.
+// egressd finds each sandbox's (datapath.Spec.Cgroup) with OfPid; lifecycle/docker moves a gVisor
+// Sentry into a directory of its own (Adopt). It lives under internal/ because both the
+// control plane and the data plane use it.
 package cgroupv2
 
 import (
