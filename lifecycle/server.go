@@ -352,6 +352,9 @@ func (s *Server) Handler() http.Handler {
 			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}
+		if s.authorized(r) {
+			s.catchUp(r)
+		}
 		s.mux.ServeHTTP(w, r)
 	})
 }

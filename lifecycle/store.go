@@ -42,6 +42,15 @@ type SharedStore interface {
 	Lead(ctx context.Context, lead func(ctx context.Context))
 }
 
+// SandboxFetcher is a SharedStore that reads one sandbox's document from its source of
+// truth, past any cache (kubestore: a GET on the API server). A replica uses it when
+// asked about a sandbox it does not know yet: another replica may have created it a
+// moment ago, before this replica's Follow delivered it. FetchSandbox returns nil (and
+// no error) for a sandbox that does not exist.
+type SandboxFetcher interface {
+	FetchSandbox(ctx context.Context, id string) ([]byte, error)
+}
+
 // record is what the store keeps of one sandbox.
 type record struct {
 	ID             string            `json:"id"`

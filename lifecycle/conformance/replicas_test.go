@@ -53,6 +53,11 @@ func TestReplicas(t *testing.T) {
 
 	// Created on the follower, visible and usable on the leader, and the other way.
 	a := cl[other].create(sleeper(map[string]any{"metadata": map[string]string{"case": "replicas"}}))
+	// Read after write across replicas: the leader answers for a sandbox the other
+	// replica created a moment ago, before its watch may have delivered it.
+	if _, st := cl[lead].get(a); st != http.StatusOK {
+		t.Fatalf("GET the new sandbox on the other replica right after create: %d, want 200", st)
+	}
 	cl[lead].waitState(a, opensandbox.Running)
 	if out := cl[lead].run(a, "echo via-leader"); out != "via-leader" {
 		t.Fatalf("execd through the other replica: %q", out)

@@ -374,6 +374,41 @@ func (s *Store) Sandboxes() (map[string][]byte, error) {
 	return out, nil
 }
 
+// FetchSandbox reads sandbox id's document from the API server, bypassing the
+// informers' cache: a replica asked about a sandbox another replica created a moment
+// ago finds it before its watch delivers it. It returns nil (and no error) when the
+// Sandbox resource does not exist.
+func (s *Store) FetchSandbox(ctx context.Context, id string) ([]byte, error) {
+	o, err := s.sbx.Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubestore: reading sandbox %s: %w", id, err)
+	}
+	token := ""
+	sec, err := s.cfg.Client.CoreV1().Secrets(s.cfg.SecretNamespace).Get(ctx, secretName(id), metav1.GetOptions{})
+	switch {
+	case err == nil:
+		token = string(sec.Data[v1alpha1.AccessTokenKey])
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("kubestore: reading the access token of sandbox %s: %w", id, err)
+	}
+	doc, err := toDoc(o, token)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if _, ok := s.rv[id]; !ok {
+		s.rv[id] = o.GetResourceVersion()
+	}
+	if token != "" {
+		s.tokens[id] = token
+	}
+	s.mu.Unlock()
+	return doc, nil
+}
+
 // Follow starts the informers on Sandbox resources and access-token Secrets and calls
 // apply for every change not written by this Store. It returns once both are synced.
 func (s *Store) Follow(ctx context.Context, apply func(id string, doc []byte)) error {

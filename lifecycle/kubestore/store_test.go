@@ -287,3 +287,27 @@ func TestTakeoverFromACrashedLeader(t *testing.T) {
 		t.Fatal("no takeover from a crashed leader")
 	}
 }
+
+// FetchSandbox reads a sandbox another replica wrote straight from the API server, token
+// included, before (or without) any Follow; a missing one is nil without error.
+func TestFetchSandbox(t *testing.T) {
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
+	ns := env.Namespace(t, "kubestore")
+	a, b := newStore(t, env, ns, "a"), newStore(t, env, ns, "b")
+	doc := `{"id":"f1abc","image":"debian:12","entrypoint":["sleep","1"],"metadata":{},` +
+		`"createdAt":"2026-11-25T10:00:00Z","status":{"state":"Pending"},"accessToken":"tok-f1"}`
+	if err := a.PutSandbox("f1abc", []byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.FetchSandbox(context.Background(), "f1abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(got, &m); err != nil || m["id"] != "f1abc" || m["accessToken"] != "tok-f1" {
+		t.Fatalf("FetchSandbox = %s (%v), want the document with its token", got, err)
+	}
+	if got, err := b.FetchSandbox(context.Background(), "nosuch"); got != nil || err != nil {
+		t.Fatalf("FetchSandbox(missing) = %s, %v; want nil, nil", got, err)
+	}
+}
