@@ -20,6 +20,7 @@ package enforcer
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -38,9 +39,23 @@ const (
 	ModeNFTables Mode = "nftables"
 )
 
-// DefaultLogGroup is the NFLOG group the nftables backend reports events on unless
-// Config.NFT.LogGroup says otherwise.
+// DefaultLogGroup is the NFLOG group the nftables backend of the default tables
+// (nftfilter.TableName) reports events on unless Config.NFT.LogGroup says otherwise.
 const DefaultLogGroup = 161
+
+// LogGroupFor returns the default NFLOG group of the nftables tables named table:
+// DefaultLogGroup for the default tables ("" or nftfilter.TableName), another one
+// derived from the name (FNV-1a, in 1024..65534) for the others. One group has one
+// listener on a host: two egressd with their own tables (two installations, the
+// Kubernetes node beside airlock up, tests side by side) each receive their own events.
+func LogGroupFor(table string) uint16 {
+	if table == "" || table == nftfilter.TableName {
+		return DefaultLogGroup
+	}
+	h := fnv.New32a()
+	h.Write([]byte(table))
+	return uint16(1024 + h.Sum32()%(65535-1024))
+}
 
 // EBPF opens the eBPF backend. ebpf.Config implements it; the composition root
 // (cmd/airlock, internal/up) passes one, so that this package and egressd never import
@@ -102,7 +117,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 		return nil, err
 	}
 	if cfg.NFT.LogGroup == 0 {
-		cfg.NFT.LogGroup = DefaultLogGroup
+		cfg.NFT.LogGroup = LogGroupFor(cfg.NFT.Table)
 	}
 	if cfg.NFT.Logger == nil {
 		cfg.NFT.Logger = cfg.Logger.With("backend", "nftables")
