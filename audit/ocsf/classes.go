@@ -147,8 +147,8 @@ func (m Mapper) http(w *jw, r *record.Record) {
 	path := extraString(r, "path")
 	w.str("scheme", scheme)
 	w.str("hostname", host)
-	if r.DstPort > 0 && r.DstPort <= 65535 {
-		w.int("port", int64(r.DstPort))
+	if !inbound && r.DstPort > 0 && r.DstPort <= 65535 {
+		w.int("port", int64(r.DstPort)) // inbound: the sandbox's port, not the URL's
 	}
 	w.str("path", path)
 	if r.DstHost != "" {

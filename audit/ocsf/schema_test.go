@@ -271,6 +271,9 @@ func (s *schema) validateEvent(ev map[string]any, classes map[int]string) []stri
 func (s *schema) checkObject(path string, d *def, v map[string]any, profiles []string, errs *[]string) {
 	fail := func(format string, args ...any) { *errs = append(*errs, path+fmt.Sprintf(format, args...)) }
 	for k, a := range d.attrs {
+		if p, ok := a["profile"].(string); ok && !slices.Contains(profiles, p) {
+			continue // required only where the profile applies
+		}
 		if a["requirement"] == "required" {
 			if _, ok := v[k]; !ok {
 				fail("%s: required attribute missing (%s)", k, d.name)
@@ -326,6 +329,9 @@ func (s *schema) checkObject(path string, d *def, v map[string]any, profiles []s
 			continue
 		}
 		s.checkValue(sub, typ, attr, v[k], profiles, errs)
+		if k == "class_uid" || k == "category_uid" {
+			continue // the schema lists base_event's 0 only; checked by validateEvent
+		}
 		if e, ok := attr["enum"].(map[string]any); ok && len(e) > 0 {
 			key := fmt.Sprint(v[k])
 			if f, ok := v[k].(float64); ok {
