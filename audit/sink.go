@@ -1,18 +1,16 @@
 package audit
 
-// Sink receives every record the writer has written, in seq order, for an export
-// beside the chain (package audit/ocsf). The writer goroutine calls Written after each
-// successful write(2) of a batch, before any fsync, so an export never runs ahead of
-// the chain; Close once, from Writer.Close, after the last records.
+// Sink is told of every write to the chain, for an export beside it (package
+// audit/ocsf) that reads the records back from the chain files: the writer's only
+// cost is a call per write(2), so an export never slows the chain.
 //
-// Written must return quickly and must not keep recs (the writer reuses the slice):
-// it copies what it needs and does the work elsewhere. A Sink never slows or fails the
-// chain; what it cannot export is its own business.
+// The writer goroutine calls Written after each successful write(2) of a batch (before
+// any fsync; every line up to lastSeq is complete in file), and Close once, from
+// Writer.Close, after its last Written. Written must return at once.
 type Sink interface {
-	// Written reports records just written to the chain file file (its base name, as
-	// in Checkpoint.File): Seq, Prev and Hash are set.
-	Written(file string, recs []Record)
-	// Close flushes and stops the sink; the writer calls it once, after its last
-	// Written.
+	// Written reports that the records up to lastSeq are in the chain file file (its
+	// base name, as in Checkpoint.File).
+	Written(file string, lastSeq uint64)
+	// Close flushes and stops the sink.
 	Close() error
 }

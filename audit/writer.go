@@ -47,8 +47,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry receives the airlock_audit_* metrics; nil means none.
 	Registry prometheus.Registerer
-	// Sink, when set, receives every written record (with Seq, Prev and Hash) for an
-	// export beside the chain (audit/ocsf); Close closes it. nil: none.
+	// Sink, when set, is told of every write to the chain, for an export that reads
+	// the chain files behind the writer (audit/ocsf); Close closes it. nil: none.
 	Sink Sink
 }
 
@@ -100,7 +100,6 @@ type Writer struct {
 	sealer     sealer   // chain position while a batch is sealed; prev once written
 	buf        []byte   // the sealed lines not yet written
 	sources    []Source // the source of each line in buf, for loss accounting
-	sunk       []Record // the records of buf with Prev and Hash, for cfg.Sink
 
 	// diskBytes is the size of the log files in Dir (metric airlock_audit_disk_bytes).
 	diskBytes atomic.Int64
@@ -370,7 +369,7 @@ func (w *Writer) writeLoss() {
 // its last good size and the unwritten records count as lost. It sets each record's
 // Seq; Prev and Hash are left alone (only the chain state keeps the last hash).
 func (w *Writer) writeBatch(recs []Record) {
-	w.buf, w.sources, w.sunk = w.buf[:0], w.sources[:0], w.sunk[:0]
+	w.buf, w.sources = w.buf[:0], w.sources[:0]
 	seq, first, last := w.seq, w.firstTime, w.lastTime
 	w.sealer.prev = w.prev
 	for i := range recs {
@@ -391,7 +390,6 @@ func (w *Writer) writeBatch(recs []Record) {
 		}
 		last = r.Time
 		w.sources = append(w.sources, r.Source)
-		w.sink(r)
 		if w.size+int64(len(w.buf)) >= w.cfg.MaxFileBytes {
 			if !w.commit(seq, first, last) {
 				for j := i + 1; j < len(recs); j++ {
@@ -400,7 +398,7 @@ func (w *Writer) writeBatch(recs []Record) {
 				return
 			}
 			w.rotate()
-			w.buf, w.sources, w.sunk = w.buf[:0], w.sources[:0], w.sunk[:0]
+			w.buf, w.sources = w.buf[:0], w.sources[:0]
 			first, last = w.firstTime, w.lastTime
 		}
 	}
@@ -432,23 +430,10 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	w.written.Store(seq)
 	w.metrics.records.Add(float64(len(w.sources)))
 	w.metrics.bytes.Add(float64(len(w.buf)))
-	if w.cfg.Sink != nil && len(w.sunk) > 0 {
-		w.cfg.Sink.Written(w.name, w.sunk)
+	if w.cfg.Sink != nil {
+		w.cfg.Sink.Written(w.name, seq)
 	}
 	return true
-}
-
-// sink keeps r, just sealed at the end of w.buf, for cfg.Sink with its Prev and Hash
-// taken from its line's tail.
-func (w *Writer) sink(r *Record) {
-	if w.cfg.Sink == nil {
-		return
-	}
-	n := len(w.buf)
-	rec := *r
-	rec.Hash = string(w.buf[n-3-64 : n-3])             // `<64 hex>"}\n`
-	rec.Prev = string(w.buf[n-3-64-10-64 : n-3-64-10]) // `<64 hex>","hash":"`
-	w.sunk = append(w.sunk, rec)
 }
 
 func (w *Writer) sync() {

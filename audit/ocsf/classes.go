@@ -1,7 +1,7 @@
 package ocsf
 
 import (
-	"net"
+	"net/netip"
 	"strings"
 
 	"github.com/airlockdev/airlock/audit/record"
@@ -33,7 +33,7 @@ func (m Mapper) network(w *jw, r *record.Record) {
 		w.close()
 	}
 	control(w, r, dispBlocked)
-	footer(w, r)
+	footer(w, r, "packets", "bytes")
 }
 
 // connection writes connection_info: outbound, with the transport protocol.
@@ -75,9 +75,9 @@ func (m Mapper) dns(w *jw, r *record.Record) {
 		for _, ip := range ips {
 			w.open("")
 			w.str("rdata", ip)
-			if a := net.ParseIP(ip); a != nil && a.To4() == nil {
+			if a, err := netip.ParseAddr(ip); err == nil && a.Is6() && !a.Is4In6() {
 				w.str("type", "AAAA")
-			} else if a != nil {
+			} else if err == nil {
 				w.str("type", "A")
 			}
 			w.str("class", "IN")
@@ -96,7 +96,7 @@ func (m Mapper) dns(w *jw, r *record.Record) {
 		w.str("rcode", rc)
 	}
 	control(w, r, dispBlocked)
-	footer(w, r)
+	footer(w, r, "answers", "rcode", "ttl_s")
 }
 
 // http writes a gateway request, an ingress refusal, an L7 decision or a Credential
@@ -152,7 +152,9 @@ func (m Mapper) http(w *jw, r *record.Record) {
 	}
 	w.str("path", path)
 	if r.DstHost != "" {
-		w.str("url_string", scheme+"://"+r.DstHost+path)
+		w.key("url_string")
+		w.b = append(append(append(w.b, '"'), scheme...), "://"...)
+		w.b = append(appendEscaped(appendEscaped(w.b, r.DstHost), path), '"')
 	} else if path == "" {
 		w.str("path", "/")
 	}
@@ -169,7 +171,7 @@ func (m Mapper) http(w *jw, r *record.Record) {
 		denied = dispUnauthorized
 	}
 	control(w, r, denied)
-	footer(w, r)
+	footer(w, r, "method", "path", "status", "request_id")
 }
 
 // activityCaption is the schema's caption of a method's HTTP activity ("Get").

@@ -2,6 +2,7 @@ package ocsf
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -80,25 +81,97 @@ func (w *jw) elem(s string) {
 	w.b = appendString(w.b, s)
 }
 
-// value writes k: v as encoding/json does (for the unmapped extras); a value it cannot
+// value writes k: v (the unmapped extras): strings, numbers, booleans, lists and maps
+// (keys sorted) directly, anything else as encoding/json does; a value it cannot
 // encode is written as its error text.
 func (w *jw) value(k string, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = appendString(nil, "unencodable: "+err.Error())
-	}
 	w.key(k)
-	w.b = append(w.b, b...)
+	w.b = appendValue(w.b, v, 0)
 }
+
+func appendValue(b []byte, v any, depth int) []byte {
+	switch v := v.(type) {
+	case string:
+		return appendString(b, v)
+	case int:
+		return strconv.AppendInt(b, int64(v), 10)
+	case int64:
+		return strconv.AppendInt(b, v, 10)
+	case uint64:
+		return strconv.AppendUint(b, v, 10)
+	case uint32:
+		return strconv.AppendUint(b, uint64(v), 10)
+	case bool:
+		return strconv.AppendBool(b, v)
+	case []string:
+		b = append(b, '[')
+		for i, s := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, s)
+		}
+		return append(b, ']')
+	case []any:
+		if depth > 8 {
+			break
+		}
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendValue(b, e, depth+1)
+		}
+		return append(b, ']')
+	case map[string]any:
+		if depth > 8 {
+			break
+		}
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			b = appendValue(b, v[k], depth+1)
+		}
+		return append(b, '}')
+	}
+	j, err := json.Marshal(v)
+	if err != nil {
+		j = appendString(nil, "unencodable: "+err.Error())
+	}
+	return append(b, j...)
+}
+
+// safe marks the ASCII bytes a JSON string holds as they are (as encoding/json does,
+// <, > and & are escaped).
+var safe = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
 
 // appendString appends s as a JSON string (invalid UTF-8 becomes U+FFFD).
 func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
+	return append(appendEscaped(append(b, '"'), s), '"')
+}
+
+// appendEscaped appends s escaped for a JSON string, without quotes.
+func appendEscaped(b []byte, s string) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if safe[c] {
 				i++
 				continue
 			}
@@ -138,6 +211,5 @@ func appendString(b []byte, s string) []byte {
 		}
 		i += size
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }

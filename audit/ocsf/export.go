@@ -2,6 +2,7 @@ package ocsf
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,10 +29,12 @@ type Config struct {
 	// Host is this machine's name for events about Airlock itself; default
 	// os.Hostname.
 	Host string
-	// Queue is how many written batches may wait for the exporter; default 256. A
-	// batch that finds it full is not lost: the exporter reads those records back
-	// from the chain files.
-	Queue int
+	// Quiet and MaxLag make the export yield to the chain: the exporter reads the
+	// chain once the writer has written nothing for Quiet (default 20ms) or the oldest
+	// record not exported has waited MaxLag (default 2s), so a burst is written to the
+	// chain at full speed and exported right after it, and a sustained stream is
+	// exported at most MaxLag late.
+	Quiet, MaxLag time.Duration
 	// SyncInterval is how often the current file is fsync'd; default 1s.
 	SyncInterval time.Duration
 	// Logger receives errors; default slog.Default().
@@ -41,34 +44,35 @@ type Config struct {
 // Exporter is an audit.Sink that writes the OCSF events of every record (Mapper) as
 // JSON Lines beside the chain: ChainDir/ocsf/audit-<first seq>.ocsf.jsonl, one file
 // per chain file (rotated with it), removed once its chain file is gone (the chain's
-// retention). It works on its own goroutine, fed through a bounded queue, so the
-// chain writer never waits for it; a batch that finds the queue full is read back from
-// the chain files later, so no record is missing from the export either. On start it
-// continues its file after the last event it finds there (a torn line is cut off) and
-// reads what it missed from the chain; a chain file without OCSF file (the export just
-// turned on) is exported from its first record.
+// retention). The writer only tells it how far the chain is written; the exporter,
+// on its own goroutine, reads the new lines of the chain files (from where it left
+// off) and converts them, yielding to the writer (Config.Quiet, MaxLag). Nothing is
+// held in memory for it, so nothing can be dropped: every record in the chain is
+// exported. On start it continues its file after the last event it finds there (a
+// torn line is cut off) and reads what it missed from the chain; a chain file without
+// OCSF file (the export just turned on) is exported from its first record.
 type Exporter struct {
 	cfg  Config
 	dir  string
 	log  *slog.Logger
 	m    Mapper
-	ch   chan batch
+	kick chan struct{}
+	stop chan struct{}
 	done chan struct{}
-	gap  atomic.Bool   // a batch was dropped: catch up from the chain
-	last atomic.Uint64 // seq of the last exported record
+
+	target    atomic.Uint64 // the chain's last written seq
+	lastWrite atomic.Int64  // when the writer last wrote, unix ns
+	last      atomic.Uint64 // seq of the last exported record
 
 	// owned by the run goroutine
-	f      *os.File
-	name   string // chain file of f
-	next   uint64 // next seq to export; 0: not known yet
+	f      *os.File // the OCSF file
+	name   string   // chain file of f
+	next   uint64   // next seq to export; 0: not known yet
 	buf    []byte
 	dirty  bool
-	closed bool
-}
-
-type batch struct {
-	file string
-	recs []audit.Record
+	src    *os.File // the chain file being read
+	srcOff int64
+	rbuf   []byte
 }
 
 var _ audit.Sink = (*Exporter)(nil)
@@ -82,8 +86,11 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.Host == "" {
 		cfg.Host, _ = os.Hostname()
 	}
-	if cfg.Queue <= 0 {
-		cfg.Queue = 256
+	if cfg.Quiet <= 0 {
+		cfg.Quiet = 20 * time.Millisecond
+	}
+	if cfg.MaxLag <= 0 {
+		cfg.MaxLag = 2 * time.Second
 	}
 	if cfg.SyncInterval <= 0 {
 		cfg.SyncInterval = time.Second
@@ -95,27 +102,27 @@ func New(cfg Config) (*Exporter, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("ocsf: %w", err)
 	}
-	e := &Exporter{cfg: cfg, dir: dir, log: cfg.Logger, m: Mapper{Host: cfg.Host}, ch: make(chan batch, cfg.Queue),
-		done: make(chan struct{})}
+	e := &Exporter{cfg: cfg, dir: dir, log: cfg.Logger, m: Mapper{Host: cfg.Host}, kick: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go e.run()
 	return e, nil
 }
 
-// Written copies recs for the exporter's goroutine; when its queue is full the batch
-// is dropped and read back from the chain files later. Called by the audit writer.
-func (e *Exporter) Written(file string, recs []audit.Record) {
-	b := batch{file: file, recs: append([]audit.Record(nil), recs...)}
+// Written notes how far the chain is written and wakes the exporter. Called by the
+// audit writer after each write.
+func (e *Exporter) Written(_ string, lastSeq uint64) {
+	e.target.Store(lastSeq)
+	e.lastWrite.Store(time.Now().UnixNano())
 	select {
-	case e.ch <- b:
+	case e.kick <- struct{}{}:
 	default:
-		e.gap.Store(true)
 	}
 }
 
-// Close exports what is queued (and what was dropped), fsyncs and closes the file.
-// Called once by the audit writer after its last Written.
+// Close exports what the chain holds beyond the last event, fsyncs and closes the
+// files. Called once by the audit writer after its last Written.
 func (e *Exporter) Close() error {
-	close(e.ch)
+	close(e.stop)
 	<-e.done
 	return nil
 }
@@ -130,91 +137,177 @@ func (e *Exporter) run() {
 	defer close(e.done)
 	tick := time.NewTicker(e.cfg.SyncInterval)
 	defer tick.Stop()
+	due := time.NewTimer(time.Hour)
+	due.Stop()
 	prune := time.Now()
+	var behind time.Time // since when records wait for the export; zero: none
+	schedule := func(now time.Time) {
+		quiet := time.Unix(0, e.lastWrite.Load()).Add(e.cfg.Quiet)
+		due.Reset(max(min(quiet.Sub(now), behind.Add(e.cfg.MaxLag).Sub(now)), 0))
+	}
 	for {
 		select {
-		case b, ok := <-e.ch:
-			if !ok {
-				if e.gap.Load() && e.next != 0 {
-					e.readChain(e.next, 0) // the batches a full queue dropped at the end
-				}
-				e.flush()
-				e.closeFile()
-				return
+		case <-e.kick:
+			now := time.Now()
+			if behind.IsZero() {
+				behind = now
 			}
-			if len(b.recs) == 0 {
+			schedule(now)
+		case <-due.C:
+			now := time.Now()
+			if now.UnixNano()-e.lastWrite.Load() < int64(e.cfg.Quiet) && now.Sub(behind) < e.cfg.MaxLag {
+				schedule(now)
 				continue
 			}
-			for i := range b.recs {
-				e.emit(b.file, &b.recs[i])
+			e.catchUp()
+			behind = time.Time{}
+			if e.next <= e.target.Load() {
+				behind = now
+				schedule(now)
 			}
-			e.flush()
 		case now := <-tick.C:
 			e.sync()
 			if now.Sub(prune) >= time.Minute {
 				prune = now
 				e.prune()
 			}
+		case <-e.stop:
+			e.catchUp()
+			e.closeFile()
+			if e.src != nil {
+				e.src.Close()
+			}
+			return
 		}
 	}
 }
 
-// emit appends the events of r, written to the chain file file, switching files when
-// the chain did. Records the exporter has not seen (a dropped batch, a restart, a new
-// export) are read from the chain first.
-func (e *Exporter) emit(file string, r *audit.Record) {
-	if e.next != 0 && r.Seq > e.next {
-		e.readChain(e.next, r.Seq)
+// catchUp exports the chain's records up to the writer's last written seq.
+func (e *Exporter) catchUp() {
+	target := e.target.Load()
+	if e.next == 0 && !e.start() {
+		return
 	}
+	for e.next <= target && e.readSome(target) {
+	}
+	e.flush()
+}
+
+// start finds where the export stands: after the last event of the newest OCSF file
+// whose chain file still exists, else (a new export) at the current chain file's
+// first record. false when the chain has no file yet.
+func (e *Exporter) start() bool {
+	files := chainFiles(e.cfg.ChainDir)
+	if len(files) == 0 {
+		return false
+	}
+	for i := len(files) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(e.dir, ocsfName(files[i]))); err == nil {
+			e.open(files[i])
+			if e.next != 0 {
+				return true
+			}
+		}
+	}
+	e.next = max(fileFirst(files[len(files)-1]), 1)
+	return true
+}
+
+// readSome exports the complete lines of the chain file being read, up to target,
+// moving to the next chain file at the end of one; false when there is nothing more.
+func (e *Exporter) readSome(target uint64) bool {
+	if e.src == nil {
+		files := chainFiles(e.cfg.ChainDir)
+		if len(files) > 0 && fileFirst(files[0]) > e.next {
+			// retention deleted chain files the export had not read: what remains
+			e.log.Warn("ocsf export: chain files retained away before export", "from_seq", e.next, "to_seq", fileFirst(files[0])-1)
+			e.next = fileFirst(files[0])
+		}
+		name := fileOf(files, e.next)
+		if name == "" {
+			return false
+		}
+		f, err := os.Open(filepath.Join(e.cfg.ChainDir, name))
+		if err != nil {
+			e.log.Warn("ocsf export: open the chain", "file", name, "err", err)
+			return false
+		}
+		e.src, e.srcOff = f, 0
+	}
+	srcName := filepath.Base(e.src.Name())
+	if cap(e.rbuf) < 1<<20 {
+		e.rbuf = make([]byte, 1<<20)
+	}
+	n, err := e.src.ReadAt(e.rbuf[:cap(e.rbuf)], e.srcOff)
+	if err != nil && !errors.Is(err, io.EOF) {
+		e.log.Warn("ocsf export: read the chain", "file", srcName, "err", err)
+		return false
+	}
+	data, progress := e.rbuf[:n], false
+	for {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			break
+		}
+		line := data[:i]
+		seq := lineSeq(line)
+		if seq > target {
+			return progress // written after target: not ours yet
+		}
+		if seq >= e.next {
+			var r audit.Record
+			if err := json.Unmarshal(line, &r); err != nil {
+				e.log.Warn("ocsf export: a chain line does not decode", "file", srcName, "seq", seq, "err", err)
+			} else {
+				e.emit(srcName, &r)
+			}
+			e.next = seq + 1
+		}
+		e.srcOff += int64(i) + 1
+		data, progress = data[i+1:], true
+	}
+	if progress {
+		return true
+	}
+	// at the end of this file: the chain has rotated when a later file begins at next
+	files := chainFiles(e.cfg.ChainDir)
+	if nextFile := fileOf(files, e.next); nextFile != "" && nextFile != srcName && fileFirst(nextFile) <= target {
+		e.src.Close()
+		e.src = nil
+		return true
+	}
+	return false
+}
+
+// emit appends the events of r, read from the chain file file, switching OCSF files
+// when the chain did.
+func (e *Exporter) emit(file string, r *audit.Record) {
 	if file != e.name {
 		e.flush()
+		next := e.next
 		e.open(file)
-		switch {
-		case e.next == 0: // a new export: the chain file from its start
-			e.readChain(max(fileFirst(file), 1), r.Seq)
-		case r.Seq > e.next: // restarted behind the chain
-			e.readChain(e.next, r.Seq)
-		}
-		if file != e.name {
-			e.flush()
-			e.open(file)
-		}
-	}
-	if e.next != 0 && r.Seq < e.next {
-		return // exported before a restart
+		e.next = max(e.next, next)
 	}
 	e.buf = e.m.Append(e.buf, r)
-	e.next = r.Seq + 1
+	e.last.Store(r.Seq)
 	if len(e.buf) >= 1<<20 {
 		e.flush()
 	}
 }
 
-// readChain exports the chain's records with from ≤ seq < to (to 0: no end).
-func (e *Exporter) readChain(from, to uint64) {
-	files := chainFiles(e.cfg.ChainDir)
-	stop := errors.New("stop")
-	err := audit.Scan(e.cfg.ChainDir, audit.Filter{AfterSeq: from - 1}, func(r audit.Record) error {
-		if to != 0 && r.Seq >= to {
-			return stop
-		}
-		file := fileOf(files, r.Seq)
-		if file != e.name {
-			e.flush()
-			e.open(file)
-		}
-		if r.Seq >= e.next || e.next == 0 {
-			e.buf = e.m.Append(e.buf, &r)
-			e.next = r.Seq + 1
-		}
-		if len(e.buf) >= 1<<20 {
-			e.flush()
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, stop) {
-		e.log.Warn("ocsf export: read the chain", "from_seq", from, "err", err)
+// lineSeq is the "seq" of a chain line; 0 when absent.
+func lineSeq(line []byte) uint64 {
+	i := bytes.Index(line, []byte(`,"seq":`))
+	if i < 0 {
+		return 0
 	}
+	j := i + len(`,"seq":`)
+	k := j
+	for k < len(line) && line[k] >= '0' && line[k] <= '9' {
+		k++
+	}
+	n, _ := strconv.ParseUint(string(line[j:k]), 10, 64)
+	return n
 }
 
 // open makes the OCSF file of the chain file file current, continuing it after its

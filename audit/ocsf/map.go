@@ -12,13 +12,16 @@
 // loss and suppressed records, and Base Event (0) for a source this package does not
 // know. Every event's metadata points back to its chain record: original_event_uid is
 // the record's seq, uid the seq (with a suffix for the second event of one record),
-// correlation_uid the record's chain hash; unmapped keeps Airlock's own fields (the
-// sandbox, rule, reason, mode, policy version, prev hash and extra). Records never
-// carry secret values, so neither do the events.
+// correlation_uid the record's chain hash; message is the record's reason; unmapped
+// keeps Airlock's own fields (the sandbox, action, rule, mode, policy version, prev
+// hash and the extra keys the event does not map). Records never carry secret values,
+// so neither do the events.
 package ocsf
 
 import (
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -40,6 +43,10 @@ const (
 	ClassAPIActivity       = 6003
 )
 
+// metadataHead opens metadata with what every event has.
+const metadataHead = `{"version":"` + SchemaVersion + `","product":{"name":"Airlock","vendor_name":"Airlock"},` +
+	`"log_name":"audit","log_provider":"airlock"`
+
 // Severity and status ids (base event).
 const (
 	sevInfo, sevLow, sevHigh  = 1, 2, 4
@@ -51,8 +58,6 @@ const (
 	actionAllowed, actionDenied                              = 1, 2
 	dispAllowed, dispBlocked, dispDetected, dispUnauthorized = 1, 2, 15, 26
 )
-
-var categoryNames = map[int]string{0: "Uncategorized", 1: "System Activity", 4: "Network Activity", 5: "Discovery", 6: "Application Activity"}
 
 var classNames = map[int]string{
 	ClassBase: "Base Event", ClassEventLog: "Event Log Activity", ClassNetworkActivity: "Network Activity",
@@ -116,11 +121,9 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 	w.int("class_uid", int64(class))
 	w.str("class_name", classNames[class])
 	w.int("category_uid", int64(class/1000))
-	w.str("category_name", categoryNames[class/1000])
 	w.int("activity_id", int64(activity))
 	w.str("activity_name", activityName)
 	w.int("type_uid", int64(class*100+activity))
-	w.str("type_name", classNames[class]+": "+activityName)
 	sev := sevInfo
 	if r.Action == "deny" {
 		sev = sevLow
@@ -137,21 +140,17 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 		w.int("status_id", statusSuccess)
 		w.str("status", "Success")
 	}
-	w.str("status_detail", r.Reason)
 	w.str("message", r.Reason)
 	w.int("time", r.Time.UnixMilli())
-	seq := strconv.FormatUint(r.Seq, 10)
-	w.open("metadata")
-	w.str("version", SchemaVersion)
-	w.open("product")
-	w.str("name", "Airlock")
-	w.str("vendor_name", "Airlock")
-	w.close()
-	w.str("log_name", "audit")
-	w.str("log_provider", "airlock")
+	w.key("metadata")
+	w.b = append(w.b, metadataHead...)
 	w.str("event_code", string(r.Source))
-	w.str("original_event_uid", seq)
-	w.str("uid", seq+uid)
+	w.key("original_event_uid")
+	w.b = strconv.AppendUint(append(w.b, '"'), r.Seq, 10)
+	w.b = append(w.b, '"')
+	w.key("uid")
+	w.b = strconv.AppendUint(append(w.b, '"'), r.Seq, 10)
+	w.b = append(append(w.b, uid...), '"')
 	w.str("correlation_uid", r.Hash)
 	if len(profiles) > 0 {
 		w.array("profiles")
@@ -163,8 +162,9 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 	w.close()
 }
 
-// footer writes unmapped (Airlock's own fields) and closes the event.
-func footer(w *jw, r *record.Record) {
+// footer writes unmapped (Airlock's own fields but the reason, which is the message,
+// and the extra keys the event maps, named in mapped) and closes the event.
+func footer(w *jw, r *record.Record, mapped ...string) {
 	w.open("unmapped")
 	w.str("source", string(r.Source))
 	w.str("sandbox_id", r.SandboxID)
@@ -174,20 +174,31 @@ func footer(w *jw, r *record.Record) {
 		w.bool("would_deny", true)
 	}
 	w.str("rule", r.Rule)
-	w.str("reason", r.Reason)
 	if r.PolicyVersion > 0 {
 		w.int("policy_version", int64(r.PolicyVersion))
 	}
 	w.str("prev", r.Prev)
-	if len(r.Extra) > 0 {
-		w.value("extra", r.Extra)
+	var arr [8]string
+	keys := arr[:0]
+	for k := range r.Extra {
+		if !slices.Contains(mapped, k) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) > 0 {
+		slices.Sort(keys)
+		w.open("extra")
+		for _, k := range keys {
+			w.value(k, r.Extra[k])
+		}
+		w.close()
 	}
 	w.close()
 	w.close()
 }
 
 // control writes the security control profile's verdict: action, disposition, rule
-// and policy version.
+// and, for an egress decision, the policy version.
 func control(w *jw, r *record.Record, denied int) {
 	switch {
 	case r.Action == "deny":
@@ -209,10 +220,11 @@ func control(w *jw, r *record.Record, denied int) {
 	if r.Rule != "" {
 		w.open("firewall_rule")
 		w.str("name", r.Rule)
-		w.str("desc", r.Reason)
 		w.close()
 	}
-	policy(w, r, "egress")
+	if r.PolicyVersion > 0 { // an egress decision under a policy version
+		policy(w, r, "egress")
+	}
 }
 
 // policy writes the policy object of r's sandbox (name, version) when r names one.
@@ -227,7 +239,9 @@ func policy(w *jw, r *record.Record, name string) {
 	w.str("name", name)
 	w.str("uid", r.SandboxID)
 	if r.PolicyVersion > 0 {
-		w.str("version", strconv.FormatUint(r.PolicyVersion, 10))
+		w.key("version")
+		w.b = strconv.AppendUint(append(w.b, '"'), r.PolicyVersion, 10)
+		w.b = append(w.b, '"')
 	}
 	w.close()
 }
@@ -259,14 +273,13 @@ func splitAddr(s string) (ip string, port int) {
 	if s == "" {
 		return "", 0
 	}
-	if h, p, err := net.SplitHostPort(s); err == nil {
-		n, _ := strconv.Atoi(p)
-		s, port = h, n
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return strings.TrimSuffix(strings.TrimPrefix(s[:strings.LastIndexByte(s, ':')], "["), "]"), int(ap.Port())
 	}
-	if net.ParseIP(s) == nil {
-		return "", 0
+	if _, err := netip.ParseAddr(s); err == nil {
+		return s, 0
 	}
-	return s, port
+	return "", 0
 }
 
 // hostOnly is a Host header without its port.

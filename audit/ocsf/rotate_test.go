@@ -124,16 +124,16 @@ func TestExportRetainedWithChain(t *testing.T) {
 	wantSeqs(t, seqs, fileFirst(chain[0]), 4000)
 }
 
-// TestExportRestartAndDrops: a writer reopened on the log continues the export
-// without gap or duplicate; a log written without the export gets its current file
-// exported when the export is turned on; batches a full queue dropped are read back
-// from the chain.
-func TestExportRestartAndDrops(t *testing.T) {
+// TestExportRestart: a writer reopened on the log continues the export without gap or
+// duplicate; a log written without the export gets its current file exported when the
+// export is turned on; a torn last event is cut and written again; a stream longer than
+// MaxLag is exported while it is written.
+func TestExportRestart(t *testing.T) {
 	dir := t.TempDir()
-	open := func(sink bool, queue int) *audit.Writer {
+	open := func(sink bool, lag time.Duration) *audit.Writer {
 		cfg := audit.Config{Dir: dir, Linger: -1}
 		if sink {
-			ex, err := New(Config{ChainDir: dir, Queue: queue})
+			ex, err := New(Config{ChainDir: dir, MaxLag: lag})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,8 +169,8 @@ func TestExportRestartAndDrops(t *testing.T) {
 	}
 	write(open(true, 0), 50)
 	wantSeqs(t, exportedSeqs(t, dir), 1, 300)
-	// a queue of one batch: most batches are dropped and read back
-	w := open(true, 1)
+	// a lag of 10ms: exported in many rounds while written
+	w := open(true, 10*time.Millisecond)
 	for _, r := range many(20000) {
 		for !w.TryAppend(r) {
 			time.Sleep(100 * time.Microsecond)
