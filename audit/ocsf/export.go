@@ -104,6 +104,7 @@ func New(cfg Config) (*Exporter, error) {
 	}
 	e := &Exporter{cfg: cfg, dir: dir, log: cfg.Logger, m: Mapper{Host: cfg.Host}, kick: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	e.start()
 	go e.run()
 	return e, nil
 }
@@ -185,9 +186,6 @@ func (e *Exporter) run() {
 // catchUp exports the chain's records up to the writer's last written seq.
 func (e *Exporter) catchUp() {
 	target := e.target.Load()
-	if e.next == 0 && !e.start() {
-		return
-	}
 	for e.next <= target && e.readSome(target) {
 	}
 	e.flush()
@@ -195,22 +193,22 @@ func (e *Exporter) catchUp() {
 
 // start finds where the export stands: after the last event of the newest OCSF file
 // whose chain file still exists, else (a new export) at the current chain file's
-// first record. false when the chain has no file yet.
-func (e *Exporter) start() bool {
+// first record, or at seq 1 for a new log. New calls it, before the writer starts.
+func (e *Exporter) start() {
 	files := chainFiles(e.cfg.ChainDir)
 	if len(files) == 0 {
-		return false
+		e.next = 1 // a new log
+		return
 	}
 	for i := len(files) - 1; i >= 0; i-- {
 		if _, err := os.Stat(filepath.Join(e.dir, ocsfName(files[i]))); err == nil {
 			e.open(files[i])
 			if e.next != 0 {
-				return true
+				return
 			}
 		}
 	}
 	e.next = max(fileFirst(files[len(files)-1]), 1)
-	return true
 }
 
 // readSome exports the complete lines of the chain file being read, up to target,
