@@ -30,10 +30,10 @@ type Config struct {
 	// os.Hostname.
 	Host string
 	// Quiet and MaxLag make the export yield to the chain: the exporter reads the
-	// chain once the writer has written nothing for Quiet (default 20ms) or the oldest
-	// record not exported has waited MaxLag (default 2s), so a burst is written to the
-	// chain at full speed and exported right after it, and a sustained stream is
-	// exported at most MaxLag late.
+	// chain once the writer has written nothing for Quiet (default 250ms, longer than
+	// an fsync of the chain) or the oldest record not exported has waited MaxLag
+	// (default 2s), so a burst is written to the chain at full speed and exported
+	// right after it, and a sustained stream is exported at most MaxLag late.
 	Quiet, MaxLag time.Duration
 	// SyncInterval is how often the current file is fsync'd; default 1s.
 	SyncInterval time.Duration
@@ -87,7 +87,7 @@ func New(cfg Config) (*Exporter, error) {
 		cfg.Host, _ = os.Hostname()
 	}
 	if cfg.Quiet <= 0 {
-		cfg.Quiet = 20 * time.Millisecond
+		cfg.Quiet = 250 * time.Millisecond
 	}
 	if cfg.MaxLag <= 0 {
 		cfg.MaxLag = 2 * time.Second
