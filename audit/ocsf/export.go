@@ -160,9 +160,15 @@ func (e *Exporter) run() {
 				schedule(now)
 				continue
 			}
+			from := e.next
 			e.catchUp()
 			behind = time.Time{}
-			if e.next <= e.target.Load() {
+			switch {
+			case e.next > e.target.Load(): // caught up
+			case e.next == from: // the chain could not be read: try again later
+				behind = now
+				due.Reset(e.cfg.MaxLag)
+			default: // written meanwhile
 				behind = now
 				schedule(now)
 			}
