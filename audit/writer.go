@@ -52,6 +52,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry receives the airlock_audit_* metrics; nil means none.
 	Registry prometheus.Registerer
+	// Sink, when set, is told of every write to the chain, for an export that reads
+	// the chain files behind the writer (audit/ocsf); Close closes it. nil: none.
+	Sink Sink
 }
 
 // DefaultMaxFileBytes is the size, in bytes, at which a log file is sealed by a
@@ -286,6 +289,11 @@ func (w *Writer) Close() error {
 		close(w.stop)
 	}
 	<-w.done
+	if !already && w.cfg.Sink != nil {
+		if err := w.cfg.Sink.Close(); err != nil {
+			w.log.Warn("audit sink close", "err", err)
+		}
+	}
 	return w.Err()
 }
 
@@ -441,6 +449,9 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	w.written.Store(seq)
 	w.metrics.records.Add(float64(len(w.sources)))
 	w.metrics.bytes.Add(float64(len(w.buf)))
+	if w.cfg.Sink != nil {
+		w.cfg.Sink.Written(w.name, seq)
+	}
 	return true
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/ocsf"
 )
 
 // AuditConfig configures a hash-chained, signed audit log (package audit): the one log
@@ -40,6 +41,16 @@ type AuditConfig struct {
 	// or once their last record is older than maxAge. Default 10 GiB and 90 days
 	// (audit.DefaultRetention); a negative value means no limit of that kind.
 	Retention AuditRetention `yaml:"retention"`
+	// OCSF is the export of every record as OCSF events (JSON Lines in Dir/ocsf,
+	// rotated and retained with the chain: package audit/ocsf); on unless disabled.
+	OCSF AuditOCSF `yaml:"ocsf"`
+}
+
+// AuditOCSF configures the OCSF export beside the audit log.
+type AuditOCSF struct {
+	// Disabled turns the export off (airlock.yaml audit.ocsf.disabled: true; the
+	// servers' --audit-ocsf=false).
+	Disabled bool `yaml:"disabled"`
 }
 
 // AuditRetention is audit.Retention as written in airlock.yaml.
@@ -94,7 +105,8 @@ func (c AuditConfig) resolved() (AuditConfig, error) {
 
 // OpenAudit opens the audit log of c (c.Dir must be set): its signing key loaded, or
 // generated with its public key at the first start (AuditConfig.SigningKeyFile), and
-// the writer started with every checkpoint signed. reg receives the airlock_audit_*
+// the writer started with every checkpoint signed and, unless c.OCSF.Disabled, the
+// OCSF export beside it (Dir/ocsf). reg receives the airlock_audit_*
 // metrics (nil: none). The caller closes the writer.
 func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*audit.Writer, error) {
 	c, err := c.resolved()
@@ -116,7 +128,15 @@ func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*aud
 		log.Info("audit signing key generated", "key", privPath, "public_key", pubPath)
 	}
 	rl, ret := c.writerLimits()
-	return audit.New(audit.Config{
+	var sink audit.Sink
+	if !c.OCSF.Disabled {
+		ex, err := ocsf.New(ocsf.Config{ChainDir: c.Dir, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		sink = ex
+	}
+	w, err := audit.New(audit.Config{
 		Dir:          c.Dir,
 		MaxFileBytes: c.MaxFileBytes,
 		RateLimit:    rl,
@@ -124,7 +144,12 @@ func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*aud
 		SigningKey:   key,
 		Logger:       log,
 		Registry:     reg,
+		Sink:         sink,
 	})
+	if err != nil && sink != nil {
+		sink.Close()
+	}
+	return w, err
 }
 
 // startAudit opens the audit log every component writes to (StateDir/audit by default).

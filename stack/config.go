@@ -67,6 +67,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 //	  defaultAccess: public               # or token; execd and the egress API: always token
 //	audit:
 //	  dir: /var/lib/airlock/audit
+//	  ocsf: {disabled: false}             # OCSF JSON Lines in <dir>/ocsf (on by default)
 //	egress:
 //	  mode: auto                          # auto | ebpf | nftables
 //	  upstreams: [192.0.2.53]             # default: the host's /etc/resolv.conf

@@ -184,6 +184,8 @@ func TestAuditSameConfig(t *testing.T) {
 		{"dir", []string{"--audit-dir=/srv/audit"}, "audit: {dir: /srv/audit}"},
 		{"key_and_size", []string{"--audit-dir=/srv/audit", "--audit-signing-key=/etc/airlock/audit.key", "--audit-max-file-bytes=1048576"},
 			"audit: {dir: /srv/audit, signingKeyFile: /etc/airlock/audit.key, maxFileBytes: 1048576}"},
+		{"ocsf_off", []string{"--audit-dir=/srv/audit", "--audit-ocsf=false"}, "audit: {dir: /srv/audit, ocsf: {disabled: true}}"},
+		{"ocsf_on", []string{"--audit-dir=/srv/audit", "--audit-ocsf"}, "audit: {dir: /srv/audit, ocsf: {disabled: false}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fromYAML := upConfig(t, tc.yaml).Audit
@@ -210,6 +212,9 @@ func TestAuditSameConfig(t *testing.T) {
 			}
 			if e.Audit != fromYAML || g.Audit != fromYAML {
 				t.Errorf("egressd flags give %+v, gateway flags %+v, airlock.yaml %+v", e.Audit, g.Audit, fromYAML)
+			}
+			if fromYAML.OCSF.Disabled != strings.Contains(tc.name, "off") {
+				t.Errorf("OCSF export disabled = %v", fromYAML.OCSF.Disabled)
 			}
 			if fromYAML.MaxFileBytes <= 0 {
 				t.Errorf("no default file size: %+v", fromYAML)

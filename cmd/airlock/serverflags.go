@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -22,7 +23,31 @@ func registerAuditFlags(f *pflag.FlagSet, c *stack.AuditConfig) {
 	f.StringVar(&c.Dir, "audit-dir", c.Dir, "directory of the hash-chained, signed audit log, one per server (empty: no audit)")
 	f.StringVar(&c.SigningKeyFile, "audit-signing-key", c.SigningKeyFile, "Ed25519 key file that signs the audit checkpoints (default <audit-dir>.key; generated with <audit-dir>.pub at the first start when missing)")
 	f.Int64Var(&c.MaxFileBytes, "audit-max-file-bytes", c.MaxFileBytes, "size in bytes at which an audit file is sealed by a signed checkpoint and the next begun")
+	f.Var(notValue{&c.OCSF.Disabled}, "audit-ocsf", "export every audit record as OCSF events (JSON Lines in <audit-dir>/ocsf, rotated and retained with the log)")
+	f.Lookup("audit-ocsf").NoOptDefVal = "true"
 }
+
+// notValue is a boolean flag that sets the negation of its value in *b (a flag that
+// turns on what a Disabled field turns off).
+type notValue struct{ b *bool }
+
+func (v notValue) String() string {
+	if v.b == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*v.b)
+}
+
+func (v notValue) Set(s string) error {
+	on, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*v.b = !on
+	return nil
+}
+
+func (v notValue) Type() string { return "bool" }
 
 // addrValue is a flag holding a netip.Addr; empty is the zero (invalid) address.
 type addrValue struct{ a *netip.Addr }

@@ -1,0 +1,215 @@
+package ocsf
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// jw appends one JSON value to b in the order its keys are given: the events are
+// written without reflection, so that exporting costs the writer's host little.
+type jw struct {
+	b     []byte
+	comma bool // a value precedes: the next key or element needs a comma
+}
+
+func (w *jw) sep() {
+	if w.comma {
+		w.b = append(w.b, ',')
+	}
+	w.comma = true
+}
+
+func (w *jw) key(k string) {
+	w.sep()
+	w.b = append(w.b, '"')
+	w.b = append(w.b, k...)
+	w.b = append(w.b, '"', ':')
+}
+
+// str writes k: v unless v is empty.
+func (w *jw) str(k, v string) {
+	if v == "" {
+		return
+	}
+	w.key(k)
+	w.b = appendString(w.b, v)
+}
+
+func (w *jw) int(k string, v int64) {
+	w.key(k)
+	w.b = strconv.AppendInt(w.b, v, 10)
+}
+
+func (w *jw) bool(k string, v bool) {
+	w.key(k)
+	w.b = strconv.AppendBool(w.b, v)
+}
+
+// open starts the object k ("" for an array element or the top level).
+func (w *jw) open(k string) {
+	if k == "" {
+		w.sep()
+	} else {
+		w.key(k)
+	}
+	w.b = append(w.b, '{')
+	w.comma = false
+}
+
+func (w *jw) close() {
+	w.b = append(w.b, '}')
+	w.comma = true
+}
+
+// array starts the array k.
+func (w *jw) array(k string) {
+	w.key(k)
+	w.b = append(w.b, '[')
+	w.comma = false
+}
+
+func (w *jw) end() {
+	w.b = append(w.b, ']')
+	w.comma = true
+}
+
+// elem writes one string element of an array.
+func (w *jw) elem(s string) {
+	w.sep()
+	w.b = appendString(w.b, s)
+}
+
+// value writes k: v (the unmapped extras): strings, numbers, booleans, lists and maps
+// (keys sorted) directly, anything else as encoding/json does; a value it cannot
+// encode is written as its error text.
+func (w *jw) value(k string, v any) {
+	w.key(k)
+	w.b = appendValue(w.b, v, 0)
+}
+
+func appendValue(b []byte, v any, depth int) []byte {
+	switch v := v.(type) {
+	case string:
+		return appendString(b, v)
+	case int:
+		return strconv.AppendInt(b, int64(v), 10)
+	case int64:
+		return strconv.AppendInt(b, v, 10)
+	case uint64:
+		return strconv.AppendUint(b, v, 10)
+	case uint32:
+		return strconv.AppendUint(b, uint64(v), 10)
+	case bool:
+		return strconv.AppendBool(b, v)
+	case []string:
+		b = append(b, '[')
+		for i, s := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, s)
+		}
+		return append(b, ']')
+	case []any:
+		if depth > 8 {
+			break
+		}
+		b = append(b, '[')
+		for i, e := range v {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendValue(b, e, depth+1)
+		}
+		return append(b, ']')
+	case map[string]any:
+		if depth > 8 {
+			break
+		}
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, k)
+			b = append(b, ':')
+			b = appendValue(b, v[k], depth+1)
+		}
+		return append(b, '}')
+	}
+	j, err := json.Marshal(v)
+	if err != nil {
+		j = appendString(nil, "unencodable: "+err.Error())
+	}
+	return append(b, j...)
+}
+
+// safe marks the ASCII bytes a JSON string holds as they are (as encoding/json does,
+// <, > and & are escaped).
+var safe = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
+// appendString appends s as a JSON string (invalid UTF-8 becomes U+FFFD).
+func appendString(b []byte, s string) []byte {
+	return append(appendEscaped(append(b, '"'), s), '"')
+}
+
+// appendEscaped appends s escaped for a JSON string, without quotes.
+func appendEscaped(b []byte, s string) []byte {
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if safe[c] {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				const hex = "0123456789abcdef"
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, `\u202`...)
+			b = append(b, "89"[r-'\u2028'])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	return append(b, s[start:]...)
+}
