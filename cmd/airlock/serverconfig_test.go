@@ -184,6 +184,8 @@ func TestAuditSameConfig(t *testing.T) {
 		{"dir", []string{"--audit-dir=/srv/audit"}, "audit: {dir: /srv/audit}"},
 		{"key_and_size", []string{"--audit-dir=/srv/audit", "--audit-signing-key=/etc/airlock/audit.key", "--audit-max-file-bytes=1048576"},
 			"audit: {dir: /srv/audit, signingKeyFile: /etc/airlock/audit.key, maxFileBytes: 1048576}"},
+		{"anchors", []string{"--audit-dir=/srv/audit", "--audit-anchors-dir=/mnt/anchors/host1", "--audit-anchors-url=https://anchors.example/v1/host1"},
+			"audit: {dir: /srv/audit, anchors: {dir: /mnt/anchors/host1, url: \"https://anchors.example/v1/host1\"}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fromYAML := upConfig(t, tc.yaml).Audit
@@ -213,6 +215,9 @@ func TestAuditSameConfig(t *testing.T) {
 			}
 			if fromYAML.MaxFileBytes <= 0 {
 				t.Errorf("no default file size: %+v", fromYAML)
+			}
+			if tc.name == "anchors" && (fromYAML.Anchors.Dir != "/mnt/anchors/host1" || fromYAML.Anchors.URL != "https://anchors.example/v1/host1") {
+				t.Errorf("anchors not set: %+v", fromYAML.Anchors)
 			}
 		})
 	}
