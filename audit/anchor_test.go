@@ -8,11 +8,17 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // writeAnchored writes n records through a real writer with a dir anchor sink and
@@ -221,5 +227,71 @@ func TestAnchorsRetainedPrefix(t *testing.T) {
 	os.Remove(filepath.Join(dir, HeadFile))
 	if ar, err := verifyAnchorsIn(t, dir, sink, pub); !errors.Is(err, ErrBroken) || ar.Finding != FindingTruncated {
 		t.Fatalf("retained prefix and a cut tail: %+v %v", ar, err)
+	}
+}
+
+// TestAnchorsHTTPSink: anchors POSTed to an HTTP sink that refuses the first ones are
+// retried (the failures counted), a restarted writer continues the sink's chain (GET
+// of the last anchor), and the log verifies against what the sink received.
+func TestAnchorsHTTPSink(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		stored []Anchor
+		refuse = 2
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Method == http.MethodGet {
+			if len(stored) == 0 {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			json.NewEncoder(w).Encode(stored[len(stored)-1])
+			return
+		}
+		if refuse > 0 {
+			refuse--
+			http.Error(w, "not now", http.StatusServiceUnavailable)
+			return
+		}
+		var a Anchor
+		if err := json.NewDecoder(r.Body).Decode(&a); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		stored = append(stored, a)
+	}))
+	defer srv.Close()
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	for round := range 2 {
+		cfg := Config{Dir: dir, MaxFileBytes: 4096, SigningKey: priv, Logger: quiet, Anchors: []AnchorSink{HTTPSink{URL: srv.URL}}}
+		if round == 0 {
+			cfg.Registry = reg
+		}
+		w := newTestWriter(t, cfg)
+		t0 := time.Now()
+		for i := range 100 {
+			w.Append(rec("sb", round*100+i))
+		}
+		if d := time.Since(t0); d > time.Second {
+			t.Errorf("appending took %v with a refusing sink", d)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			if n := testutil.ToFloat64(w.anchorMetrics.failures.WithLabelValues("http")); n < 1 {
+				t.Errorf("anchor_failures_total %v, want the refused POSTs counted", n)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	ar, err := VerifyAnchors(dir, stored, VerifyOptions{PublicKey: pub})
+	if err != nil || ar.Finding != FindingOK || ar.LastSeq != 200 {
+		t.Fatalf("against the HTTP sink's anchors: %+v %v", ar, err)
 	}
 }
