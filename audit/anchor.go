@@ -166,7 +166,8 @@ func ReadAnchors(dir string) ([]Anchor, error) {
 
 // HTTPSink POSTs each anchor as a JSON object (Content-Type application/json) to URL;
 // any 2xx stores it. Last GETs URL: 200 with the last anchor it holds as JSON, or 404
-// or 204 when it holds none.
+// or 204 when it holds none (405, a sink that only takes POSTs: the anchors after each
+// start of the writer then begin a new chain at Genesis).
 type HTTPSink struct {
 	URL string
 	// Client defaults to one with a 10 s timeout.
@@ -195,7 +196,8 @@ func (s HTTPSink) Last(ctx context.Context) (string, error) {
 	}
 	defer resp.Body.Close()
 	switch {
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNoContent:
+	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNoContent,
+		resp.StatusCode == http.StatusMethodNotAllowed: // a POST-only sink: each start begins a new chain
 		return "", nil
 	case resp.StatusCode != http.StatusOK:
 		return "", fmt.Errorf("GET %s: %s", s.URL, resp.Status)
