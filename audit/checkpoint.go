@@ -85,6 +85,7 @@ func (w *Writer) appendCheckpoint(cp *Checkpoint) error {
 		return fmt.Errorf("audit: checkpoint: %w", err)
 	}
 	w.checkpoint = cp.Hash
+	w.anchor(checkpointAnchor(*cp))
 	return nil
 }
 

@@ -132,6 +132,7 @@ func (w *Writer) writeHead(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("audit: head: %w", err)
 	}
+	w.anchor(headAnchor(h))
 	return nil
 }
 

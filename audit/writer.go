@@ -55,6 +55,10 @@ type Config struct {
 	// Sink, when set, is told of every write to the chain, for an export that reads
 	// the chain files behind the writer (audit/ocsf); Close closes it. nil: none.
 	Sink Sink
+	// Anchors receive a signed digest of every checkpoint and head (anchor.go),
+	// shipped from a goroutine per sink with a bounded queue: a sink that fails never
+	// blocks the writer (logged, counted, retried). None: nothing leaves the host.
+	Anchors []AnchorSink
 }
 
 // DefaultMaxFileBytes is the size, in bytes, at which a log file is sealed by a
@@ -105,6 +109,10 @@ type Writer struct {
 	sealer     sealer   // chain position while a batch is sealed; prev once written
 	buf        []byte   // the sealed lines not yet written
 	sources    []Source // the source of each line in buf, for loss accounting
+
+	// Off-host anchors (anchor.go).
+	shippers      []*shipper
+	anchorMetrics *anchorMetrics
 
 	// The head as last written (head.go).
 	headSeq        uint64
@@ -167,7 +175,11 @@ func open(cfg Config) (*Writer, error) {
 	if w.metrics, err = newMetrics(cfg.Registry, func() float64 { return float64(len(w.queue)) }, w.diskBytes.Load); err != nil {
 		return nil, err
 	}
+	if err := w.startAnchors(); err != nil {
+		return nil, err
+	}
 	if err := w.recover(); err != nil {
+		w.closeAnchors()
 		if w.f != nil {
 			w.f.Close()
 		}
@@ -177,6 +189,7 @@ func open(cfg Config) (*Writer, error) {
 	w.written.Store(w.seq)
 	w.retain(time.Now(), true)
 	if w.maybeHead(time.Now(), true); w.headAt.IsZero() {
+		w.closeAnchors()
 		w.f.Close()
 		return nil, w.Err()
 	}
@@ -289,6 +302,9 @@ func (w *Writer) Close() error {
 		close(w.stop)
 	}
 	<-w.done
+	if !already {
+		w.closeAnchors()
+	}
 	if !already && w.cfg.Sink != nil {
 		if err := w.cfg.Sink.Close(); err != nil {
 			w.log.Warn("audit sink close", "err", err)

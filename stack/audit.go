@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,9 @@ type AuditConfig struct {
 	// OCSF is the export of every record as OCSF events (JSON Lines in Dir/ocsf,
 	// rotated and retained with the chain: package audit/ocsf); on unless disabled.
 	OCSF AuditOCSF `yaml:"ocsf"`
+	// Anchors ship a signed digest of every checkpoint and head off the host
+	// (audit.Anchor; `airlock audit verify --anchors DIR`). None by default.
+	Anchors AuditAnchors `yaml:"anchors"`
 }
 
 // AuditOCSF configures the OCSF export beside the audit log.
@@ -51,6 +55,31 @@ type AuditOCSF struct {
 	// Disabled turns the export off (airlock.yaml audit.ocsf.disabled: true; the
 	// servers' --audit-ocsf=false).
 	Disabled bool `yaml:"disabled"`
+}
+
+// AuditAnchors are the sinks that receive the audit log's anchors: each signed digest
+// names the previous one (CloudTrail's digest chain). Shipping never blocks the log's
+// writer: a failure is logged, counted (airlock_audit_anchor_failures_total) and
+// retried.
+type AuditAnchors struct {
+	// Dir is a directory on another mount than the log's: anchors are appended to
+	// Dir/anchors.jsonl (fsync'd). One directory per audit log.
+	Dir string `yaml:"dir"`
+	// URL receives each anchor as a JSON POST (any 2xx stores it); a GET returns the
+	// last anchor it holds (404 or 204: none), so a restart continues the chain.
+	URL string `yaml:"url"`
+}
+
+// sinks are the audit.AnchorSink of a.
+func (a AuditAnchors) sinks() []audit.AnchorSink {
+	var out []audit.AnchorSink
+	if a.Dir != "" {
+		out = append(out, audit.DirSink{Dir: a.Dir})
+	}
+	if a.URL != "" {
+		out = append(out, audit.HTTPSink{URL: a.URL})
+	}
+	return out
 }
 
 // AuditRetention is audit.Retention as written in airlock.yaml.
@@ -100,6 +129,9 @@ func (c AuditConfig) resolved() (AuditConfig, error) {
 	if c.MaxFileBytes < 0 {
 		return c, fmt.Errorf("config: audit.maxFileBytes %d: want a size in bytes", c.MaxFileBytes)
 	}
+	if u := c.Anchors.URL; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		return c, fmt.Errorf("config: audit.anchors.url %q: want an http:// or https:// URL", u)
+	}
 	return c, nil
 }
 
@@ -145,6 +177,7 @@ func OpenAudit(c AuditConfig, reg prometheus.Registerer, log *slog.Logger) (*aud
 		Logger:       log,
 		Registry:     reg,
 		Sink:         sink,
+		Anchors:      c.Anchors.sinks(),
 	})
 	if err != nil && sink != nil {
 		sink.Close()

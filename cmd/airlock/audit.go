@@ -27,6 +27,7 @@ func newAuditVerifyCmd() *cobra.Command {
 	var (
 		pubPath string
 		asJSON  bool
+		anchors string
 	)
 	c := &cobra.Command{
 		Use:   "verify DIR",
@@ -45,12 +46,23 @@ Signatures are checked with --public-key, else with DIR.pub beside the directory
 exists (the public key 'airlock up', 'airlock egressd' and 'airlock gateway' write next
 to the signing key DIR.key they generate at first start). With DIR.pub, checkpoints
 written before the log had a key may be unsigned (a warning); with --public-key every
-checkpoint must be signed.`,
+checkpoint must be signed.
+
+With --anchors DIR (the directory of an anchor sink, airlock.yaml audit.anchors.dir:
+signed digests of every checkpoint and head, shipped off the host as they were written,
+each naming the previous one), the log is also checked against them, and the verdict
+says which: "rewritten" (a checkpoint or record differs from its anchor: the chain was
+rewritten with recomputed hashes; names the first rewritten checkpoint), "truncated"
+(the anchors name records past the log's end, even with an older head put back), or
+ok, with the anchors of files retention removed reported as retained (expected).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, keyFile, err := verifyOptions(args[0], pubPath)
 			if err != nil {
 				return err
+			}
+			if anchors != "" {
+				return verifyWithAnchors(cmd, args[0], anchors, opts, asJSON)
 			}
 			rep, err := audit.Verify(args[0], opts)
 			if rep == nil {
@@ -106,6 +118,7 @@ checkpoint must be signed.`,
 	}
 	c.Flags().StringVar(&pubPath, "public-key", "", "Ed25519 public key file to check checkpoint signatures (default DIR.pub when it exists)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	c.Flags().StringVar(&anchors, "anchors", "", "anchor sink directory (audit.anchors.dir) to check the log against")
 	return c
 }
 

@@ -186,6 +186,8 @@ func TestAuditSameConfig(t *testing.T) {
 			"audit: {dir: /srv/audit, signingKeyFile: /etc/airlock/audit.key, maxFileBytes: 1048576}"},
 		{"ocsf_off", []string{"--audit-dir=/srv/audit", "--audit-ocsf=false"}, "audit: {dir: /srv/audit, ocsf: {disabled: true}}"},
 		{"ocsf_on", []string{"--audit-dir=/srv/audit", "--audit-ocsf"}, "audit: {dir: /srv/audit, ocsf: {disabled: false}}"},
+		{"anchors", []string{"--audit-dir=/srv/audit", "--audit-anchors-dir=/mnt/anchors/host1", "--audit-anchors-url=https://anchors.example/v1/host1"},
+			"audit: {dir: /srv/audit, anchors: {dir: /mnt/anchors/host1, url: \"https://anchors.example/v1/host1\"}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fromYAML := upConfig(t, tc.yaml).Audit
@@ -218,6 +220,9 @@ func TestAuditSameConfig(t *testing.T) {
 			}
 			if fromYAML.MaxFileBytes <= 0 {
 				t.Errorf("no default file size: %+v", fromYAML)
+			}
+			if tc.name == "anchors" && (fromYAML.Anchors.Dir != "/mnt/anchors/host1" || fromYAML.Anchors.URL != "https://anchors.example/v1/host1") {
+				t.Errorf("anchors not set: %+v", fromYAML.Anchors)
 			}
 		})
 	}

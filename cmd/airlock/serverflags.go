@@ -22,6 +22,8 @@ import (
 func registerAuditFlags(f *pflag.FlagSet, c *stack.AuditConfig) {
 	f.StringVar(&c.Dir, "audit-dir", c.Dir, "directory of the hash-chained, signed audit log, one per server (empty: no audit)")
 	f.StringVar(&c.SigningKeyFile, "audit-signing-key", c.SigningKeyFile, "Ed25519 key file that signs the audit checkpoints (default <audit-dir>.key; generated with <audit-dir>.pub at the first start when missing)")
+	f.StringVar(&c.Anchors.Dir, "audit-anchors-dir", c.Anchors.Dir, "directory on another mount that receives a signed, chained digest of every audit checkpoint and head (anchors.jsonl; empty: none)")
+	f.StringVar(&c.Anchors.URL, "audit-anchors-url", c.Anchors.URL, "URL that receives each signed audit anchor as a JSON POST (empty: none)")
 	f.Int64Var(&c.MaxFileBytes, "audit-max-file-bytes", c.MaxFileBytes, "size in bytes at which an audit file is sealed by a signed checkpoint and the next begun")
 	f.Var(notValue{&c.OCSF.Disabled}, "audit-ocsf", "export every audit record as OCSF events (JSON Lines in <audit-dir>/ocsf, rotated and retained with the log)")
 	f.Lookup("audit-ocsf").NoOptDefVal = "true"
