@@ -224,6 +224,11 @@ func New(cfg Config) (*Daemon, error) {
 	if d.dp == nil {
 		ec := cfg.Enforcer
 		ec.L7ProxyPort = cfg.L7Port
+		if cfg.LocalDNS.IsValid() && resolver.Unmap().Is4() {
+			// A Kubernetes node: the proxy listens on the node-local resolver address,
+			// not on the pod's veth, where a redirect to the incoming interface lands.
+			ec.L7ProxyAddr = resolver
+		}
 		if ec.Logger == nil {
 			ec.Logger = cfg.Logger.With("component", "datapath")
 		}

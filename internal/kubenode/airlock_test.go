@@ -41,8 +41,9 @@ const (
 // gateway and execd, checks that the node's egressd enforces its policy from the
 // entrypoint's first instant (an allowed name resolves, another does not, a denied
 // connection is refused at once with EPERM by the socket layer on the pod's cgroup and
-// audited) and deletes it; then runs the published JS SDK's
-// Kubernetes suite against the NodePorts, and checks the host is clean after down.sh.
+// audited) and deletes it; checks the transparent L7 check (checkL7); then runs the
+// published JS SDK's Kubernetes suite against the NodePorts, and checks the host is
+// clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -220,6 +221,10 @@ func TestAirlockOnNode(t *testing.T) {
 		pods, err := n.Client.CoreV1().Pods("airlock-sandboxes").List(ctx, metav1.ListOptions{})
 		return err == nil && len(pods.Items) == 0, err
 	})
+
+	// The transparent L7 check (`l7: sni`), through egressd's proxy on the node-local
+	// resolver address.
+	checkL7(ctx, t, c, allowedName, "198.51.100.7")
 
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.

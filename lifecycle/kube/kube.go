@@ -79,6 +79,10 @@ type Config struct {
 	// (dnsPolicy None), e.g. 169.254.20.10. Empty leaves the cluster's DNS
 	// (ClusterFirst) and the NetworkPolicy then admits DNS to kube-dns only.
 	DNS []netip.Addr
+	// L7Port, with DNS, is the port of egressd's transparent L7 proxy on the DNS
+	// addresses, where the node redirects a sandbox's checked TCP: the NetworkPolicy
+	// admits TCP to it there. 0: egressd runs no proxy.
+	L7Port uint16
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; empty disables host-path volumes.
 	AllowedHostRoots []string
