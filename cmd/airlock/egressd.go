@@ -62,7 +62,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 
   # In a DaemonSet pod (NODE_NAME from the downward API):
   airlock egressd --watch-url http://airlock-lifecycle.airlock:8080/internal/v1/watch \
-      --dns-local-address 169.254.20.10 --l7-port 0 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
+      --dns-local-address 169.254.20.10 --l7-port 15001 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := ef.config()
