@@ -59,6 +59,10 @@ type Config struct {
 	// DNS is the sandboxes' resolver: egressd's node-local DNS address; default
 	// [169.254.20.10] (egressd.DefaultLocalDNS).
 	DNS []netip.Addr `yaml:"dns"`
+	// L7Port is the port of egressd's transparent L7 proxy on the DNS addresses (its
+	// --l7-port): each sandbox's NetworkPolicy admits TCP to it there, where the node
+	// redirects the sandbox's checked connections. 0: egressd runs no proxy.
+	L7Port uint16 `yaml:"l7Port"`
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; default none (host volumes refused).
 	AllowedHostRoots []string `yaml:"allowedHostRoots"`
@@ -208,7 +212,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
-		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS,
+		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace,
 		Log: cfg.Log.With("component", "kube"),
 	})

@@ -35,6 +35,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 #define MAX_LEARNED 16384
 #define MAX_GRANTS 16 // datapath.MaxLearnedGrants
 #define MAX_PREFIXES 4096
+#define MAX_CGROUP_LEVEL 8 // ancestors of a process's cgroup searched for a sandbox's
 
 // sbx_cfg.flags
 #define CFG_V6_BLOCK 1
@@ -894,8 +895,18 @@ static __always_inline int sock_verdict(struct bpf_sock_addr *ctx, int v6)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
 	__u32 *ifindex = bpf_map_lookup_elem(&ifindex_by_cgroup, &cg);
+	// A process in a sub-cgroup of the sandbox's: a pod's containers live in
+	// kubepods/<qos>/pod<uid>/<container>, below the pod's cgroup, which egressd maps.
+	// Its own cgroup first, then its ancestors from the top; past its own level, 0.
+#pragma unroll
+	for (int level = 1; level <= MAX_CGROUP_LEVEL && !ifindex; level++) {
+		cg = bpf_get_current_ancestor_cgroup_id(level);
+		if (cg == 0)
+			break;
+		ifindex = bpf_map_lookup_elem(&ifindex_by_cgroup, &cg);
+	}
 	if (!ifindex)
-		return 1; // a sub-cgroup or an unknown one: the TC program decides
+		return 1; // an unknown cgroup: the TC program decides
 	struct sbx_cfg *cfg = bpf_map_lookup_elem(&cfg_by_ifindex, ifindex);
 	if (!cfg)
 		return 1;

@@ -101,6 +101,12 @@ type Config struct {
 	UpstreamCAPEM []byte
 	// Node is this node's name; sandboxes of other nodes are ignored. Empty on one host.
 	Node string
+	// CgroupRoot is the node's cgroup hierarchy as this process sees it, where a pod's
+	// cgroup is found by its UID (cgroupv2.OfPod: kubelet's cgroupfs or systemd layout):
+	// a cgroup v2 directory, or one holding it at unified/ (a hybrid host). A DaemonSet
+	// mounts the node's /sys/fs/cgroup there (hostPath). Empty: the cgroup2 mount of this
+	// mount namespace. Docker sandboxes' cgroups are found from their process instead.
+	CgroupRoot string
 	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
 	// defaults 30 s and 600 s).
 	MinTTL, MaxTTL time.Duration
@@ -218,6 +224,11 @@ func New(cfg Config) (*Daemon, error) {
 	if d.dp == nil {
 		ec := cfg.Enforcer
 		ec.L7ProxyPort = cfg.L7Port
+		if cfg.LocalDNS.IsValid() && resolver.Unmap().Is4() {
+			// A Kubernetes node: the proxy listens on the node-local resolver address,
+			// not on the pod's veth, where a redirect to the incoming interface lands.
+			ec.L7ProxyAddr = resolver
+		}
 		if ec.Logger == nil {
 			ec.Logger = cfg.Logger.With("component", "datapath")
 		}

@@ -154,7 +154,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 		if err == nil {
 			err = d.dp.Attach(datapath.Spec{
 				ID: s.ID, HostIfindex: ifindex, HostIfname: ifname, Addrs: addrs,
-				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy, Cgroup: sandboxCgroup(s.Runtime.Pid),
+				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy, Cgroup: d.sandboxCgroup(s.Runtime),
 			})
 		}
 		if err != nil {
@@ -189,15 +189,27 @@ func (d *Daemon) apply(s watch.Sandbox) {
 	d.mu.Unlock()
 }
 
-// sandboxCgroup is the cgroup v2 directory of the sandbox's process, where the
-// datapath's socket layer attaches; "" when it cannot be found or is the hierarchy's
-// root (a runtime that joins only v1 hierarchies: attaching there would filter every
-// process of the host by this sandbox's policy). The veth filter enforces alone then.
-func sandboxCgroup(pid int) string {
-	if pid <= 0 {
+// sandboxCgroup is the cgroup v2 directory of the sandbox, where the datapath's socket
+// layer attaches: its process's, or for a pod (Runtime.Kind RuntimeKubernetes) the
+// pod's cgroup, found by Runtime.PodUID under Config.CgroupRoot in kubelet's layout
+// (cgroupv2.OfPod), above every container of the pod. "" when it cannot be found or
+// is the hierarchy's root (a runtime that joins only v1 hierarchies: attaching there
+// would filter every process of the host by this sandbox's policy). The veth filter
+// enforces alone then, and a denied connection is dropped, not refused.
+func (d *Daemon) sandboxCgroup(rt watch.Runtime) string {
+	var dir string
+	var err error
+	switch {
+	case rt.Pid > 0:
+		dir, err = cgroupv2.OfPid(rt.Pid)
+	case rt.Kind == RuntimeKubernetes && rt.PodUID != "":
+		dir, err = cgroupv2.OfPod(d.cfg.CgroupRoot, rt.PodUID)
+		if err != nil {
+			d.log.Warn("pod cgroup not found; denied connections are dropped, not refused", "pod_uid", rt.PodUID, "err", err)
+		}
+	default:
 		return ""
 	}
-	dir, err := cgroupv2.OfPid(pid)
 	if err != nil || cgroupv2.IsRoot(dir) {
 		return ""
 	}

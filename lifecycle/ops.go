@@ -118,7 +118,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
-	rec.HostInterface, rec.Node = inst.HostInterface, inst.Node
+	rec.HostInterface, rec.Node, rec.PodUID = inst.HostInterface, inst.Node, inst.PodUID
 
 	s.mu.Lock()
 	addEventLocked(rec, EventLifecycle, EventNormal, "ContainerCreated", fmt.Sprintf("%s runtime: container %s made in %d ms",

@@ -124,6 +124,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 
 	rec := want.clone()
 	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
+	rec.PodUID = m.PodUID
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
 	s.mu.Lock()

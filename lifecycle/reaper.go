@@ -113,6 +113,9 @@ func (s *Server) discoverAddress(id string) netip.Addr {
 		if in.HostInterface != "" {
 			r.HostInterface = in.HostInterface
 		}
+		if in.PodUID != "" {
+			r.PodUID = in.PodUID
+		}
 		if err := s.commitLocked(r); err != nil {
 			s.log.Error("persisting sandbox address failed", "sandbox_id", id, "err", err)
 		}

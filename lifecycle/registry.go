@@ -69,7 +69,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		State:    string(rec.Status.State),
 		Address:  rec.Address,
 		Address6: rec.Address6,
-		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid, HostInterface: rec.HostInterface},
+		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid, HostInterface: rec.HostInterface, PodUID: rec.PodUID},
 		// PolicyVersion only means something with a policy.
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,

@@ -105,6 +105,9 @@ type Instance struct {
 	// HostInterface is the host side of the sandbox's veth when the runtime knows it
 	// (egressd otherwise finds it through Pid's network namespace).
 	HostInterface string
+	// PodUID is the pod's UID (Kubernetes; empty elsewhere): egressd finds the pod's
+	// cgroup by it (kubelet names it pod<UID>) to refuse denied connections with EPERM.
+	PodUID string
 	// Phase is the container's runtime state.
 	Phase Phase
 	// Node is the node that runs the sandbox (Kubernetes: the pod's spec.nodeName);

@@ -82,6 +82,8 @@ type record struct {
 	Address6        netip.Addr `json:"address6,omitzero"`
 	Pid             int        `json:"pid,omitempty"`
 	HostInterface   string     `json:"hostInterface,omitempty"`
+	// PodUID is the pod's UID (Kubernetes; Instance.PodUID).
+	PodUID string `json:"podUID,omitempty"`
 	// Node is the node that runs the sandbox (Kubernetes); empty on a single host.
 	Node string `json:"node,omitempty"`
 	// PolicyName names the library policy the sandbox runs under; then Policy holds only

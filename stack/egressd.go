@@ -96,6 +96,9 @@ type EgressdConfig struct {
 	DNSInterface    string     `yaml:"-"`
 	// Node is this node's name; sandboxes of other nodes are ignored. Empty: one host.
 	Node string `yaml:"-"`
+	// CgroupRoot is the node's cgroup hierarchy as egressd sees it, where a pod's cgroup
+	// is found (egressd.Config.CgroupRoot); empty: egressd's own cgroup2 mount.
+	CgroupRoot string `yaml:"-"`
 	// MetricsListen, when set, serves /metrics, /healthz (503 until the first watch
 	// snapshot is programmed) and watch.EnforcedPath<id> (which lifecycle replicas on
 	// Kubernetes ask before releasing a sandbox) on this address. airlock up serves its
@@ -274,6 +277,7 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 		VaultPlainHTTP: egressd.PlainHTTPMode(cfg.VaultPlainHTTP),
 		UpstreamCAPEM:  upstreamCA,
 		Node:           cfg.Node,
+		CgroupRoot:     cfg.CgroupRoot,
 		Audit:          sink,
 		Registry:       e.Registry,
 		Logger:         cfg.Log,

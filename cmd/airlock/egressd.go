@@ -62,7 +62,7 @@ The API key may come from OPEN_SANDBOX_API_KEY.`,
 
   # In a DaemonSet pod (NODE_NAME from the downward API):
   airlock egressd --watch-url http://airlock-lifecycle.airlock:8080/internal/v1/watch \
-      --dns-local-address 169.254.20.10 --l7-port 0 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
+      --dns-local-address 169.254.20.10 --l7-port 15001 --audit-dir /var/lib/airlock/audit --metrics-listen :9102`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := ef.config()
@@ -115,6 +115,7 @@ func (ef *egressdFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off); airlock.yaml egress.proxyPort")
 	f.StringVar(&c.VaultPlainHTTP, "vault-plain-http", c.VaultPlainHTTP, "to which addresses a plain-HTTP request for a Credential Vault binding may carry its credential: learned (only one learned from DNS for the name; default) or policy (any the policy accepts, also one the sandbox chose); airlock.yaml vault.plainHTTP")
 	f.StringVar(&c.Node, "node", c.Node, "this node's name; sandboxes of other nodes are ignored (default $NODE_NAME; empty: one host)")
+	f.StringVar(&c.CgroupRoot, "cgroup-root", c.CgroupRoot, "the node's cgroup hierarchy (a cgroup v2 directory, or one with it at unified/), where a pod's cgroup is found by its UID for the socket layer (EPERM on a denied connect); on Kubernetes a hostPath mount of the node's /sys/fs/cgroup (default: egressd's own cgroup2 mount)")
 	f.StringSliceVar(&c.Deny, "deny", c.Deny, "extra operator always-deny target (address, CIDR or name; repeatable), e.g. the control plane; airlock.yaml egress.deny")
 	registerAuditFlags(f, &c.Audit)
 	f.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "serve /metrics, /healthz and "+watch.EnforcedPath+"<id> (which lifecycle replicas on Kubernetes ask before releasing a sandbox) on this address (empty: off)")

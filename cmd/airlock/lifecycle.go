@@ -109,6 +109,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.ExecdImage, "execd-image", c.ExecdImage, "image carrying the static execd for the init container (default airlock/execd:<version>)")
 	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
 	f.StringSliceVar(&lf.dns, "dns", lf.dns, "the sandboxes' resolver: egressd's node-local DNS address")
+	f.Uint16Var(&lf.cfg.L7Port, "l7-port", lf.cfg.L7Port, "egressd's --l7-port (its transparent L7 proxy on the --dns address), which each sandbox's NetworkPolicy admits; 0: none")
 	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", c.AllowedHostRoots, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
 	f.StringVar(&c.Gateway, "gateway", c.Gateway, "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
 	f.StringVar(&c.BaseDomain, "base-domain", c.BaseDomain, "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")

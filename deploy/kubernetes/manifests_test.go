@@ -337,7 +337,7 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	}
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
 		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
-		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--execd-image=airlock/execd:0.1.0")
+		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0")
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle"))
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
 		t.Errorf("lifecycle Service: %s %+v, want ClusterIP on 8080", svc.Spec.Type, svc.Spec.Ports)
@@ -398,20 +398,27 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	args := m.args(t, l.system, c)
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
 		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
-		"--dns-local-address=169.254.20.10", "--l7-port=0", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102")
+		"--dns-local-address=169.254.20.10", "--l7-port=15001", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102",
+		"--cgroup-root=/host/sys/fs/cgroup")
 	host := map[string]string{}
 	for _, v := range p.Volumes {
 		if v.HostPath != nil {
 			host[v.HostPath.Path] = v.Name
 		}
 	}
-	for _, path := range []string{"/sys/fs/bpf", cmp.Or(l.egressdAudit, "/var/lib/airlock")} {
+	for _, path := range []string{"/sys/fs/bpf", cmp.Or(l.egressdAudit, "/var/lib/airlock"), "/sys/fs/cgroup"} {
 		if host[path] == "" {
 			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
 		}
 	}
-	if len(host) != 2 {
-		t.Errorf("egressd: host paths %v, want only bpffs and /var/lib/airlock (the audit directory and its key)", host)
+	if len(host) != 3 {
+		t.Errorf("egressd: host paths %v, want only bpffs, /var/lib/airlock (the audit directory and its key) and /sys/fs/cgroup", host)
+	}
+	// The node's cgroups (where the pods' cgroups are found) are only read.
+	for _, m := range c.VolumeMounts {
+		if m.Name == host["/sys/fs/cgroup"] && (m.MountPath != "/host/sys/fs/cgroup" || !m.ReadOnly) {
+			t.Errorf("egressd: the node's /sys/fs/cgroup is mounted at %s (read-only %v), want read-only at /host/sys/fs/cgroup", m.MountPath, m.ReadOnly)
+		}
 	}
 }
 

@@ -125,7 +125,7 @@ func TestReadmeSecretAndSettings(t *testing.T) {
 		}
 	}
 	var rows []string
-	for _, mm := range regexp.MustCompile("(?m)^\\| `(AIRLOCK_[A-Z_]+)` \\|").FindAllStringSubmatch(string(readme), -1) {
+	for _, mm := range regexp.MustCompile("(?m)^\\| `(AIRLOCK_[A-Z0-9_]+)` \\|").FindAllStringSubmatch(string(readme), -1) {
 		rows = append(rows, mm[1])
 	}
 	slices.Sort(keys)

@@ -90,6 +90,10 @@ type Config struct {
 	// L7ProxyPort, when set, installs the l7_redirect chain sending marked TCP
 	// (sandboxes in L7 mode, TCP 80/443) to this local port.
 	L7ProxyPort uint16
+	// L7ProxyAddr, when valid (IPv4), is the proxy's address the chain sends marked
+	// IPv4 TCP to (DNAT); invalid: the address of the interface a packet arrived on
+	// (nftfilter.L7Redirect.Addr).
+	L7ProxyAddr netip.Addr
 	Logger      *slog.Logger
 }
 
@@ -128,7 +132,7 @@ func New(cfg Config) (datapath.Datapath, error) {
 			mark, mask = cfg.EBPF.RedirectMark()
 		}
 		cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
-		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Table: cfg.NFT.Table, Port: cfg.L7ProxyPort, Mark: mark, Mask: mask}); err != nil {
+		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Table: cfg.NFT.Table, Port: cfg.L7ProxyPort, Addr: cfg.L7ProxyAddr, Mark: mark, Mask: mask}); err != nil {
 			return nil, err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 const (
 	reg     = unix.NFT_REG_1
+	reg2    = unix.NFT_REG_2    // a second value (the port of a NAT)
 	regCat  = unix.NFT_REG32_00 // concatenations start here, 4 bytes per field
 	nfIPv4  = unix.NFPROTO_IPV4
 	nfIPv6  = unix.NFPROTO_IPV6

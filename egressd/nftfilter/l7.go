@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -21,13 +22,19 @@ const L7ChainName = "l7_redirect"
 
 // L7Redirect describes the redirect both backends rely on: packets the sandbox chain
 // (or eBPF program) marked with Mark under Mask are redirected, in prerouting, to
-// Port on the address of the interface they arrived on (the bridge gateway). The proxy
-// recovers the original destination with OriginalDst (conntrack, SO_ORIGINAL_DST).
+// Port on the address of the interface they arrived on (the bridge gateway), or, with
+// Addr, IPv4 packets to Addr:Port (DNAT): on a Kubernetes node the proxy listens on
+// the node-local resolver address, and the interface a pod's packet arrives on is its
+// routed veth, whose address is not that one. The proxy recovers the original
+// destination with OriginalDst (conntrack, SO_ORIGINAL_DST).
 type L7Redirect struct {
 	NetNS      string // "" = the caller's namespace
 	Table      string // "" = TableName
 	Port       uint16
 	Mark, Mask uint32
+	// Addr, when a valid IPv4 address, is where marked IPv4 TCP goes (DNAT); marked
+	// IPv6 is still redirected to the incoming interface's address.
+	Addr netip.Addr
 }
 
 // EnsureL7Redirect creates or replaces the l7_redirect chain in r's inet table, in
@@ -37,8 +44,8 @@ func EnsureL7Redirect(r L7Redirect) error {
 	if err := CheckTableName(r.Table); err != nil {
 		return fmt.Errorf("l7 redirect: %w", err)
 	}
-	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 {
-		return fmt.Errorf("l7 redirect: port %d mark %#x/%#x: invalid", r.Port, r.Mark, r.Mask)
+	if r.Port == 0 || r.Mark == 0 || r.Mark&^r.Mask != 0 || (r.Addr.IsValid() && !r.Addr.Unmap().Is4()) {
+		return fmt.Errorf("l7 redirect: address %s port %d mark %#x/%#x: invalid", r.Addr, r.Port, r.Mark, r.Mask)
 	}
 	conn, closeFn, err := dial(r.NetNS)
 	if err != nil {
@@ -51,16 +58,28 @@ func EnsureL7Redirect(r L7Redirect) error {
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest,
 	})
 	conn.FlushChain(c)
-	conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: []expr.Any{
+	marked := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg},
 		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4,
 			Mask: binary.NativeEndian.AppendUint32(nil, r.Mask), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: binary.NativeEndian.AppendUint32(nil, r.Mark)},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{unix.IPPROTO_TCP}},
+	}
+	if r.Addr.IsValid() {
+		// IPv4 to Addr:Port; the first rule that NATs a connection ends the chain.
+		conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: append(slices.Clone(marked),
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{unix.NFPROTO_IPV4}},
+			&expr.Immediate{Register: reg, Data: r.Addr.Unmap().AsSlice()},
+			&expr.Immediate{Register: reg2, Data: binary.BigEndian.AppendUint16(nil, r.Port)},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg, RegProtoMin: reg2, Specified: true},
+		)})
+	}
+	conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: append(marked,
 		&expr.Immediate{Register: reg, Data: binary.BigEndian.AppendUint16(nil, r.Port)},
 		&expr.Redir{RegisterProtoMin: reg},
-	}})
+	)})
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("l7 redirect chain: %w", err)
 	}

@@ -40,8 +40,10 @@ const (
 // lifecycle API's NodePort creates a sandbox pod, runs a command in it through the
 // gateway and execd, checks that the node's egressd enforces its policy from the
 // entrypoint's first instant (an allowed name resolves, another does not, a denied
-// connection is blocked and audited) and deletes it; then runs the published JS SDK's
-// Kubernetes suite against the NodePorts, and checks the host is clean after down.sh.
+// connection is refused at once with EPERM by the socket layer on the pod's cgroup and
+// audited) and deletes it; checks the transparent L7 check (checkL7); then runs the
+// published JS SDK's Kubernetes suite against the NodePorts, and checks the host is
+// clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -192,6 +194,22 @@ func TestAirlockOnNode(t *testing.T) {
 	if got := run(fmt.Sprintf(`timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo open || echo blocked`, host, port)); got != "blocked" {
 		t.Errorf("%s (egressd's always-deny overlay) is %q from the sandbox, want blocked", denied, got)
 	}
+	// egressd's socket layer on the pod's cgroup (found by the pod's UID under kubelet's
+	// layout) refuses a denied connect() at once with EPERM, as on Docker; without it
+	// the veth filter drops the SYN silently and connect() hangs until the timeout.
+	for _, dst := range []string{net.JoinHostPort(host, port), "198.51.100.9:443"} {
+		h, p, _ := net.SplitHostPort(dst)
+		got := run(fmt.Sprintf(`s=$(date +%%s%%N); timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>&1; echo "rc=$? ms=$(( ($(date +%%s%%N) - s) / 1000000 ))"`, h, p))
+		var rc, ms int
+		if i := strings.LastIndex(got, "rc="); i < 0 || !strings.Contains(got, "Operation not permitted") {
+			t.Errorf("a denied connect() to %s from the pod gave %q, want EPERM (Operation not permitted) from egressd's socket layer", dst, got)
+		} else if _, err := fmt.Sscanf(got[i:], "rc=%d ms=%d", &rc, &ms); err != nil || rc == 0 || ms > 1000 {
+			t.Errorf("a denied connect() to %s from the pod: %q, want it refused within 1 s", dst, got)
+		} else {
+			t.Logf("a denied connect() to %s from the pod: %q", dst, got)
+		}
+	}
+
 	// The denial is egressd's: its audit log on the node has the flow.
 	rec := waitAudit(t, n, sb.ID, host, port)
 	t.Logf("egressd's audit record of the denied flow: %s", rec)
@@ -203,6 +221,10 @@ func TestAirlockOnNode(t *testing.T) {
 		pods, err := n.Client.CoreV1().Pods("airlock-sandboxes").List(ctx, metav1.ListOptions{})
 		return err == nil && len(pods.Items) == 0, err
 	})
+
+	// The transparent L7 check (`l7: sni`), through egressd's proxy on the node-local
+	// resolver address.
+	checkL7(ctx, t, c, allowedName, "198.51.100.7")
 
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.

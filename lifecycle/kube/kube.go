@@ -79,6 +79,10 @@ type Config struct {
 	// (dnsPolicy None), e.g. 169.254.20.10. Empty leaves the cluster's DNS
 	// (ClusterFirst) and the NetworkPolicy then admits DNS to kube-dns only.
 	DNS []netip.Addr
+	// L7Port, with DNS, is the port of egressd's transparent L7 proxy on the DNS
+	// addresses, where the node redirects a sandbox's checked TCP: the NetworkPolicy
+	// admits TCP to it there. 0: egressd runs no proxy.
+	L7Port uint16
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; empty disables host-path volumes.
 	AllowedHostRoots []string
@@ -316,7 +320,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (lifecycle.Instance,
 
 // instanceOf maps a pod's status; addresses only while it runs.
 func instanceOf(pod *corev1.Pod) lifecycle.Instance {
-	in := lifecycle.Instance{SandboxID: pod.Labels[LabelSandboxID], ContainerID: pod.Name, Node: pod.Spec.NodeName}
+	in := lifecycle.Instance{SandboxID: pod.Labels[LabelSandboxID], ContainerID: pod.Name, Node: pod.Spec.NodeName, PodUID: string(pod.UID)}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		in.Phase = lifecycle.PhaseRunning

@@ -36,7 +36,8 @@ var kubeDNS = networkingv1.NetworkPolicyPeer{
 // networkPolicy selects sandbox id's pod and admits:
 //   - ingress only from the gateway and lifecycle pods of SystemNamespace (any port:
 //     the gateway reaches user ports, lifecycle's proxy execd and user ports);
-//   - egress on UDP and TCP 53 to the DNS addresses (Config.DNS, else kube-dns);
+//   - egress on UDP and TCP 53 to the DNS addresses (Config.DNS, else kube-dns), and
+//     on TCP Config.L7Port there (egressd's L7 proxy) when set with Config.DNS;
 //   - egress by eg: AllowAll → everything; ByName → every address but NonPublic
 //     (egressd enforces the names); plus exactly eg.CIDRs.
 //
@@ -68,10 +69,13 @@ func (r *Runtime) networkPolicy(id string, eg lifecycle.Egress) *networkingv1.Ne
 			dnsPeers = append(dnsPeers, ipBlock(netip.PrefixFrom(a, a.BitLen())))
 		}
 	}
-	np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{
-		To:    dnsPeers,
-		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}},
-	})
+	ports := []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}}
+	if len(r.cfg.DNS) > 0 && r.cfg.L7Port != 0 {
+		// egressd's L7 proxy, where the node redirects the sandbox's checked TCP 80/443.
+		l7 := intstr.FromInt32(int32(r.cfg.L7Port))
+		ports = append(ports, networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: &l7})
+	}
+	np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: dnsPeers, Ports: ports})
 	if eg.AllowAll {
 		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{})
 		return np

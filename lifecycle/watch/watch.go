@@ -93,13 +93,15 @@ type Sandbox struct {
 type Runtime struct {
 	// Kind is "docker" or "kubernetes".
 	Kind string `json:"kind,omitempty"`
-	// ContainerID is the Docker container id or the pod's UID.
+	// ContainerID is the Docker container id or the pod's name.
 	ContainerID string `json:"containerID,omitempty"`
 	// Pid is the sandbox's init process as seen from the node (0 when stopped); its
 	// network namespace is /proc/<Pid>/ns/net.
 	Pid int `json:"pid,omitempty"`
 	// HostInterface is the host-side veth name when the runtime knows it.
 	HostInterface string `json:"hostInterface,omitempty"`
+	// PodUID is the pod's UID (Kubernetes): egressd finds the pod's cgroup by it.
+	PodUID string `json:"podUID,omitempty"`
 }
 
 // AccessMode is how the gateway admits requests to a sandbox port.

@@ -104,9 +104,11 @@ type SandboxStatus struct {
 	Address  string `json:"address,omitempty"`
 	Address6 string `json:"address6,omitempty"`
 	// Node is the pod's node (spec.nodeName).
-	Node          string   `json:"node,omitempty"`
-	Pid           int      `json:"pid,omitempty"`
-	HostInterface string   `json:"hostInterface,omitempty"`
+	Node          string `json:"node,omitempty"`
+	Pid           int    `json:"pid,omitempty"`
+	HostInterface string `json:"hostInterface,omitempty"`
+	// PodUID is the pod's UID, by which egressd finds the pod's cgroup.
+	PodUID        string   `json:"podUID,omitempty"`
 	DeleteVolumes []string `json:"deleteVolumes,omitempty"`
 	// Events is the sandbox's diagnostic event ring, oldest first (at most 64): what
 	// lifecycle did and saw (create, state transitions, policy versions, egress
