@@ -110,6 +110,10 @@ type Config struct {
 	// MinTTL and MaxTTL clamp how long a learned address stays allowed (dnsfilter
 	// defaults 30 s and 600 s).
 	MinTTL, MaxTTL time.Duration
+	// DNSGuard is the operator's part of the DNS tunnelling guard (distinct-name caps
+	// and the label score), on top of each policy's dns.tunnelGuard; zero fields take
+	// dnsfilter's defaults, negative ones turn a check off.
+	DNSGuard dnsfilter.GuardConfig
 	// Audit receives DNS, connection and policy records; nil means none.
 	Audit AuditSink
 	// FlowAuditRate and FlowAuditBurst limit the flow records (bpf source) one sandbox
@@ -264,7 +268,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d.dns, err = dnsfilter.New(dnsfilter.Config{
 		Addr: cfg.DNSListen, Upstreams: cfg.Upstreams, Lookup: d.lookup, Learn: d.learn,
-		Audit: sink, MinTTL: cfg.MinTTL, MaxTTL: cfg.MaxTTL, Registry: cfg.Registry,
+		Audit: sink, MinTTL: cfg.MinTTL, MaxTTL: cfg.MaxTTL, Registry: cfg.Registry, Guard: cfg.DNSGuard,
 		Logger: cfg.Logger.With("component", "dnsfilter"),
 	})
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/dnsfilter"
-	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/egressd/datapath"
+	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/policies"
 )

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
@@ -76,6 +77,12 @@ type EgressdConfig struct {
 	// or a name), on top of policies.BuiltinDeny and this host's own addresses, which
 	// are always denied; for example the control plane's network. Default none.
 	Deny []string `yaml:"deny"`
+	// DNSGuard is the DNS tunnelling guard every sandbox gets on top of its policy's
+	// dns.tunnelGuard (package dnsfilter, GuardConfig): distinct names per sandbox,
+	// per registrable domain (eTLD+1) and per rule, each a minute; and the highest
+	// label score in bits. Defaults 300, 100, 200 and 160; a negative value turns
+	// that check off.
+	DNSGuard DNSGuard `yaml:"dnsGuard"`
 
 	// WatchURL is lifecycle's watch stream (…/internal/v1/watch), followed with
 	// APIKey (sent as OPEN-SANDBOX-API-KEY; empty: none). airlock up: its own API over
@@ -120,6 +127,20 @@ type EgressdConfig struct {
 	Log *slog.Logger `yaml:"-"`
 }
 
+// DNSGuard is egress.dnsGuard in airlock.yaml (dnsfilter.GuardConfig).
+type DNSGuard struct {
+	NamesPerSandbox int     `yaml:"namesPerSandbox"`
+	NamesPerDomain  int     `yaml:"namesPerDomain"`
+	NamesPerRule    int     `yaml:"namesPerRule"`
+	MaxLabelBits    float64 `yaml:"maxLabelBits"`
+}
+
+// guard is g as dnsfilter takes it.
+func (g DNSGuard) guard() dnsfilter.GuardConfig {
+	return dnsfilter.GuardConfig{NamesPerSandbox: g.NamesPerSandbox, NamesPerDomain: g.NamesPerDomain,
+		NamesPerRule: g.NamesPerRule, MaxLabelBits: g.MaxLabelBits}
+}
+
 // DefaultEgressdConfig is every default of egressd, for airlock.yaml and for the flags
 // of `airlock egressd` alike.
 func DefaultEgressdConfig() EgressdConfig {
@@ -129,7 +150,9 @@ func DefaultEgressdConfig() EgressdConfig {
 		PinRoot:      ebpf.DefaultPinRoot,
 		NFTTable:     nftfilter.TableName,
 		DNSInterface: egressd.DefaultDNSInterface,
-		Audit:        DefaultAuditConfig(),
+		DNSGuard: DNSGuard{NamesPerSandbox: dnsfilter.DefaultNamesPerSandbox, NamesPerDomain: dnsfilter.DefaultNamesPerDomain,
+			NamesPerRule: dnsfilter.DefaultNamesPerRule, MaxLabelBits: dnsfilter.DefaultMaxLabelBits},
+		Audit: DefaultAuditConfig(),
 	}
 }
 

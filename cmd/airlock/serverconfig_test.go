@@ -52,7 +52,8 @@ func TestEgressdSameConfig(t *testing.T) {
 	}{
 		{"defaults", nil, "", func(c stack.EgressdConfig) bool {
 			return c.L7Port == 15001 && c.Mode == "auto" && c.NFTTable == "airlock" && c.PinRoot == "/sys/fs/bpf/airlock" && c.ProxyPort == 0 &&
-				c.VaultPlainHTTP == "learned"
+				c.VaultPlainHTTP == "learned" &&
+				c.DNSGuard == stack.DNSGuard{NamesPerSandbox: 300, NamesPerDomain: 100, NamesPerRule: 200, MaxLabelBits: 160}
 		}},
 		{"vault_plain_http", []string{"--vault-plain-http=policy"}, "vault: {plainHTTP: policy}",
 			func(c stack.EgressdConfig) bool { return c.VaultPlainHTTP == "policy" }},
@@ -66,6 +67,11 @@ func TestEgressdSameConfig(t *testing.T) {
 			"egress: {upstreams: [192.0.2.53, \"192.0.2.54:5353\"]}",
 			func(c stack.EgressdConfig) bool {
 				return reflect.DeepEqual(c.Upstreams, []string{"192.0.2.53:53", "192.0.2.54:5353"})
+			}},
+		{"dns_guard", []string{"--dns-names-per-sandbox=50", "--dns-names-per-domain=-1", "--dns-max-label-bits=120"},
+			"egress: {dnsGuard: {namesPerSandbox: 50, namesPerDomain: -1, maxLabelBits: 120}}",
+			func(c stack.EgressdConfig) bool {
+				return c.DNSGuard == stack.DNSGuard{NamesPerSandbox: 50, NamesPerDomain: -1, NamesPerRule: 200, MaxLabelBits: 120}
 			}},
 		{"deny", []string{"--deny=10.20.0.0/16", "--deny", "control.example.com"},
 			"egress: {deny: [10.20.0.0/16, control.example.com]}",

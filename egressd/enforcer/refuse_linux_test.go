@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
+	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/internal/testenv"
 )
 
