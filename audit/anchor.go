@@ -4,11 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -61,20 +57,14 @@ type Anchor struct {
 
 func (a Anchor) computeDigest() string {
 	a.Digest, a.Sig = "", ""
-	b, _ := json.Marshal(a)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	return jsonDigest(a)
 }
 
 // seal sets a's Prev, Digest and Sig (key may be nil: unsigned).
 func (a *Anchor) seal(prev string, key ed25519.PrivateKey) {
 	a.Prev = prev
 	a.Digest = a.computeDigest()
-	a.Sig = ""
-	if key != nil {
-		raw, _ := hex.DecodeString(a.Digest)
-		a.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(key, raw))
-	}
+	a.Sig = signDigest(key, a.Digest)
 }
 
 func checkpointAnchor(c Checkpoint) Anchor {
@@ -122,46 +112,13 @@ func (s DirSink) Ship(_ context.Context, a Anchor) error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	line, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(s.Dir, AnchorFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return appendJSONLine(filepath.Join(s.Dir, AnchorFile), a)
 }
 
 // ReadAnchors returns the anchors of a DirSink directory in order; a torn last line
 // (a crash while appending) is ignored.
 func ReadAnchors(dir string) ([]Anchor, error) {
-	b, err := os.ReadFile(filepath.Join(dir, AnchorFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []Anchor
-	for i, line := range bytes.SplitAfter(b, []byte("\n")) {
-		if len(line) == 0 || line[len(line)-1] != '\n' {
-			break
-		}
-		var a Anchor
-		if err := json.Unmarshal(line, &a); err != nil {
-			return out, fmt.Errorf("audit: %s line %d: %w", AnchorFile, i+1, err)
-		}
-		out = append(out, a)
-	}
-	return out, nil
+	return readJSONLines[Anchor](dir, AnchorFile)
 }
 
 // HTTPSink POSTs each anchor as a JSON object (Content-Type application/json) to URL;

@@ -2,13 +2,8 @@ package audit
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/ed25519"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -45,9 +40,7 @@ type Checkpoint struct {
 
 func (c Checkpoint) computeHash() string {
 	c.Hash, c.Sig = "", ""
-	b, _ := json.Marshal(c)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	return jsonDigest(c)
 }
 
 // appendCheckpoint chains cp to the last checkpoint, signs it, appends it to the
@@ -62,26 +55,8 @@ func (w *Writer) appendCheckpoint(cp *Checkpoint) error {
 	}
 	cp.Head = true
 	cp.Hash = cp.computeHash()
-	if w.cfg.SigningKey != nil {
-		raw, _ := hex.DecodeString(cp.Hash)
-		cp.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(w.cfg.SigningKey, raw))
-	}
-	line, err := json.Marshal(cp)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(w.cfg.Dir, CheckpointFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("audit: checkpoint: %w", err)
-	}
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	cp.Sig = signDigest(w.cfg.SigningKey, cp.Hash)
+	if err := appendJSONLine(filepath.Join(w.cfg.Dir, CheckpointFile), cp); err != nil {
 		return fmt.Errorf("audit: checkpoint: %w", err)
 	}
 	w.checkpoint = cp.Hash
@@ -91,25 +66,7 @@ func (w *Writer) appendCheckpoint(cp *Checkpoint) error {
 
 // ReadCheckpoints returns the checkpoints in dir in order; a torn last line is ignored.
 func ReadCheckpoints(dir string) ([]Checkpoint, error) {
-	b, err := os.ReadFile(filepath.Join(dir, CheckpointFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []Checkpoint
-	for i, line := range bytes.SplitAfter(b, []byte("\n")) {
-		if len(line) == 0 || line[len(line)-1] != '\n' {
-			break
-		}
-		var c Checkpoint
-		if err := json.Unmarshal(line, &c); err != nil {
-			return out, fmt.Errorf("audit: %s line %d: %w", CheckpointFile, i+1, err)
-		}
-		out = append(out, c)
-	}
-	return out, nil
+	return readJSONLines[Checkpoint](dir, CheckpointFile)
 }
 
 // logFiles lists the log files in dir in seq order.

@@ -1,9 +1,6 @@
 package audit
 
 import (
-	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -50,9 +47,7 @@ type Head struct {
 
 func (h Head) computeDigest() string {
 	h.Digest, h.Sig = "", ""
-	b, _ := json.Marshal(h)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	return jsonDigest(h)
 }
 
 // HeadInfo is what Verify reports of the head.
@@ -105,10 +100,7 @@ func (w *Writer) maybeHead(now time.Time, force bool) {
 func (w *Writer) writeHead(now time.Time) error {
 	h := Head{Seq: w.seq, Hash: hex.EncodeToString(w.prev[:]), Checkpoint: w.checkpoint, Time: now.UTC().Truncate(time.Microsecond)}
 	h.Digest = h.computeDigest()
-	if w.cfg.SigningKey != nil {
-		raw, _ := hex.DecodeString(h.Digest)
-		h.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(w.cfg.SigningKey, raw))
-	}
+	h.Sig = signDigest(w.cfg.SigningKey, h.Digest)
 	b, err := json.Marshal(h)
 	if err != nil {
 		return err
