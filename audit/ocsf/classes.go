@@ -154,7 +154,7 @@ func (m Mapper) http(w *jw, r *record.Record) {
 	if r.DstHost != "" {
 		w.key("url_string")
 		w.b = append(append(append(w.b, '"'), scheme...), "://"...)
-		w.b = append(appendEscaped(appendEscaped(w.b, r.DstHost), path), '"')
+		w.b = append(record.AppendEscaped(record.AppendEscaped(w.b, r.DstHost), path), '"')
 	} else if path == "" {
 		w.str("path", "/")
 	}

@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/airlockdev/airlock/audit/record"
 )
 
 // jw appends one JSON value to b in the order its keys are given: the events are
@@ -151,65 +152,8 @@ func appendValue(b []byte, v any, depth int) []byte {
 	return append(b, j...)
 }
 
-// safe marks the ASCII bytes a JSON string holds as they are (as encoding/json does,
-// <, > and & are escaped).
-var safe = func() (t [utf8.RuneSelf]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
-	}
-	return t
-}()
-
-// appendString appends s as a JSON string (invalid UTF-8 becomes U+FFFD).
+// appendString appends s as a JSON string (record.AppendEscaped: invalid UTF-8 becomes
+// U+FFFD).
 func appendString(b []byte, s string) []byte {
-	return append(appendEscaped(append(b, '"'), s), '"')
-}
-
-// appendEscaped appends s escaped for a JSON string, without quotes.
-func appendEscaped(b []byte, s string) []byte {
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if safe[c] {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				const hex = "0123456789abcdef"
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, `\u202`...)
-			b = append(b, "89"[r-'\u2028'])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	return append(b, s[start:]...)
+	return append(record.AppendEscaped(append(b, '"'), s), '"')
 }

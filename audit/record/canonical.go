@@ -247,7 +247,13 @@ const hexDigits = "0123456789abcdef"
 // writes it: \" \\ \b \f \n \r \t, other control characters and < > & as \u00XX,
 // U+2028 and U+2029 as \u2028 and \u2029, each byte of invalid UTF-8 as \ufffd.
 func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
+	return append(AppendEscaped(append(b, '"'), s), '"')
+}
+
+// AppendEscaped appends s escaped for the inside of a JSON string (no quotes), the way
+// appendString does: the one JSON string escaper of the audit packages (audit/ocsf
+// uses it too).
+func AppendEscaped(b []byte, s string) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
@@ -293,6 +299,5 @@ func appendString(b []byte, s string) []byte {
 		}
 		i += size
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }
