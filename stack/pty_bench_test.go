@@ -16,7 +16,6 @@ import (
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/opensandbox"
-	"github.com/airlockdev/airlock/sdk"
 )
 
 // keystrokeOp returns one keystroke round trip on a PTY session at bash's prompt: it
@@ -53,27 +52,9 @@ func keystrokeOp(p *execdtest.PTYClient, t *testing.T) func() error {
 func TestBenchPTYEcho(t *testing.T) {
 	testenv.NeedBench(t)
 	s := accessStack(t, "", false)
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: s.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	sb, err := c.Create(ctx, sdk.CreateRequest{Image: testenv.SandboxImage()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, err := c.Execd(ctx, sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := x.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ep, err := c.Endpoint(ctx, sb.ID, opensandbox.ExecdPort)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb, ep := ptySandbox(ctx, t, s)
 	hdr := http.Header{opensandbox.HeaderExecdAccessToken: {ep.Headers[lifecycle.ExecdTokenHeader]}}
 	insts, err := s.Docker.List(ctx)
 	if err != nil {

@@ -110,21 +110,14 @@ func (r ptyRoute) refused(t *testing.T, id, query string, hdr http.Header) int {
 	return resp.StatusCode
 }
 
-// TestStackPTY drives execd's PTY sessions through a real `airlock up` with a real
-// sandbox, as a terminal UI would: through the gateway, a resize seen by `stty size`,
-// SIGINT ending `sleep 100` with the exit frame, a reconnect with since= that replays the
-// bytes missed meanwhile, a second client refused with 409 that then takes over with
-// takeover=1; and every routing form of the gateway (host, header, path, signed path) and
-// lifecycle's server proxy carry the WebSocket with the sandbox's credential and refuse
-// it without.
-func TestStackPTY(t *testing.T) {
-	s := accessStack(t, "", false)
+// ptySandbox creates a sandbox on s through the Go SDK, waits until its execd answers,
+// and returns it with execd's endpoint (its headers carry the tokens).
+func ptySandbox(ctx context.Context, t *testing.T, s *Stack) (*sdk.Sandbox, *sdk.Endpoint) {
+	t.Helper()
 	c, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: s.APIKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
 	sb, err := c.Create(ctx, sdk.CreateRequest{Image: testenv.SandboxImage()})
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +133,21 @@ func TestStackPTY(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sb, ep
+}
+
+// TestStackPTY drives execd's PTY sessions through a real `airlock up` with a real
+// sandbox, as a terminal UI would: through the gateway, a resize seen by `stty size`,
+// SIGINT ending `sleep 100` with the exit frame, a reconnect with since= that replays the
+// bytes missed meanwhile, a second client refused with 409 that then takes over with
+// takeover=1; and every routing form of the gateway (host, header, path, signed path) and
+// lifecycle's server proxy carry the WebSocket with the sandbox's credential and refuse
+// it without.
+func TestStackPTY(t *testing.T) {
+	s := accessStack(t, "", false)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	sb, ep := ptySandbox(ctx, t, s)
 	execdTok, accessTok := ep.Headers[lifecycle.ExecdTokenHeader], ep.Headers[lifecycle.AccessTokenHeader]
 	if execdTok == "" || accessTok == "" {
 		t.Fatalf("execd endpoint %+v without its tokens", ep)
