@@ -19,16 +19,9 @@ import (
 // Learn implements datapath.Datapath: one lookup and one update of the sandbox's
 // learned map.
 func (d *Datapath) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
-	addr = addr.Unmap()
-	if !addr.IsValid() || ttl <= 0 {
-		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
-	}
-	grants, err := datapath.ValidateGrants(ports)
+	addr, grants, err := datapath.ValidateLearn(addr, ports, ttl)
 	if err != nil {
 		return err
-	}
-	if grants == nil {
-		grants = []datapath.ProtoPorts{datapath.EveryPort}
 	}
 	d.sbx.Lock()
 	s, ok := d.sbx.Lookup(id)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Limits shared by both backends.
@@ -180,6 +181,25 @@ func Match(rules []Rule, dst netip.Addr, proto Proto, port uint16, frag bool) (R
 		return r, true
 	}
 	return Rule{}, false
+}
+
+// ValidateLearn checks the arguments of Datapath.Learn, the same for every backend: addr
+// (IPv4-mapped addresses unmapped) must be valid and ttl positive; ports are
+// ValidateGrants's, with none meaning []ProtoPorts{EveryPort}. Errors wrap
+// ErrInvalidSpec.
+func ValidateLearn(addr netip.Addr, ports []ProtoPorts, ttl time.Duration) (netip.Addr, []ProtoPorts, error) {
+	addr = addr.Unmap()
+	if !addr.IsValid() || ttl <= 0 {
+		return addr, nil, fmt.Errorf("%w: learn %v ttl %v", ErrInvalidSpec, addr, ttl)
+	}
+	grants, err := ValidateGrants(ports)
+	if err != nil {
+		return addr, nil, err
+	}
+	if grants == nil {
+		grants = []ProtoPorts{EveryPort}
+	}
+	return addr, grants, nil
 }
 
 // ValidateGrants checks Learn's ports and returns them normalised (ranges expanded,

@@ -23,16 +23,9 @@ import (
 // would end before the expiry this process last wrote is skipped (after an adoption,
 // the first Learn of a grant sets its expiry).
 func (f *Filter) Learn(id string, addr netip.Addr, ports []datapath.ProtoPorts, ttl time.Duration) error {
-	addr = addr.Unmap()
-	if !addr.IsValid() || ttl <= 0 {
-		return fmt.Errorf("%w: learn %v ttl %v", datapath.ErrInvalidSpec, addr, ttl)
-	}
-	grants, err := datapath.ValidateGrants(ports)
+	addr, grants, err := datapath.ValidateLearn(addr, ports, ttl)
 	if err != nil {
 		return err
-	}
-	if grants == nil {
-		grants = []datapath.ProtoPorts{datapath.EveryPort}
 	}
 	if ttl < time.Millisecond {
 		ttl = time.Millisecond
