@@ -1,8 +1,10 @@
 package nftfilter
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 
 	"github.com/google/nftables"
 
@@ -88,55 +90,76 @@ func (f *Filter) UpdateMany(ups []datapath.PolicyUpdate) []error {
 
 // cutFlows deletes the flows the sandbox's policy no longer allows (only those to
 // only, when valid). Flows of inbound connections are kept.
+//
+// A flow element can time out between listing and deleting; the kernel then refuses
+// the whole delete batch with ENOENT, so the cut lists again and retries (at most
+// cutAttempts times per family).
 func (f *Filter) cutFlows(s *sandbox, only netip.Addr) error {
 	if !s.known || s.policy.Report {
 		return nil
 	}
 	for _, fm := range []fam{v4, v6} {
-		learned := map[netip.Addr]bool{}
-		ls, err := f.conn.GetSetElements(f.set(learnSet(fm, s.id), addrType(fm)))
-		if err != nil {
-			return fmt.Errorf("list learned: %w", err)
+		var err error
+		for range cutAttempts {
+			if err = f.cutFamilyFlows(s, only, fm); !errors.Is(err, syscall.ENOENT) {
+				break
+			}
 		}
-		for _, e := range ls {
-			learned[fm.addrFromKey(e.Key)] = true
-		}
-		grants, _, err := f.grants(fm, s.id)
 		if err != nil {
 			return err
 		}
-		flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
-		st := &nftables.Set{Table: f.table, Name: flowSet(fm, s.id), KeyType: flowType, Concatenation: true}
-		flows, err := f.conn.GetSetElements(st)
-		if err != nil {
-			return fmt.Errorf("list flows: %w", err)
-		}
-		var dead []nftables.SetElement
-		al := int(fm.addrLen)
-		for _, e := range flows {
-			if len(e.Key) < al+12 {
-				continue
-			}
-			dst := fm.addrFromKey(e.Key)
-			proto := datapath.Proto(e.Key[al])
-			port := uint16(e.Key[al+4])<<8 | uint16(e.Key[al+5])
-			if only.IsValid() && dst != only {
-				continue
-			}
-			granted := learned[dst] || datapath.GrantsAllow(grants[dst], proto, port, false)
-			if !datapath.Allows(s.policy, dst, proto, port, granted) {
-				dead = append(dead, nftables.SetElement{Key: e.Key})
-			}
-		}
-		if len(dead) == 0 {
+	}
+	return nil
+}
+
+// cutAttempts bounds cutFlows' retries when flows expire while it cuts them.
+const cutAttempts = 3
+
+// cutFamilyFlows is cutFlows for one address family.
+func (f *Filter) cutFamilyFlows(s *sandbox, only netip.Addr, fm fam) error {
+	learned := map[netip.Addr]bool{}
+	ls, err := f.conn.GetSetElements(f.set(learnSet(fm, s.id), addrType(fm)))
+	if err != nil {
+		return fmt.Errorf("list learned: %w", err)
+	}
+	for _, e := range ls {
+		learned[fm.addrFromKey(e.Key)] = true
+	}
+	grants, _, err := f.grants(fm, s.id)
+	if err != nil {
+		return err
+	}
+	flowType, _ := nftables.ConcatSetType(addrType(fm), nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeInetService)
+	st := &nftables.Set{Table: f.table, Name: flowSet(fm, s.id), KeyType: flowType, Concatenation: true}
+	flows, err := f.conn.GetSetElements(st)
+	if err != nil {
+		return fmt.Errorf("list flows: %w", err)
+	}
+	var dead []nftables.SetElement
+	al := int(fm.addrLen)
+	for _, e := range flows {
+		if len(e.Key) < al+12 {
 			continue
 		}
-		if err := f.conn.SetDeleteElements(st, dead); err != nil {
-			return err
+		dst := fm.addrFromKey(e.Key)
+		proto := datapath.Proto(e.Key[al])
+		port := uint16(e.Key[al+4])<<8 | uint16(e.Key[al+5])
+		if only.IsValid() && dst != only {
+			continue
 		}
-		if err := f.conn.Flush(); err != nil {
-			return fmt.Errorf("cut flows: %w", err)
+		granted := learned[dst] || datapath.GrantsAllow(grants[dst], proto, port, false)
+		if !datapath.Allows(s.policy, dst, proto, port, granted) {
+			dead = append(dead, nftables.SetElement{Key: e.Key})
 		}
+	}
+	if len(dead) == 0 {
+		return nil
+	}
+	if err := f.conn.SetDeleteElements(st, dead); err != nil {
+		return err
+	}
+	if err := f.conn.Flush(); err != nil {
+		return fmt.Errorf("cut flows: %w", err)
 	}
 	return nil
 }
