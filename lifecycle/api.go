@@ -83,6 +83,7 @@ type CreateRequest struct {
 type Sandbox struct {
 	ID         string            `json:"id"`
 	Image      *ImageSpec        `json:"image,omitempty"`
+	SnapshotID string            `json:"snapshotId,omitempty"`
 	Platform   *PlatformSpec     `json:"platform,omitempty"`
 	Status     Status            `json:"status"`
 	Metadata   map[string]string `json:"metadata"`

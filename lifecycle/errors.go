@@ -44,6 +44,11 @@ var (
 	ErrForbidden = &Error{http.StatusForbidden, "FORBIDDEN", "forbidden"}
 	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
 	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
+	// ErrSnapshotNotFound: no snapshot with that id (404 SNAPSHOT_NOT_FOUND).
+	ErrSnapshotNotFound = &Error{http.StatusNotFound, "SNAPSHOT_NOT_FOUND", "snapshot not found"}
+	// ErrSnapshotLimit: a snapshot would pass the operator's limits on snapshots per
+	// sandbox or in all (count or bytes; Config.Snapshots) (409 SNAPSHOT_LIMIT_EXCEEDED).
+	ErrSnapshotLimit = &Error{http.StatusConflict, "SNAPSHOT_LIMIT_EXCEEDED", "snapshot limit exceeded"}
 	// ErrNoRoute: no such route (404 NOT_FOUND).
 	ErrNoRoute = &Error{http.StatusNotFound, "NOT_FOUND", "no such route"}
 	// ErrInvalidState: the operation does not apply in the sandbox's state
@@ -64,7 +69,7 @@ var (
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
-	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrNoRoute, ErrInvalidState,
+	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrSnapshotNotFound, ErrSnapshotLimit, ErrNoRoute, ErrInvalidState,
 	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 

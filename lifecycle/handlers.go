@@ -46,13 +46,7 @@ func (s *Server) routes() {
 		reg: s, rt: diag, kind: s.rt.Kind(), cfg: s.cfg.Diagnostics, key: s.cfg.ExecdKey,
 		publicAddr: s.cfg.PublicAddr, log: s.log,
 	}).routes(m)
-	notImpl := func(w http.ResponseWriter, r *http.Request) {
-		fail(s.log, w, r, fmt.Errorf("%w: snapshots are not supported by Airlock yet", ErrNotImplemented))
-	}
-	m.HandleFunc("GET /snapshots", notImpl)
-	m.HandleFunc("GET /snapshots/{sid}", notImpl)
-	m.HandleFunc("DELETE /snapshots/{sid}", notImpl)
-	m.HandleFunc("POST /sandboxes/{id}/snapshots", notImpl)
+	s.snapshotRoutes(m)
 	m.HandleFunc(proxyPattern, s.proxy.handle)
 	m.HandleFunc(proxyRestPattern, s.proxy.handle)
 	m.Handle("GET /internal/v1/watch", s.hub)

@@ -31,7 +31,19 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	policyName := req.Extensions[ExtPolicy]
-	if policyName == "" && len(v.policy) == 0 {
+	var snap *snapshotRecord
+	if req.SnapshotID != "" {
+		sn, err := s.snapshotFor(req.SnapshotID)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		snap = &sn
+		restoreSpec(v, &sn, policyName)
+		if policyName == "" && len(req.NetworkPolicy) == 0 {
+			policyName = sn.Source.PolicyName
+		}
+	}
+	if policyName == "" && len(v.policy) == 0 && snap == nil {
 		policyName = s.cfg.DefaultPolicy
 	}
 	if policyName != "" {
@@ -40,8 +52,11 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		}
 	}
 	asked := v.spec.Image
-	if local, ok := s.cfg.ImageAliases[asked]; ok {
+	if local, ok := s.cfg.ImageAliases[asked]; ok && snap == nil {
 		v.spec.Image = local
+	}
+	if snap != nil {
+		asked = snap.Source.Image // what the source asked for; the sandbox reports snapshotId
 	}
 	id := newSandboxID()
 	v.spec.SandboxID = id
@@ -71,6 +86,9 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		RenewOnAccess:   v.renewOnAccess,
 		CredentialProxy: v.credentialProxy,
 	}
+	if snap != nil {
+		rec.SnapshotID = snap.ID
+	}
 	if rec.Metadata == nil {
 		rec.Metadata = map[string]string{}
 	}
@@ -87,7 +105,9 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	s.mu.Lock()
 	v.spec.Egress = s.egressOfLocked(rec)
 	created := "sandbox created: image " + asked
-	if asked != v.spec.Image {
+	if snap != nil {
+		created = "sandbox restored from snapshot " + snap.ID + " of sandbox " + snap.SandboxID
+	} else if asked != v.spec.Image {
 		created += " (served by the local image " + v.spec.Image + ")"
 	}
 	addEventLocked(rec, EventLifecycle, EventNormal, "Created", fmt.Sprintf("%s, entrypoint %q", created, v.spec.Entrypoint))

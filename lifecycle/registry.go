@@ -50,7 +50,10 @@ func (rec *record) view(full bool) Sandbox {
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
-	if full {
+	switch {
+	case full && rec.SnapshotID != "":
+		sb.SnapshotID = rec.SnapshotID // a restored sandbox reports its startup source, not an image
+	case full:
 		sb.Image = &ImageSpec{URI: rec.Image}
 	}
 	if rec.ExpiresAt != nil {

@@ -195,14 +195,14 @@ func TestRoutes(t *testing.T) {
 			t.Errorf("metrics/events: %d %q", resp.StatusCode, b)
 		}
 		c.want("GET", "/v1/nowhere", nil, http.StatusNotFound, "NOT_FOUND")
-		c.want("GET", "/v1/snapshots", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
-		c.want("GET", "/snapshots/s1", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
-		c.want("DELETE", "/v1/snapshots/s1", nil, http.StatusNotImplemented, "NOT_IMPLEMENTED")
-		c.want("POST", "/v1/sandboxes/x/snapshots", map[string]any{}, http.StatusNotImplemented, "NOT_IMPLEMENTED")
+		c.want("GET", "/v1/snapshots", nil, http.StatusOK, "")
+		c.want("GET", "/snapshots/s1", nil, http.StatusNotFound, "SNAPSHOT_NOT_FOUND")
+		c.want("DELETE", "/v1/snapshots/s1", nil, http.StatusNotFound, "SNAPSHOT_NOT_FOUND")
+		c.want("POST", "/v1/sandboxes/x/snapshots", map[string]any{}, http.StatusNotFound, "SANDBOX_NOT_FOUND")
 		req := baseReq(h.Image, nil)
 		req["snapshotId"] = "snap1"
 		delete(req, "image")
-		c.want("POST", "/v1/sandboxes", req, http.StatusNotImplemented, "NOT_IMPLEMENTED")
+		c.want("POST", "/v1/sandboxes", req, http.StatusNotFound, "SNAPSHOT_NOT_FOUND")
 	})
 	t.Run("missing_ids", func(t *testing.T) {
 		for _, r := range [][2]string{

@@ -130,7 +130,11 @@ type Config struct {
 	// /events, docs/spec/diagnostic-api.yml): payload size, inline size, download URL
 	// lifetime. The runtime's logs and events come from its Diagnoser methods.
 	Diagnostics DiagnosticsConfig
-	Log         *slog.Logger
+	// Snapshots bounds snapshots (count and bytes, per source sandbox and in all).
+	// Snapshots need a runtime that is a Snapshotter and a store that is a
+	// SnapshotStore (Docker with boltstore); elsewhere the snapshot routes answer 501.
+	Snapshots SnapshotLimits
+	Log       *slog.Logger
 }
 
 // Server is the lifecycle server. New builds it; Start reconciles and starts the
@@ -159,8 +163,10 @@ type Server struct {
 	policies *policyAPI
 	proxy    *serverProxy
 
-	mu    sync.Mutex
-	sbx   map[string]*entry
+	mu  sync.Mutex
+	sbx map[string]*entry
+	// snaps holds the snapshots (guarded by mu).
+	snaps snapshots
 	pools []*pool
 
 	ctx    context.Context
@@ -223,6 +229,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.Limits.setDefaults()
 	cfg.Diagnostics.setDefaults()
+	cfg.Snapshots.setDefaults()
 	pools, err := newPools(cfg.Pools, cfg.Limits, cfg.ImageAliases)
 	if err != nil {
 		return nil, err
@@ -251,6 +258,13 @@ func New(cfg Config) (*Server, error) {
 		},
 	}
 	s.metrics = newMetrics(cfg.Registry, s)
+	s.snaps = snapshots{limits: cfg.Snapshots, byID: map[string]*snapshotRecord{}}
+	if sr, ok := cfg.Runtime.(Snapshotter); ok {
+		s.snaps.rt = sr
+	}
+	if ss, ok := cfg.Store.(SnapshotStore); ok {
+		s.snaps.store = ss
+	}
 	s.policies = &policyAPI{
 		reg: s, lib: s.lib, vault: &vaultAPI{vault: cfg.CredentialVault, reg: s, log: cfg.Log},
 		audit: cfg.Audit, gate: cfg.PolicyGate, timeout: cfg.PolicyApplyTimeout, log: cfg.Log,
@@ -293,6 +307,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if err := s.reconcile(ctx); err != nil {
 		return fmt.Errorf("lifecycle: reconcile: %w", err)
+	}
+	if err := s.loadSnapshots(ctx); err != nil {
+		return fmt.Errorf("lifecycle: snapshots: %w", err)
 	}
 	s.metrics.leader.Set(1)
 	s.wg.Go(func() { s.reapLoop(s.ctx) })

@@ -90,6 +90,9 @@ type record struct {
 	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
 	// semantics) and PolicyVersion counts their changes.
 	PolicyName string `json:"policyName,omitempty"`
+	// SnapshotID is the snapshot the sandbox was restored from (GET reports it as
+	// snapshotId); empty for a sandbox created from an image.
+	SnapshotID string `json:"snapshotId,omitempty"`
 	// Pool names the warm pool of a member not yet claimed (PoolSpec.Name): such a
 	// record is not a sandbox of the API. Empty for every claimed or cold sandbox.
 	Pool string `json:"pool,omitempty"`

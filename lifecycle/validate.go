@@ -137,20 +137,22 @@ type validated struct {
 // validateCreate checks a create request against the specification and l; every error
 // wraps one of the 400 sentinels.
 func validateCreate(req *CreateRequest, l Limits) (*validated, error) {
-	if req.SnapshotID != "" && req.Image != nil {
+	restore := req.SnapshotID != ""
+	if restore == (req.Image != nil) {
 		return nil, fmt.Errorf("%w: give exactly one of image and snapshotId", ErrInvalidRequest)
 	}
-	if req.SnapshotID != "" {
-		return nil, fmt.Errorf("%w: restoring from snapshots", ErrNotImplemented)
+	var uri string
+	var auth *ImageAuth
+	if !restore {
+		if strings.TrimSpace(req.Image.URI) == "" {
+			return nil, fmt.Errorf("%w: image.uri is required", ErrInvalidRequest)
+		}
+		uri, auth = req.Image.URI, req.Image.Auth
+		if strings.ContainsAny(uri, " \t\r\n") || len(uri) > 512 {
+			return nil, fmt.Errorf("%w: image.uri %q is not an image reference", ErrInvalidRequest, uri)
+		}
 	}
-	if req.Image == nil || strings.TrimSpace(req.Image.URI) == "" {
-		return nil, fmt.Errorf("%w: image.uri is required", ErrInvalidRequest)
-	}
-	uri := req.Image.URI
-	if strings.ContainsAny(uri, " \t\r\n") || len(uri) > 512 {
-		return nil, fmt.Errorf("%w: image.uri %q is not an image reference", ErrInvalidRequest, uri)
-	}
-	if len(req.Entrypoint) == 0 {
+	if len(req.Entrypoint) == 0 && !restore { // a restore without one keeps the snapshot's
 		return nil, fmt.Errorf("%w: entrypoint is required (for example [\"tail\",\"-f\",\"/dev/null\"])", ErrInvalidRequest)
 	}
 	for _, a := range req.Entrypoint {
@@ -158,12 +160,12 @@ func validateCreate(req *CreateRequest, l Limits) (*validated, error) {
 			return nil, fmt.Errorf("%w: entrypoint contains a NUL byte", ErrInvalidRequest)
 		}
 	}
-	if req.Entrypoint[0] == "" {
+	if len(req.Entrypoint) > 0 && req.Entrypoint[0] == "" {
 		return nil, fmt.Errorf("%w: entrypoint[0] is empty", ErrInvalidRequest)
 	}
 	v := &validated{spec: Spec{
 		Image:      uri,
-		ImageAuth:  req.Image.Auth,
+		ImageAuth:  auth,
 		Entrypoint: append([]string(nil), req.Entrypoint...),
 		Env:        map[string]string{},
 		Pids:       l.DefaultPids,

@@ -136,6 +136,8 @@ type Options struct {
 	// default $AIRLOCK_TEST_DOCKER_RUNTIME (runsc runs a package's suite on gVisor),
 	// else the engine's default.
 	OCIRuntime string
+	// Snapshots is passed to lifecycle.Config (snapshot limits).
+	Snapshots lifecycle.SnapshotLimits
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -215,6 +217,7 @@ func New(t testing.TB, o Options) *Harness {
 		Pools:           o.Pools,
 		ImageAliases:    o.ImageAliases,
 		Library:         o.Library,
+		Snapshots:       o.Snapshots,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -3,9 +3,10 @@
 // that marks this server's containers, and the applied version of each named policy.
 // It is the single-host lifecycle.StateStore; lifecycle/kubestore is the cluster's.
 //
-// The file holds three buckets: "sandboxes" (sandbox id → the document lifecycle
-// wrote), "meta" (key "instance" → the instance id) and "policy-library" (policy name
-// → library.Stored as JSON). Every write is fsync'd before it returns.
+// The file holds four buckets: "sandboxes" (sandbox id → the document lifecycle
+// wrote), "meta" (key "instance" → the instance id), "policy-library" (policy name
+// → library.Stored as JSON) and "snapshots" (snapshot id → the document lifecycle
+// wrote). Every write is fsync'd before it returns.
 package boltstore
 
 import (
@@ -28,6 +29,7 @@ var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketMeta      = []byte("meta")
 	bucketLibrary   = []byte("policy-library")
+	bucketSnapshots = []byte("snapshots")
 	keyInstance     = []byte("instance")
 )
 
@@ -51,7 +53,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary} {
+		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -130,6 +132,33 @@ func (s *Store) Count() (int, error) {
 	return n, err
 }
 
+// PutSnapshot writes the document of snapshot id, replacing any previous one
+// (lifecycle.SnapshotStore).
+func (s *Store) PutSnapshot(id string, doc []byte) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).Put([]byte(id), doc)
+	})
+}
+
+// DeleteSnapshot deletes the document of snapshot id; a missing one is not an error.
+func (s *Store) DeleteSnapshot(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).Delete([]byte(id))
+	})
+}
+
+// Snapshots returns every snapshot document by id.
+func (s *Store) Snapshots() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte(nil), v...)
+			return nil
+		})
+	})
+	return out, err
+}
+
 // LibraryVersions returns the last applied version of every named policy (the policy
 // library's library.Store).
 func (s *Store) LibraryVersions() (map[string]library.Stored, error) {
@@ -160,6 +189,7 @@ func (s *Store) PutLibraryVersion(name string, st library.Stored) error {
 
 // Interface guards.
 var (
-	_ lifecycle.StateStore = (*Store)(nil)
-	_ library.Store        = (*Store)(nil)
+	_ lifecycle.StateStore    = (*Store)(nil)
+	_ lifecycle.SnapshotStore = (*Store)(nil)
+	_ library.Store           = (*Store)(nil)
 )
