@@ -155,7 +155,7 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("restored sandbox reports snapshotId %q image %v", got.SnapshotID, got.Image)
 	}
 	t.Run("restored_state", func(t *testing.T) {
-		if out := c.run(restored.ID, "cat /root/state.txt /srv/app/file"); out != "hello\napp" {
+		if out := c.run(restored.ID, "cat /root/state.txt /srv/app/file"); out != "helloapp" {
 			t.Errorf("files in the restore: %q", out)
 		}
 		if out := c.run(restored.ID, "echo $FOO $KEEP"); out != "restored kept" {
@@ -180,7 +180,7 @@ func TestSnapshots(t *testing.T) {
 			t.Errorf("a write in the restore reached the source: %q", out)
 		}
 		c.want("DELETE", "/v1/sandboxes/"+source.ID, nil, http.StatusNoContent, "")
-		if out := c.run(restored.ID, "cat /root/state.txt /srv/app/file"); out != "changed\napp" {
+		if out := c.run(restored.ID, "cat /root/state.txt /srv/app/file"); out != "changedapp" {
 			t.Errorf("restore after the source's delete: %q", out)
 		}
 		if l := c.listSnapshots("sandboxId=" + source.ID); len(l.Items) != 2 {
