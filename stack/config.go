@@ -176,6 +176,20 @@ type LifecycleConfig struct {
 	// (GET /v1/sandboxes/{id}/endpoints/{port}?expires=); default 24h
 	// (lifecycle.DefaultMaxSignedURLLifetime).
 	MaxSignedURLLifetime Duration `yaml:"maxSignedURLLifetime"`
+	// Snapshots bounds snapshots (POST /v1/sandboxes/{id}/snapshots): how many exist of
+	// one sandbox and in all, and the bytes they hold; a create past a limit answers 409
+	// SNAPSHOT_LIMIT_EXCEEDED. Defaults 16, 256, 10 GiB and 100 GiB
+	// (lifecycle.SnapshotLimits).
+	Snapshots SnapshotsConfig `yaml:"snapshots"`
+}
+
+// SnapshotsConfig is lifecycle.snapshots in airlock.yaml (lifecycle.SnapshotLimits);
+// zero keeps a default.
+type SnapshotsConfig struct {
+	MaxPerSandbox      int   `yaml:"maxPerSandbox"`
+	MaxTotal           int   `yaml:"maxTotal"`
+	MaxBytesPerSandbox int64 `yaml:"maxBytesPerSandbox"`
+	MaxBytesTotal      int64 `yaml:"maxBytesTotal"`
 }
 
 // DockerConfig configures the Docker runtime (package lifecycle/docker).

@@ -267,6 +267,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		},
 		ReadyTimeout:         time.Duration(s.cfg.Lifecycle.ReadyTimeout),
 		MaxSignedURLLifetime: time.Duration(s.cfg.Lifecycle.MaxSignedURLLifetime),
+		Snapshots:            lifecycle.SnapshotLimits(s.cfg.Lifecycle.Snapshots),
 		ImageAliases:         s.cfg.Images.Aliases,
 		Pools:                s.poolSpecs(),
 		Library:              s.Library,
