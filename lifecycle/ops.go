@@ -70,6 +70,13 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 			return Sandbox{}, fmt.Errorf("credential proxy CA for %s: %w", id, err)
 		}
 		v.spec.TrustedCAPEM = ca
+		if vc := s.vaultCopier(); snap != nil && snap.Source.Vault && vc != nil {
+			// The snapshot's credentials and bindings, re-bound before anything runs.
+			if err := vc.CopyVault(snap.ID, id); err != nil {
+				s.forgetVault(id)
+				return Sandbox{}, fmt.Errorf("re-binding the credential vault of snapshot %s: %w", snap.ID, err)
+			}
+		}
 	}
 	now := time.Now().UTC()
 	rec := &record{

@@ -29,6 +29,15 @@ type Snapshotter interface {
 	RemoveSnapshot(ctx context.Context, ref string) error
 }
 
+// VaultCopier is a CredentialVault that copies one holder's credentials and bindings to
+// another inside the vault (egressd/vault.Store.CopyVault): values stay sealed there
+// and never pass through lifecycle. Snapshots use it to re-bind a sandbox's vault: to
+// the snapshot's id at capture, from it to each restored sandbox at create. A vault
+// without it leaves restored sandboxes with an empty vault.
+type VaultCopier interface {
+	CopyVault(from, to string) error
+}
+
 // SnapshotArtifact is what a Snapshotter made: Ref is what Spec.Image takes to restore
 // it (Docker: the image reference airlock/snapshot:<id>), Bytes what it costs on disk
 // beyond its base (Docker: the committed layer's size).
@@ -126,6 +135,9 @@ type snapshotSource struct {
 	NamedVersion    uint64          `json:"namedVersion,omitempty"`
 	CredentialProxy bool            `json:"credentialProxy,omitempty"`
 	RenewOnAccess   int             `json:"renewOnAccess,omitempty"`
+	// Vault is set when the vault holds a copy of the source's credentials and
+	// bindings under the snapshot's id (VaultCopier).
+	Vault bool `json:"vault,omitempty"`
 }
 
 // snapshotRecord is what the store keeps of one snapshot.
@@ -143,6 +155,12 @@ type snapshotRecord struct {
 
 func (r *snapshotRecord) view() Snapshot {
 	return Snapshot{ID: r.ID, SandboxID: r.SandboxID, Name: r.Name, Status: r.Status, CreatedAt: r.CreatedAt}
+}
+
+// vaultCopier is the server's vault when it copies (VaultCopier), else nil.
+func (s *Server) vaultCopier() VaultCopier {
+	vc, _ := s.cfg.CredentialVault.(VaultCopier)
+	return vc
 }
 
 // snapshots is the server's snapshot registry: the runtime and store that make

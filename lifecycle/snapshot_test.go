@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockdev/airlock/egressd/vault"
 	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/opensandbox"
@@ -217,4 +218,71 @@ func TestSnapshots(t *testing.T) {
 		c.want("POST", "/v1/sandboxes/"+restored.ID+"/snapshots", map[string]any{}, http.StatusConflict, "INVALID_STATE")
 		c.want("DELETE", "/v1/sandboxes/"+restored.ID, nil, http.StatusNoContent, "")
 	})
+}
+
+// TestSnapshotVault: a credential-proxy sandbox's snapshot leaves its interception CA
+// out of the image (the trust store is the image's own again), its vault's bindings are
+// re-bound to the restored sandbox (which trusts its own CA, not the source's), and the
+// secret appears nowhere in the API's answers.
+func TestSnapshotVault(t *testing.T) {
+	store, err := vault.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lctest.New(t, lctest.Options{APIKey: testKey, CredentialVault: store})
+	c := newClient(t, h)
+	const secret = "snapshot-vault-SECRET-1"
+	req := baseReq(h.Image, nil)
+	req["credentialProxy"] = map[string]any{"enabled": true}
+	req["networkPolicy"] = map[string]any{"defaultAction": "deny", "egress": []any{map[string]any{"action": "allow", "target": "api.example.com"}}}
+	src := c.create(req)
+	c.waitState(src.ID, opensandbox.Running)
+	c.want("POST", "/v1/sandboxes/"+src.ID+"/proxy/18080/credential-vault", map[string]any{
+		"credentials": []any{map[string]any{"name": "key", "source": map[string]any{"type": "inline", "value": secret}}},
+		"bindings": []any{map[string]any{"name": "api", "match": map[string]any{"hosts": []string{"api.example.com"}},
+			"auth": map[string]any{"type": "bearer", "credential": "key"}}},
+	}, http.StatusCreated, "")
+	_, _, srcCA, err := store.CA(src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstLine := func(pem []byte) string { return strings.Split(strings.TrimSpace(string(pem)), "\n")[1] }
+	var sn lifecycle.Snapshot
+	if err := json.Unmarshal(c.want("POST", "/v1/sandboxes/"+src.ID+"/snapshots", "{}", http.StatusAccepted, ""), &sn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", "airlock/snapshot:"+strings.ToLower(sn.ID)).Run() })
+	if got := c.waitSnapshot(sn.ID); got.Status.State != lifecycle.SnapshotReady {
+		t.Fatalf("snapshot %+v", got)
+	}
+	bundle, err := exec.Command("docker", "run", "--rm", "--network", "none", "--entrypoint", "cat",
+		"airlock/snapshot:"+strings.ToLower(sn.ID), "/etc/ssl/certs/ca-certificates.crt").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(bundle), firstLine(srcCA)) {
+		t.Error("the snapshot image trusts the source sandbox's interception CA")
+	}
+	restored := c.create(map[string]any{"snapshotId": sn.ID, "timeout": 600})
+	c.waitState(restored.ID, opensandbox.Running)
+	state := string(c.want("GET", "/v1/sandboxes/"+restored.ID+"/proxy/18080/credential-vault", nil, http.StatusOK, ""))
+	if !strings.Contains(state, `"api"`) || !strings.Contains(state, `"key"`) || strings.Contains(state, secret) {
+		t.Errorf("restored vault: %s", state)
+	}
+	_, _, ownCA, err := store.CA(restored.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust := c.run(restored.ID, "cat $SSL_CERT_FILE")
+	if !strings.Contains(trust, firstLine(ownCA)) || strings.Contains(trust, firstLine(srcCA)) {
+		t.Error("the restored sandbox does not trust its own CA only")
+	}
+	if inj, ok := store.Match(restored.ID, vault.Request{Scheme: "https", Host: "api.example.com", Port: 443, Method: "GET", Path: "/"}); !ok || inj.Binding != "api" {
+		t.Errorf("the restored sandbox's binding does not inject: %v %+v", ok, inj)
+	}
+	c.want("DELETE", "/v1/sandboxes/"+restored.ID, nil, http.StatusNoContent, "")
+	c.want("DELETE", "/v1/snapshots/"+sn.ID, nil, http.StatusNoContent, "")
+	if store.Intercepts(sn.ID, "https", "api.example.com", 443) {
+		t.Error("the snapshot's vault copy outlives the snapshot")
+	}
 }

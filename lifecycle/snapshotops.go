@@ -117,8 +117,17 @@ func (s *Server) capture(r *snapshotRecord) {
 
 	ctx, cancel := context.WithTimeout(s.ctx, snapshotTimeout)
 	defer cancel()
+	if vc := s.vaultCopier(); vc != nil && src.CredentialProxy {
+		if err := vc.CopyVault(inst.SandboxID, r.ID); err != nil {
+			s.log.Error("copying the sandbox's vault into its snapshot failed", "snapshot_id", r.ID, "err", err)
+			fail("snapshot_capture_failed", "the sandbox's credential vault could not be copied")
+			return
+		}
+		src.Vault = true
+	}
 	art, err := s.snaps.rt.Snapshot(ctx, inst, r.ID, src.CredentialProxy)
 	if err != nil {
+		s.forgetVault(r.ID)
 		fail("snapshot_capture_failed", err.Error())
 		return
 	}
@@ -141,6 +150,7 @@ func (s *Server) capture(r *snapshotRecord) {
 		if rmErr := s.snaps.rt.RemoveSnapshot(context.WithoutCancel(ctx), art.Ref); rmErr != nil {
 			s.log.Error("removing a snapshot over the limit failed", "snapshot_id", r.ID, "err", rmErr)
 		}
+		s.forgetVault(r.ID)
 		fail("snapshot_limit_exceeded", over)
 		return
 	}
@@ -242,6 +252,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, id string) error {
 			return fmt.Errorf("removing snapshot %s: %w", id, err)
 		}
 	}
+	s.forgetVault(id)
 	s.mu.Lock()
 	delete(s.snaps.byID, id)
 	err = s.snaps.store.DeleteSnapshot(id)

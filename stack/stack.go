@@ -330,6 +330,9 @@ func (s *Stack) stopAPI(ctx context.Context) error {
 }
 
 // credentialVault is s.Vault as lifecycle's interface, nil when there is none.
+// The vault copies credentials and bindings for snapshots and restores.
+var _ lifecycle.VaultCopier = (*vault.Store)(nil)
+
 func (s *Stack) credentialVault() lifecycle.CredentialVault {
 	if s.Vault == nil {
 		return nil

@@ -418,3 +418,25 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// CopyVault gives holder to a copy of holder from's credentials and bindings (values
+// included), sealed under this node's key like every vault file; to keeps (or gets) its
+// own interception CA, never from's. Lifecycle uses it for snapshots: the source
+// sandbox's vault is copied to the snapshot's id at capture and from there to each
+// sandbox restored from it, so secrets are re-bound without ever leaving egressd. A
+// from without a vault (or without credentials and bindings) copies nothing; to's
+// previous vault is replaced.
+func (s *Store) CopyVault(from, to string) error {
+	src := s.get(from)
+	if src == nil || src.data.Vault == nil {
+		return nil
+	}
+	if _, _, _, err := s.CA(to); err != nil {
+		return err
+	}
+	cp := *src.data.Vault
+	cp.Credentials = append([]storedCred(nil), src.data.Vault.Credentials...)
+	cp.Bindings = append([]storedBind(nil), src.data.Vault.Bindings...)
+	_, err := s.change(to, "copy", func(*vault) (*vault, error) { return &cp, nil })
+	return err
+}

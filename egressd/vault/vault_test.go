@@ -267,3 +267,42 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestCopyVault: a copy serves the same injections under its own CA, survives the
+// source's delete and a reopen, and copying from a holder without a vault is a no-op.
+func TestCopyVault(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	body := `{"credentials":[{"name":"a","source":{"type":"inline","value":"AAA"}}],
+	 "bindings":[{"name":"exact","match":{"hosts":["api.example"]},"auth":{"type":"bearer","credential":"a"}}]}`
+	if code, b := call(t, s, "POST", "/credential-vault", body); code != 201 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	q := Request{"https", "api.example", 443, "GET", "/x"}
+	if err := s.CopyVault(sbx, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(sbx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CopyVault("snap-1", "restored"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CopyVault("nobody", "other"); err != nil || s.Intercepts("other", "https", "api.example", 443) {
+		t.Fatalf("copy from a holder without a vault: %v", err)
+	}
+	for _, st := range []*Store{s, open(t, dir)} {
+		inj, ok := st.Match("restored", q)
+		if !ok || inj.Binding != "exact" || fmt.Sprint(inj.Headers) != fmt.Sprint([]Header{{"Authorization", "Bearer AAA"}}) {
+			t.Errorf("restored vault: %v %+v", ok, inj)
+		}
+		if _, ok := st.Match(sbx, q); ok {
+			t.Error("the deleted source still injects")
+		}
+	}
+	a, _, _, _ := s.CA("snap-1")
+	b, _, _, _ := s.CA("restored")
+	if a.Equal(b) {
+		t.Error("the copy shares its CA with the snapshot")
+	}
+}
