@@ -76,6 +76,20 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		fail(s.log, w, r, err)
 		return
 	}
+	if n, err := forkCount(&req); err != nil || n > 0 {
+		if err != nil {
+			fail(s.log, w, r, err)
+			return
+		}
+		fr, err := s.Fork(r.Context(), &req, n)
+		if err != nil {
+			fail(s.log, w, r, err)
+			return
+		}
+		w.Header().Set("Location", "/v1/sandboxes/"+fr.ID)
+		opensandbox.WriteJSON(w, http.StatusAccepted, fr)
+		return
+	}
 	sb, err := s.Create(r.Context(), &req)
 	if err != nil {
 		fail(s.log, w, r, err)

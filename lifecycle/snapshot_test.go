@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -193,6 +194,40 @@ func TestSnapshots(t *testing.T) {
 			t.Errorf("second restore reads %q", out)
 		}
 		c.want("DELETE", "/v1/sandboxes/"+again.ID, nil, http.StatusNoContent, "")
+	})
+
+	t.Run("fork", func(t *testing.T) {
+		bad := maps.Clone(restoreReq)
+		bad["extensions"] = map[string]string{lifecycle.ExtCount: "0"}
+		c.want("POST", "/v1/sandboxes", bad, http.StatusBadRequest, "INVALID_REQUEST")
+		noSnap := baseReq(h.Image, nil)
+		noSnap["extensions"] = map[string]string{lifecycle.ExtCount: "2"}
+		c.want("POST", "/v1/sandboxes", noSnap, http.StatusBadRequest, "INVALID_REQUEST")
+		fork := maps.Clone(restoreReq)
+		fork["extensions"] = map[string]string{lifecycle.ExtCount: "3"}
+		resp, b := c.do("POST", "/v1/sandboxes", fork)
+		var fr lifecycle.ForkResponse
+		if err := json.Unmarshal(b, &fr); err != nil || resp.StatusCode != http.StatusAccepted || len(fr.Items) != 3 || fr.ID != fr.Items[0].ID {
+			t.Fatalf("fork: %d %s", resp.StatusCode, b)
+		}
+		seen := map[string]bool{}
+		for _, sb := range fr.Items {
+			seen[sb.ID] = true
+			c.waitState(sb.ID, opensandbox.Running)
+			if out := c.run(sb.ID, "cat /root/state.txt; echo $FOO"); out != "hellorestored" {
+				t.Errorf("fork %s reads %q", sb.ID, out)
+			}
+			if got := c.get(sb.ID); got.SnapshotID != acc.ID {
+				t.Errorf("fork %s reports snapshotId %q", sb.ID, got.SnapshotID)
+			}
+		}
+		c.run(fr.Items[0].ID, "echo mine > /root/state.txt")
+		if out := c.run(fr.Items[1].ID, "cat /root/state.txt"); out != "hello" || len(seen) != 3 {
+			t.Errorf("forks share files or ids: %q %v", out, seen)
+		}
+		for id := range seen {
+			c.want("DELETE", "/v1/sandboxes/"+id, nil, http.StatusNoContent, "")
+		}
 	})
 
 	t.Run("delete", func(t *testing.T) {

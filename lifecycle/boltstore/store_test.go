@@ -115,3 +115,33 @@ func TestCloseNil(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSnapshotsBucket: snapshot documents round-trip across a reopen, apart from the
+// sandboxes', and a delete (also of a missing id) sticks.
+func TestSnapshotsBucket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lifecycle.db")
+	st, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"snap-a", "snap-b"} {
+		if err := st.PutSnapshot(id, []byte(`{"id":"`+id+`"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.DeleteSnapshot("snap-a"); err != nil || st.DeleteSnapshot("snap-nosuch") != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if st, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	got, err := st.Snapshots()
+	if err != nil || len(got) != 1 || string(got["snap-b"]) != `{"id":"snap-b"}` {
+		t.Fatalf("snapshots after reopen: %q %v", got, err)
+	}
+	if sb, _ := st.Sandboxes(); len(sb) != 0 {
+		t.Errorf("snapshots leak into sandboxes: %q", sb)
+	}
+}

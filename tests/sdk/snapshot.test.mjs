@@ -197,6 +197,30 @@ test("source and restore are independent; the restore survives the source's dele
   assert.deepEqual(still.items.map((s) => s.id), [snap.id], "a snapshot outlives its source");
 });
 
+test("fork: airlock.dev/count restores 5 sandboxes in one call", async () => {
+  const res = await api("POST", "/sandboxes", {
+    snapshotId: snap.id,
+    timeout: 600,
+    resourceLimits: { cpu: "1", memory: "512Mi" },
+    metadata: { suite: RUN, role: "fork" },
+    extensions: { "airlock.dev/count": "5" },
+  });
+  assert.equal(res.status, 202, JSON.stringify(res.body));
+  const ids = res.body.items.map((sb) => sb.id);
+  assert.equal(new Set(ids).size, 5);
+  assert.equal(res.body.id, ids[0], "the body is the first sandbox");
+  const forks = [];
+  for (const id of ids) forks.push(await Sandbox.connect({ sandboxId: id, connectionConfig: config() }));
+  for (const f of forks) {
+    for (let i = 0; i < 300 && (await f.getInfo()).status.state !== "Running"; i++) await new Promise((r) => setTimeout(r, 200));
+    assert.equal((await f.getInfo()).snapshotId, snap.id);
+    assert.equal(await out(f, "cat /root/state.txt"), "hello");
+  }
+  await out(forks[0], "echo mine > /root/state.txt");
+  assert.equal(await out(forks[1], "cat /root/state.txt"), "hello", "forks do not share writes");
+  for (const f of forks) await f.kill();
+});
+
 test("delete a snapshot: 404 after, its restore keeps running", async () => {
   await mgr.deleteSnapshot(snap.id);
   await rejectsWith(mgr.getSnapshot(snap.id), 404);
