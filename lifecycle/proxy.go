@@ -36,6 +36,8 @@ type proxyTarget struct {
 	// prefix is the route's escaped path prefix (/sandboxes/<id>/proxy/<port>), under
 	// which the response's cookies are scoped (pathform.Harden).
 	prefix string
+	// act observes an agent action through execd (nil for anything else).
+	act *execdaudit.Action
 }
 
 // serverProxy serves /sandboxes/{id}/proxy/{port}/… (the OpenSandbox server proxy):
@@ -107,6 +109,9 @@ func (p *serverProxy) newProxy() {
 		ModifyResponse: func(resp *http.Response) error {
 			t := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
 			pathform.Harden(resp.Header, t.prefix)
+			// An upgrade (a PTY's WebSocket) is written on the hijacked connection,
+			// past the observed writer: its status is taken here.
+			t.act.WriteHeader(resp.StatusCode)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -200,6 +205,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 		}
 		if act := p.agentAudit.Start(r, path, execdaudit.Info{SandboxID: id,
 			RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr}); act != nil {
+			t.act = act
 			w = act.Writer(w)
 			defer act.Finish(0)
 		}

@@ -96,7 +96,11 @@ func (a *Action) requestBytes(p []byte) {
 }
 
 // WriteHeader observes the response status (the first one of 200 or above, or 101).
+// A nil *Action ignores it.
 func (a *Action) WriteHeader(code int) {
+	if a == nil {
+		return
+	}
 	a.mu.Lock()
 	if a.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		a.status = code
