@@ -71,6 +71,8 @@ func proxyFront(t *testing.T, cfg Config) (string, *sink, string) {
 	s := &sink{}
 	obs := New(s, cfg, "server_proxy")
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// As lifecycle's server proxy: execd answers before the body is all read.
+		_ = http.NewResponseController(w).EnableFullDuplex()
 		r = r.WithContext(WithPrincipal(r.Context(), "alice"))
 		a := obs.Start(r, r.URL.Path, Info{SandboxID: "sb1", RequestID: "req-1", Client: r.RemoteAddr})
 		if a != nil {
