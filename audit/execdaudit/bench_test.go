@@ -34,8 +34,8 @@ func TestBenchCommandAudit(t *testing.T) {
 	rp.FlushInterval = -1
 	front := func(obs *Observer) string {
 		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		// As lifecycle's server proxy: execd answers before the body is all read.
-		_ = http.NewResponseController(rw).EnableFullDuplex()
+			// As lifecycle's server proxy: execd answers before the body is all read.
+			_ = http.NewResponseController(rw).EnableFullDuplex()
 			if a := obs.Start(r, r.URL.Path, Info{SandboxID: "sb", RequestID: "r", Client: r.RemoteAddr}); a != nil {
 				rw = a.Writer(rw)
 				defer a.Finish(0)
