@@ -24,6 +24,7 @@ const (
 	SourcePolicy     = record.SourcePolicy
 	SourceIngress    = record.SourceIngress
 	SourceCredential = record.SourceCredential
+	SourceExecd      = record.SourceExecd
 )
 
 // Actions besides a policy verdict (see record.ActionLoss and record.ActionSuppressed).

@@ -34,6 +34,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/gateway/routetable"
 	"github.com/airlockdev/airlock/gateway/signedurl"
@@ -102,6 +103,13 @@ type App struct {
 	// sidecar in the sandbox. Access checks of the sandbox's port apply first.
 	EgressAPI *EgressAPIConfig `json:"egress_api,omitempty"`
 
+	// AgentActions configures the records of agent actions through execd (port
+	// 44772): commands, code, sessions, PTYs and file changes, written to the audit
+	// sink with source execd (package audit/execdaudit). On whenever the app has an
+	// audit sink, unless disabled; hash_commands stores the SHA-256 of command text
+	// and code instead of the text.
+	AgentActions execdaudit.Config `json:"agent_actions,omitzero"`
+
 	// TombstoneTTL is how long a deleted sandbox answers 410 Gone instead of 404;
 	// default 1h.
 	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
@@ -139,9 +147,11 @@ type App struct {
 	renewer  *renewer
 	metrics  *metrics
 	audit    AuditSink
-	log      *slog.Logger
-	cancel   context.CancelFunc
-	wg       *sync.WaitGroup
+	// agentAudit records agent actions through execd; nil: none.
+	agentAudit *execdaudit.Observer
+	log        *slog.Logger
+	cancel     context.CancelFunc
+	wg         *sync.WaitGroup
 }
 
 // WatchConfig locates the lifecycle watch stream.
@@ -207,6 +217,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.log = ctx.Slogger()
 	}
 	a.audit = hooks.Audit
+	if a.audit != nil {
+		a.agentAudit = execdaudit.New(a.audit, a.AgentActions, "gateway")
+	}
 	repl := caddy.NewReplacer()
 
 	domains, err := normalizeDomains(a.BaseDomains)

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/internal/pathform"
 )
 
@@ -105,6 +106,8 @@ type recorder struct {
 	// prefix, when set, is the path prefix of a path-form route: the response headers
 	// are hardened (pathform.Harden) once, before the final status goes out.
 	prefix string
+	// obs, when set, observes the response of an agent action through execd.
+	obs *execdaudit.Action
 }
 
 func newRecorder(w http.ResponseWriter) *recorder {
@@ -115,6 +118,9 @@ func (rr *recorder) WriteHeader(code int) {
 	if code == 499 && rr.hold499 && rr.status == 0 {
 		rr.holding = true
 		return
+	}
+	if rr.obs != nil {
+		rr.obs.WriteHeader(code)
 	}
 	if rr.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		rr.status = code
@@ -131,6 +137,9 @@ func (rr *recorder) Write(b []byte) (int, error) {
 	}
 	n, err := rr.ResponseWriterWrapper.Write(b)
 	rr.bytes += int64(n)
+	if rr.obs != nil {
+		rr.obs.Write(b[:n])
+	}
 	return n, err
 }
 
@@ -138,6 +147,9 @@ func (rr *recorder) Write(b []byte) (int, error) {
 func (rr *recorder) ReadFrom(r io.Reader) (int64, error) {
 	if rr.status == 0 {
 		rr.WriteHeader(http.StatusOK)
+	}
+	if rr.obs != nil {
+		r = io.TeeReader(r, observed{rr.obs})
 	}
 	n, err := rr.ResponseWriterWrapper.ReadFrom(r)
 	rr.bytes += n
@@ -153,6 +165,14 @@ func (rr *recorder) held() bool { return rr.holding }
 func (rr *recorder) release() {
 	rr.holding, rr.hold499 = false, false
 	rr.WriteHeader(499)
+}
+
+// observed is an io.Writer that shows bytes to an Action.
+type observed struct{ a *execdaudit.Action }
+
+func (o observed) Write(p []byte) (int, error) {
+	o.a.Write(p)
+	return len(p), nil
 }
 
 var (

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
 )
@@ -204,6 +205,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rec := newRecorder(w)
 	rec.hold499 = true
 	rec.prefix = dec.cand.Prefix
+	// An agent action through execd is recorded here, on the host (package
+	// audit/execdaudit): the body and the response are observed as they pass.
+	if dec.cand.Port == opensandbox.ExecdPort {
+		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client})
+	}
 	h.app.metrics.active.Inc()
 	res := resProxied
 	defer func() {
@@ -216,6 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		h.finish(start, r, &dec, res, rec.status, rec.bytes, reqID, client)
+		rec.obs.Finish(0)
 		if p != nil {
 			panic(p)
 		}

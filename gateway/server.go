@@ -29,6 +29,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
 	_ "github.com/caddyserver/caddy/v2/modules/logging"
 
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/internal/execdtoken"
 )
@@ -107,6 +108,9 @@ type Config struct {
 
 	// Audit receives one record per request decision; nil drops them.
 	Audit AuditSink
+	// AgentActions configures the records of agent actions through execd, written to
+	// Audit (App.AgentActions).
+	AgentActions execdaudit.Config
 	// Metrics is where gateway metrics are registered; nil registers none.
 	Metrics prometheus.Registerer
 	// Log is the gateway's logger; nil discards.
@@ -199,6 +203,7 @@ func (s *Server) appConfig() App {
 		APIKeySHA256:       c.APIKeySHA256,
 		MaxConnsPerSandbox: c.MaxConnsPerSandbox,
 		Instance:           s.instance,
+		AgentActions:       c.AgentActions,
 	}
 	if c.WatchURL != "" {
 		app.Watch = &WatchConfig{URL: c.WatchURL, Headers: c.WatchHeader}

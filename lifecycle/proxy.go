@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
@@ -35,6 +36,8 @@ type proxyTarget struct {
 	// prefix is the route's escaped path prefix (/sandboxes/<id>/proxy/<port>), under
 	// which the response's cookies are scoped (pathform.Harden).
 	prefix string
+	// act observes an agent action through execd (nil for anything else).
+	act *execdaudit.Action
 }
 
 // serverProxy serves /sandboxes/{id}/proxy/{port}/… (the OpenSandbox server proxy):
@@ -57,8 +60,10 @@ type serverProxy struct {
 	egressAPI *policyAPI
 	// audit receives a record per refusal; nil means none.
 	audit interface{ Append(audit.Record) }
-	log   *slog.Logger
-	proxy *httputil.ReverseProxy
+	// agentAudit records the agent actions sent to execd's port; nil: none.
+	agentAudit *execdaudit.Observer
+	log        *slog.Logger
+	proxy      *httputil.ReverseProxy
 	// transport is proxy's pooled transport: its idle connections are closed when a
 	// sandbox goes (forget), so that none is reused against the next sandbox given the
 	// same address (that sandbox would answer with resets its policy denies).
@@ -104,6 +109,9 @@ func (p *serverProxy) newProxy() {
 		ModifyResponse: func(resp *http.Response) error {
 			t := resp.Request.Context().Value(proxyTargetKey{}).(proxyTarget)
 			pathform.Harden(resp.Header, t.prefix)
+			// An upgrade (a PTY's WebSocket) is written on the hijacked connection,
+			// past the observed writer: its status is taken here.
+			t.act.WriteHeader(resp.StatusCode)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -184,13 +192,24 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 		rest = "/" + rest
 	}
 	t := proxyTarget{host: net.JoinHostPort(addr.String(), strconv.Itoa(port)), rawPath: rest, prefix: prefix}
-	if port == p.rules.execdPort {
-		t.execdToken = p.execdKey.Derive(id)
-	}
 	// Full duplex: an upstream may answer before the transport has finished reading the
 	// request body (execd answers as soon as it has parsed it); without this the HTTP/1
 	// server closes the body when the response starts and the upstream write fails.
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	if port == p.rules.execdPort {
+		t.execdToken = p.execdKey.Derive(id)
+		// An agent action is recorded here, on the host (package audit/execdaudit).
+		path, perr := url.PathUnescape(rest)
+		if perr != nil {
+			path = rest
+		}
+		if act := p.agentAudit.Start(r, path, execdaudit.Info{SandboxID: id,
+			RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr}); act != nil {
+			t.act = act
+			w = act.Writer(w)
+			defer act.Finish(0)
+		}
+	}
 	p.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proxyTargetKey{}, t)))
 }
 

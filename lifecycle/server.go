@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
@@ -123,6 +124,9 @@ type Config struct {
 	CredentialVault CredentialVault
 	// Audit receives a record (source policy) for every policy change; nil means none.
 	Audit interface{ Append(audit.Record) }
+	// AgentActions configures the records of agent actions through execd that the
+	// server proxy writes to Audit (package audit/execdaudit; on unless disabled).
+	AgentActions execdaudit.Config
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;
 	// empty answers that route 501.
 	AuditDir string
@@ -272,6 +276,9 @@ func New(cfg Config) (*Server, error) {
 	s.proxy = &serverProxy{
 		reg: s, rules: s.rules, apiKey: cfg.APIKey, gatewayKey: cfg.GatewayKey, execdKey: cfg.ExecdKey,
 		egressAPI: s.policies, audit: cfg.Audit, log: cfg.Log,
+	}
+	if cfg.Audit != nil {
+		s.proxy.agentAudit = execdaudit.New(cfg.Audit, cfg.AgentActions, "server_proxy")
 	}
 	s.proxy.newProxy()
 	s.mux = http.NewServeMux()

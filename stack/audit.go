@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/audit/ocsf"
 )
 
@@ -48,6 +49,11 @@ type AuditConfig struct {
 	// Anchors ship a signed digest of every checkpoint and head off the host
 	// (audit.Anchor; `airlock audit verify --anchors DIR`). None by default.
 	Anchors AuditAnchors `yaml:"anchors"`
+	// AgentActions are the records of agent actions through execd (commands, code,
+	// sessions, PTYs, file changes), made by the gateway and lifecycle's server proxy
+	// (package audit/execdaudit): on unless disabled; hashCommands stores the SHA-256
+	// of command text and code instead of the text.
+	AgentActions execdaudit.Config `yaml:"agentActions"`
 }
 
 // AuditOCSF configures the OCSF export beside the audit log.

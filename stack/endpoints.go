@@ -69,6 +69,7 @@ func (s *Stack) startGateway(context.Context) error {
 	g.EgressAPI, g.EgressAPIKey = loopbackAddr(s.Addr), s.gatewayKey
 	g.DataDir = filepath.Join(s.cfg.StateDir, "caddy")
 	g.AuditWriter, g.Registry, g.Log = s.Audit, s.registry, s.log.With("component", "gateway")
+	g.Audit.AgentActions = s.cfg.Audit.AgentActions
 	srv, err := NewGateway(g)
 	if err != nil {
 		return err

@@ -220,6 +220,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		TLS:                gateway.TLSMode(cfg.TLS),
 		DataDir:            cfg.DataDir,
 		AdminListen:        cfg.AdminListen,
+		AgentActions:       cfg.Audit.AgentActions,
 		Metrics:            g.Registry,
 		Log:                cfg.Log,
 	}

@@ -275,6 +275,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Endpoint:             s.endpoint,
 		Audit:                s.Audit,
 		AuditDir:             s.cfg.Audit.Dir,
+		AgentActions:         s.cfg.Audit.AgentActions,
 		ReadyGate:            s.readyGate(),
 		PolicyGate:           s.policyGate(),
 		DefaultEnv:           s.proxyEnv(),

@@ -17,7 +17,8 @@ import (
 // records are one record of every kind Airlock writes, filled as the components fill
 // them (dnsfilter, egressd's flows, refusals, L7 and credential decisions, the
 // gateway, lifecycle's ingress refusals and policy changes, the policy library, the
-// vault, the writer's loss and suppressed records, and a source unknown here).
+// vault, agent actions through execd, the writer's loss and suppressed records, and a
+// source unknown here).
 func records() []audit.Record {
 	now := time.Date(2026, 3, 4, 4, 6, 7, 123456000, time.UTC)
 	x := func(kv ...any) map[string]any {
@@ -74,7 +75,31 @@ func records() []audit.Record {
 		{Time: now, Source: audit.SourcePolicy, Action: "allow", PolicyVersion: 2, Reason: "named policy applied: pypi",
 			Extra: x("change", "library", "policy", "pypi", "file", "/etc/airlock/policies/pypi.yaml", "sha256", strings.Repeat("a", 64))},
 		{Time: now, Source: audit.SourceDNS, Action: audit.ActionLoss, Reason: "audit queue full: records dropped", Extra: x("lost", uint64(7))},
-		{Time: now, SandboxID: "sb1", Source: "execd", Action: "allow", Reason: "a source this exporter does not know"},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "192.0.2.10:50010", Action: "allow",
+			Reason: "execd command: exit 0 (success)", Extra: x("op", "command", "entry", "gateway", "request_id", "req-3", "status", 200,
+				"duration_ms", 12.5, "command", "pip install requests", "command_sha256", strings.Repeat("c", 64), "command_id", "cmd-1",
+				"exit_code", 0, "execution_ms", int64(11), "outcome", "success", "principal", "alice", "cwd", "/workspace")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50011", Action: "allow",
+			Reason: "execd command: exit 3 (failure)", Extra: x("op", "command", "entry", "server_proxy", "request_id", "req-4", "status", 200,
+				"duration_ms", 3.0, "command_sha256", strings.Repeat("d", 64), "exit_code", 3, "error", "CommandExecError", "outcome", "failure")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50012", Action: "allow",
+			Reason: "execd code: NameError (failure)", Extra: x("op", "code", "entry", "server_proxy", "request_id", "req-5", "status", 200,
+				"duration_ms", 40.0, "code", "print(x)", "code_sha256", strings.Repeat("e", 64), "language", "python", "error", "NameError",
+				"outcome", "failure")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50013", Action: "allow",
+			Reason: "execd pty.close (success)", Extra: x("op", "pty.close", "entry", "gateway", "request_id", "req-6", "status", 200,
+				"duration_ms", 1.0, "session_id", "pty-1", "outcome", "success")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50014", Action: "allow",
+			Reason: "execd file.upload /workspace/a.bin (success)", Extra: x("op", "file.upload", "entry", "gateway", "request_id", "req-7",
+				"status", 200, "duration_ms", 5.0, "path", "/workspace/a.bin", "size", int64(800000), "sha256", strings.Repeat("f", 64),
+				"mode", "644", "outcome", "success")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50015", Action: "allow",
+			Reason: "execd file.move a -> b (success)", Extra: x("op", "file.move", "entry", "gateway", "request_id", "req-8",
+				"status", 200, "duration_ms", 1.0, "path", "a", "dest", "b", "outcome", "success")},
+		{Time: now, SandboxID: "sb1", Source: audit.SourceExecd, Proto: "http", Src: "127.0.0.1:50016", Action: "allow",
+			Reason: "execd dir.delete /workspace/d (failure)", Extra: x("op", "dir.delete", "entry", "gateway", "request_id", "req-9",
+				"status", 404, "duration_ms", 1.0, "path", "/workspace/d", "outcome", "failure")},
+		{Time: now, SandboxID: "sb1", Source: "other", Action: "allow", Reason: "a source this exporter does not know"},
 	}
 }
 

@@ -9,7 +9,9 @@
 // (6003) for control-plane changes (Credential Vault changes; a policy change made
 // through the lifecycle API also gets one), Device Config State Change (5019) for
 // policy versions (source policy), Event Log Activity (1008) for the writer's own
-// loss and suppressed records, and Base Event (0) for a source this package does not
+// loss and suppressed records, Process Activity (1007) for agent actions through
+// execd (commands, code, sessions, PTYs) and File System Activity (1001) for its file
+// operations (source execd), and Base Event (0) for a source this package does not
 // know. Every event's metadata points back to its chain record: original_event_uid is
 // the record's seq, uid the seq (with a suffix for the second event of one record),
 // correlation_uid the record's chain hash; message is the record's reason; unmapped
@@ -62,7 +64,7 @@ const (
 var classNames = map[int]string{
 	ClassBase: "Base Event", ClassEventLog: "Event Log Activity", ClassNetworkActivity: "Network Activity",
 	ClassHTTPActivity: "HTTP Activity", ClassDNSActivity: "DNS Activity", ClassDeviceConfigState: "Device Config State Change",
-	ClassAPIActivity: "API Activity",
+	ClassAPIActivity: "API Activity", ClassFileActivity: "File System Activity", ClassProcessActivity: "Process Activity",
 }
 
 // httpActivity is HTTP Activity's activity_id for a request method (http_request.http_method).
@@ -100,6 +102,8 @@ func (m Mapper) Append(b []byte, r *record.Record) []byte {
 	case r.Source == record.SourceGateway || r.Source == record.SourceIngress || r.Source == record.SourceL7 ||
 		r.Source == record.SourceCredential:
 		m.http(&w, r)
+	case r.Source == record.SourceExecd:
+		m.execd(&w, r)
 	case r.Source == record.SourcePolicy:
 		m.policy(&w, r)
 		if r.Src != "" {
@@ -133,7 +137,7 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 	}
 	w.int("severity_id", int64(sev))
 	w.str("severity", map[int]string{sevInfo: "Informational", sevLow: "Low", sevHigh: "High"}[sev])
-	if r.Action == "deny" || r.Action == record.ActionLoss {
+	if r.Action == "deny" || r.Action == record.ActionLoss || r.Source == record.SourceExecd && extraString(r, "outcome") == "failure" {
 		w.int("status_id", statusFail)
 		w.str("status", "Failure")
 	} else {

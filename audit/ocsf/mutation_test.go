@@ -59,6 +59,17 @@ func TestValidatorCatchesMutations(t *testing.T) {
 		{ClassAPIActivity, "actor missing", func(ev map[string]any) { delete(ev, "actor") }, "actor: required"},
 		{ClassDeviceConfigState, "device type_id missing", func(ev map[string]any) { delete(obj(ev, "device"), "type_id") }, "type_id: required"},
 		{ClassEventLog, "count a string", func(ev map[string]any) { ev["count"] = "7" }, "want an integer"},
+		{ClassProcessActivity, "process missing", func(ev map[string]any) { delete(ev, "process") }, "process: required"},
+		{ClassProcessActivity, "process empty", func(ev map[string]any) { ev["process"] = map[string]any{} }, "constraint at_least_one"},
+		{ClassProcessActivity, "exit_code a string", func(ev map[string]any) { ev["exit_code"] = "0" }, "want an integer"},
+		{ClassProcessActivity, "device missing", func(ev map[string]any) { delete(ev, "device") }, "device: required"},
+		{ClassProcessActivity, "activity_id not in the enum", func(ev map[string]any) { ev["activity_id"] = 6.0; ev["type_uid"] = 100706.0 }, "activity_id: 6"},
+		{ClassFileActivity, "file name missing", func(ev map[string]any) { delete(obj(ev, "file"), "name") }, "name: required"},
+		{ClassFileActivity, "file type_id not in the enum", func(ev map[string]any) { obj(ev, "file")["type_id"] = 42.0 }, "type_id: 42"},
+		{ClassFileActivity, "hash algorithm_id not in the enum", func(ev map[string]any) {
+			obj(ev, "file")["hashes"].([]any)[0].(map[string]any)["algorithm_id"] = 42.0
+		}, "algorithm_id: 42"},
+		{ClassFileActivity, "actor missing", func(ev map[string]any) { delete(ev, "actor") }, "actor: required"},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			orig, ok := byClass[tc.class]

@@ -26,6 +26,12 @@ const (
 	// request: allow (a binding's credential injected; rule = the binding) or deny (no
 	// binding matched: forwarded without a credential, or refused). Never the value.
 	SourceCredential Source = "credential"
+	// SourceExecd is an agent action through a sandbox's execd (a command, code, a
+	// session or PTY opened or closed, a file written, moved, deleted or given new
+	// permissions), recorded on the host where the request passed (the gateway or
+	// lifecycle's server proxy), never inside the sandbox: extra.op names the action
+	// (audit/README.md, "Agent actions").
+	SourceExecd Source = "execd"
 )
 
 // Actions besides a policy verdict (allow, deny).

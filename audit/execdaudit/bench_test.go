@@ -1,0 +1,98 @@
+package execdaudit
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/execd/execdtest"
+	"github.com/airlockdev/airlock/internal/benchreport"
+	"github.com/airlockdev/airlock/internal/testenv"
+)
+
+// TestBenchCommandAudit measures the execd command round trip (`echo hi` through a
+// reverse proxy to execd in a real container, the stream read to its end) with agent
+// action records written to a real audit writer, and without, side by side in rounds.
+// Target: with / without ≥ 0.95 in throughput.
+func TestBenchCommandAudit(t *testing.T) {
+	testenv.NeedBench(t)
+	sb := execdtest.Start(t, execdtest.Options{})
+	w, err := audit.New(audit.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	u, _ := url.Parse(sb.URL)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	front := func(obs *Observer) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			// As lifecycle's server proxy: execd answers before the body is all read.
+			_ = http.NewResponseController(rw).EnableFullDuplex()
+			if a := obs.Start(r, r.URL.Path, Info{SandboxID: "sb", RequestID: "r", Client: r.RemoteAddr}); a != nil {
+				rw = a.Writer(rw)
+				defer a.Finish(0)
+			}
+			rp.ServeHTTP(rw, r)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	on, off := front(New(w, Config{}, "gateway")), front(nil)
+	hc := &http.Client{Timeout: 30 * time.Second}
+	echo := func(base string) func() error {
+		return func() error {
+			resp, err := hc.Post(base+"/command", "application/json", strings.NewReader(`{"command":"echo hi"}`))
+			if err != nil {
+				return err
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && !strings.Contains(string(b), "execution_complete") {
+				err = fmt.Errorf("stream: %s", b)
+			}
+			return err
+		}
+	}
+	for range 20 {
+		echo(on)()
+		echo(off)()
+	}
+	const rounds, n = 6, 100
+	var son, soff []benchreport.Sample
+	for range rounds {
+		a, err := benchreport.Measure("command_echo_audit_on", n, echo(on))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := benchreport.Measure("command_echo_audit_off", n, echo(off))
+		if err != nil {
+			t.Fatal(err)
+		}
+		son, soff = append(son, a), append(soff, b)
+	}
+	mon, moff := mergeSamples("command_echo_audit_on", son), mergeSamples("command_echo_audit_off", soff)
+	benchreport.Print("execd_audit", mon)
+	benchreport.Print("execd_audit", moff)
+	r := mon.Rate() / moff.Rate()
+	benchreport.Ratio("execd_audit", "command_rate_audit_on_over_off", r, "≥", 0.95)
+	if r < 0.95 {
+		t.Errorf("command round trips with audit on: %.3f× of off, want ≥ 0.95", r)
+	}
+}
+
+func mergeSamples(name string, ss []benchreport.Sample) benchreport.Sample {
+	out := benchreport.Sample{Name: name}
+	for _, s := range ss {
+		out.Latencies = append(out.Latencies, s.Latencies...)
+		out.Wall += s.Wall
+	}
+	return out
+}
