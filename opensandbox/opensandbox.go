@@ -29,7 +29,9 @@ const (
 // IsControlPort reports whether port is one of the sandbox's control ports (execd, the
 // egress API or the DevTools protocol), which always require a credential whatever the
 // sandbox's access mode.
-func IsControlPort(port int) bool { return port == ExecdPort || port == EgressAPIPort || port == CDPPort }
+func IsControlPort(port int) bool {
+	return port == ExecdPort || port == EgressAPIPort || port == CDPPort
+}
 
 // Header names in canonical MIME form (net/http canonicalises what clients send, so
 // "OPEN-SANDBOX-API-KEY" and "open-sandbox-api-key" both arrive as HeaderAPIKey).
