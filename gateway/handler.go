@@ -228,12 +228,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}()
 
+	// The DevTools protocol's port: Chromium wants an IP address as Host, and its /json
+	// answers name that address; they are rewritten to the client's (cdp.go).
+	var out http.ResponseWriter = rec
+	var cdp *cdpRewriter
+	publicHost := r.Host
+	if dec.cand.Port == opensandbox.CDPPort {
+		if isCDPJSON(dec.cand.Port, r.URL.Path) {
+			cdp = newCDPRewriter(rec, dec.dial, publicHost, dec.cand.Prefix, r.TLS != nil)
+			out = cdp
+		}
+		r.Host = dec.dial
+	}
+
 	var err error
 	if h.RouteOnly {
-		err = next.ServeHTTP(rec, r)
+		err = next.ServeHTTP(out, r)
 	} else {
-		err = h.Proxy.ServeHTTP(rec, r, next)
+		err = h.Proxy.ServeHTTP(out, r, next)
 	}
+	if cdp != nil {
+		cdp.finish()
+	}
+	r.Host = publicHost
 	switch {
 	case rec.held():
 		// reverse_proxy saw the request context end before a response: the client left

@@ -41,7 +41,7 @@ func TestWriteJSONUnencodable(t *testing.T) {
 }
 
 func TestControlPorts(t *testing.T) {
-	for port, want := range map[int]bool{ExecdPort: true, EgressAPIPort: true, 8080: false, 0: false} {
+	for port, want := range map[int]bool{ExecdPort: true, EgressAPIPort: true, CDPPort: true, 8080: false, 0: false} {
 		if IsControlPort(port) != want {
 			t.Errorf("IsControlPort(%d) = %v", port, !want)
 		}

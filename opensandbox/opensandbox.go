@@ -18,12 +18,20 @@ const (
 	// Airlock no sidecar listens there: lifecycle and the gateway answer it. It is a
 	// control port as well.
 	EgressAPIPort = 18080
+	// CDPPort is the Chrome DevTools Protocol's port (HTTP /json/* and WebSockets) of a
+	// browser sandbox, as OpenSandbox's browser examples and Airlock's airlock/browser
+	// image use it. Whoever reaches it drives the browser (and so everything the
+	// sandbox's egress policy lets it reach): a control port too. The gateway rewrites
+	// the DevTools URLs in its /json answers to its own (gateway/README.md).
+	CDPPort = 9222
 )
 
-// IsControlPort reports whether port is one of the sandbox's control ports (execd or
-// the egress API), which always require a credential whatever the sandbox's access
-// mode.
-func IsControlPort(port int) bool { return port == ExecdPort || port == EgressAPIPort }
+// IsControlPort reports whether port is one of the sandbox's control ports (execd, the
+// egress API or the DevTools protocol), which always require a credential whatever the
+// sandbox's access mode.
+func IsControlPort(port int) bool {
+	return port == ExecdPort || port == EgressAPIPort || port == CDPPort
+}
 
 // Header names in canonical MIME form (net/http canonicalises what clients send, so
 // "OPEN-SANDBOX-API-KEY" and "open-sandbox-api-key" both arrive as HeaderAPIKey).

@@ -190,6 +190,15 @@ func finishRoot(root string, r Recipe, goKernel []byte) error {
 			return fmt.Errorf("sandboximage: %s has no %s entry", file, strings.TrimSuffix(entry, ":"))
 		}
 	}
+	for p, content := range r.Files {
+		dst := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, []byte(content), 0o755); err != nil {
+			return err
+		}
+	}
 	if r.GoKernel {
 		if err := os.WriteFile(filepath.Join(root, GoKernelPath), goKernel, 0o755); err != nil {
 			return err

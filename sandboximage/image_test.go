@@ -136,3 +136,60 @@ func TestCodeInterpreterRecipe(t *testing.T) {
 		t.Error("a remove path leaving the root was accepted")
 	}
 }
+
+// TestBrowserImageContents checks the browser image carries the recipe label, Chromium
+// (runnable: the Debian wrapper checks the CPU, so this runs in a container), socat and
+// the entrypoint, and that the entrypoint serves the DevTools protocol on port 9222 of
+// the container's address (Chromium itself only listens on loopback).
+func TestBrowserImageContents(t *testing.T) {
+	img := testenv.NeedBrowserImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	label, err := exec.CommandContext(ctx, "docker", "image", "inspect", "--format",
+		`{{index .Config.Labels "`+RecipeLabel+`"}}`, img).Output()
+	if err != nil {
+		t.Fatalf("inspect %s: %v", img, err)
+	}
+	if got := strings.TrimSpace(string(label)); got != BrowserRecipe().Hash() {
+		t.Errorf("image recipe label = %q, want %q (stale image: run make image)", got, BrowserRecipe().Hash())
+	}
+	// The entrypoint in the background, then /json/version on the container's own
+	// address (eth0 of a bridge network), with that address as Host as the gateway sends.
+	script := `set -e
+chromium --version | grep -o '^Chromium [0-9]*' | cut -d' ' -f1
+` + BrowserEntrypoint + ` >/tmp/browser.log 2>&1 &
+ip=$(hostname -i | cut -d' ' -f1)
+for i in $(seq 100); do
+  if out=$(curl -sf -H "Host: $ip:9222" http://$ip:9222/json/version); then break; fi
+  sleep 0.1
+done
+echo "$out" | python3 -c 'import json,sys; v=json.load(sys.stdin); print(v["webSocketDebuggerUrl"].split("/devtools/")[1].split("/")[0])'
+ss -ltn | grep -c '127.0.0.1:9223'`
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--shm-size", "256m", img, "bash", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run: %v\n%s", err, out)
+	}
+	want := "Chromium browser 1"
+	if got := strings.Join(strings.Fields(string(out)), " "); got != want {
+		t.Errorf("image contents:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestBrowserRecipe(t *testing.T) {
+	r := BrowserRecipe()
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := Recipes()["browser"]; !ok {
+		t.Error("`airlock image build browser` does not know the recipe")
+	}
+	c := BrowserRecipe()
+	c.Files = map[string]string{BrowserEntrypoint: "#!/bin/sh\n"}
+	if c.Hash() == r.Hash() {
+		t.Error("a different entrypoint script did not change the hash")
+	}
+	c.Files = map[string]string{"relative/path": ""}
+	if c.Validate() == nil {
+		t.Error("a relative file path was accepted")
+	}
+}

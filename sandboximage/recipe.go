@@ -5,9 +5,10 @@
 // image carries the recipe's hash as a label, so a build whose recipe has not changed is
 // skipped.
 //
-// Two recipes ship: the default image (DefaultRecipe, airlock/sandbox) and the code
+// Three recipes ship: the default image (DefaultRecipe, airlock/sandbox), the code
 // interpreter (CodeInterpreterRecipe, airlock/code-interpreter) with kernels for Python,
-// JavaScript, TypeScript and Go. See README.md.
+// JavaScript, TypeScript and Go, and the browser (BrowserRecipe, airlock/browser):
+// headless Chromium with the DevTools protocol on port 9222. See README.md.
 package sandboximage
 
 import (
@@ -40,6 +41,21 @@ const RecipeLabel = "airlock.dev/image-recipe"
 
 //go:embed code-interpreter.sh
 var codeInterpreterScript []byte
+
+//go:embed browser.sh
+var browserScript string
+
+// BrowserRepository is the browser image's name.
+const BrowserRepository = "airlock/browser"
+
+// BrowserEntrypoint is the browser image's entrypoint script (browser.sh): headless
+// Chromium with the DevTools protocol on BrowserCDPPort. A sandbox runs it when its
+// create request names it as the entrypoint.
+const BrowserEntrypoint = "/opt/airlock/browser.sh"
+
+// BrowserCDPPort is the port of the Chrome DevTools Protocol (HTTP /json/* and its
+// WebSockets) in a sandbox running BrowserEntrypoint.
+const BrowserCDPPort = 9222
 
 // Recipe is what an image is built from. Two recipes with the same Hash build the same
 // image.
@@ -74,6 +90,9 @@ type Recipe struct {
 	// Verify is a bash script run in the finished root (chroot); a non-zero exit fails the
 	// build.
 	Verify string `json:"verify,omitempty"`
+	// Files are executable files (mode 0755) written into the root: absolute path inside
+	// the image → content. Their content is part of the hash.
+	Files map[string]string `json:"files,omitempty"`
 }
 
 // Kernelspec is a Jupyter kernelspec
@@ -149,9 +168,34 @@ done`
 	return r
 }
 
+// BrowserRecipe is the browser image: the default image plus Debian's Chromium, fonts
+// (Liberation for the metric-compatible Arial/Times/Courier, DejaVu, Noto color emoji
+// left out for size) and socat, with BrowserEntrypoint, which starts headless Chromium
+// with remote debugging on BrowserCDPPort.
+func BrowserRecipe() Recipe {
+	r := DefaultRecipe()
+	r.Repository = BrowserRepository
+	r.Packages = append(r.Packages, "chromium", "fonts-liberation", "fonts-dejavu-core", "socat")
+	// /entrypoint is the entrypoint OpenSandbox's Chrome example names.
+	r.Files = map[string]string{BrowserEntrypoint: browserScript,
+		"/entrypoint": "#!/bin/sh\n# OpenSandbox's Chrome example names this entrypoint.\nexec " + BrowserEntrypoint + " \"$@\"\n"}
+	// Locales and translations of Chromium's UI that a headless browser never shows.
+	r.Remove = []string{"usr/share/locale/*", "usr/lib/chromium/locales/[a-df-z]*", "usr/lib/chromium/locales/e[a-mo-z]*"}
+	// No /proc in the chroot: the chromium wrapper (which reads /proc/cpuinfo) is run in
+	// the image's tests, here only its binary's dependencies are checked.
+	r.Verify = `set -e
+test -x /usr/lib/chromium/chromium
+dpkg-query -W -f='${Status}\n' chromium | grep -q 'install ok installed'
+socat -V >/dev/null
+test -x ` + BrowserEntrypoint + `
+ls /usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf
+test -f /usr/lib/chromium/locales/en-US.pak`
+	return r
+}
+
 // Recipes are the images `airlock image build NAME` knows, by name.
 func Recipes() map[string]Recipe {
-	return map[string]Recipe{"sandbox": DefaultRecipe(), "code-interpreter": CodeInterpreterRecipe()}
+	return map[string]Recipe{"sandbox": DefaultRecipe(), "code-interpreter": CodeInterpreterRecipe(), "browser": BrowserRecipe()}
 }
 
 var (
@@ -189,6 +233,11 @@ func (r Recipe) Validate() error {
 	for _, k := range r.Kernels {
 		if !kernelRe.MatchString(k.Name) || len(k.Argv) == 0 || k.Language == "" {
 			return fmt.Errorf("recipe: kernelspec %q needs a plain name, argv and a language", k.Name)
+		}
+	}
+	for p := range r.Files {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return fmt.Errorf("recipe: invalid file path %q: want a clean absolute path", p)
 		}
 	}
 	for _, p := range r.Remove {

@@ -153,9 +153,12 @@ type PoolConfig struct {
 
 // DefaultImageAliases are the aliases every configuration starts with: the image the
 // OpenSandbox SDKs' code interpreter asks for by default is served by Airlock's own
-// (`airlock image build code-interpreter`).
+// (`airlock image build code-interpreter`), and the Chrome image of OpenSandbox's
+// browser example (entrypoint /entrypoint, DevTools on 9222) by airlock/browser
+// (`airlock image build browser`; it has /entrypoint too, but no VNC on 5901).
 var DefaultImageAliases = map[string]string{
 	"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest",
+	"opensandbox/chrome:latest":           "airlock/browser:latest",
 }
 
 // ImagesConfig configures how create requests name images.

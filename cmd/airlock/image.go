@@ -31,7 +31,7 @@ func newImageCmd() *cobra.Command {
 	}
 	slices.Sort(names)
 	build := &cobra.Command{
-		Use:       "build [sandbox|code-interpreter|execd|all]",
+		Use:       "build [sandbox|code-interpreter|browser|execd|all]",
 		Short:     "Build a sandbox image offline from Debian packages (default: the sandbox image), or the execd image",
 		ValidArgs: append(slices.Clone(names), "execd", "all"),
 		Long: `Builds an image with debootstrap and apt from a Debian mirror, then docker import. No
@@ -47,10 +47,14 @@ Docker engine.
                          Go (airlock-gokernel, found beside this binary or at --gokernel);
                          bash is served by execd itself. No Java kernel. About three
                          minutes.
+  browser                ` + sandboximage.BrowserRepository + `:<version> and :latest: the sandbox image
+                         plus Debian's Chromium and fonts; its entrypoint
+                         ` + sandboximage.BrowserEntrypoint + ` starts headless Chromium with the
+                         DevTools protocol on port 9222 (connect through the gateway).
   execd                  ` + sandboximage.ExecdRepository + `:<version> and :latest: the static execd (beside
                          this binary, or --execd) at /execd, run by each Kubernetes sandbox
                          pod's init container (execd --install). Seconds; needs no root.
-  all                    the three.`,
+  all                    all four.`,
 		Args: cobra.MatchAll(cobra.MaximumNArgs(1), cobra.OnlyValidArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			which := []string{"sandbox"}

@@ -137,6 +137,22 @@ func NeedCodeInterpreterImage(t testing.TB) string {
 	return needImage(t, "code-interpreter", CodeInterpreterImage())
 }
 
+// BrowserImage is the browser image tests run: $AIRLOCK_BROWSER_IMAGE, else
+// airlock/browser:latest (`make image` builds it).
+func BrowserImage() string {
+	if img := os.Getenv("AIRLOCK_BROWSER_IMAGE"); img != "" {
+		return img
+	}
+	return "airlock/browser:latest"
+}
+
+// NeedBrowserImage skips (or fails) unless Docker runs and the browser image exists
+// locally (`make image` builds it). It returns the image reference.
+func NeedBrowserImage(t testing.TB) string {
+	t.Helper()
+	return needImage(t, "browser", BrowserImage())
+}
+
 // NeedBPF skips (or fails) unless the test runs as root with the BPF filesystem mounted.
 func NeedBPF(t testing.TB) {
 	t.Helper()

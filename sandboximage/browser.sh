@@ -1,0 +1,29 @@
+#!/bin/bash
+# airlock/browser entrypoint (Airlock): headless Chromium with the Chrome DevTools
+# Protocol on port 9222 of the sandbox's address, for clients such as Playwright's
+# chromium.connectOverCDP through Airlock's gateway. Run it as the sandbox's entrypoint
+# (execd starts it): ["/opt/airlock/browser.sh"]; extra arguments go to Chromium.
+#
+# Chromium's headless mode binds remote debugging to 127.0.0.1 whatever
+# --remote-debugging-address says, so Chromium listens on 127.0.0.1:$CDP_INNER_PORT
+# and socat forwards the sandbox's port $CDP_PORT to it. Chromium refuses requests whose
+# Host is not an IP address or localhost: the gateway sends the sandbox's address as Host
+# on this port and rewrites the WebSocket URLs in the /json answers to its own.
+#
+# Everything the browser fetches goes through the sandbox's egress policy; background
+# services (updates, safe browsing, metrics, sync) are off so that only the pages asked
+# for are fetched.
+set -u
+CDP_PORT=${CDP_PORT:-9222}
+CDP_INNER_PORT=${CDP_INNER_PORT:-9223}
+profile=$(mktemp -d /tmp/chromium-XXXXXX)
+chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+	--no-first-run --no-default-browser-check --disable-background-networking \
+	--disable-component-update --disable-sync --disable-breakpad --disable-domain-reliability \
+	--disable-client-side-phishing-detection --disable-features=Translate,MediaRouter,OptimizationHints \
+	--metrics-recording-only --password-store=basic --use-mock-keychain \
+	--remote-debugging-port="$CDP_INNER_PORT" --remote-allow-origins='*' \
+	--user-data-dir="$profile" --window-size=1280,800 "$@" about:blank &
+socat TCP-LISTEN:"$CDP_PORT",fork,reuseaddr TCP:127.0.0.1:"$CDP_INNER_PORT" &
+# Whichever ends first ends the sandbox's entrypoint.
+wait -n
