@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/policies/httppath"
 )
 
@@ -67,6 +68,11 @@ type credTarget struct {
 	// chosen marks a connection to an address the sandbox chose (not learned for
 	// host): the injection records say so.
 	chosen bool
+	// http, when set, are the host's HTTP rules: each request must pass them first.
+	http *policies.HTTPHost
+	// policyOnly marks an interception for the HTTP rules alone (no vault binding):
+	// no credential is looked up or audited.
+	policyOnly bool
 }
 
 type credTargetKey struct{}
@@ -111,6 +117,11 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 // inject sets the binding's headers on r, or records that none matched.
 func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	t, _ := r.Context().Value(credTargetKey{}).(credTarget)
+	if t.http != nil || t.policyOnly {
+		if resp := cp.checkRules(r, t); resp != nil || t.policyOnly {
+			return r, resp
+		}
+	}
 	rec := audit.Record{Time: time.Now(), SandboxID: t.sandbox, Source: audit.SourceCredential, Src: t.src,
 		DstHost: t.host, DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme,
 		Extra: map[string]any{"method": r.Method, "path": r.URL.Path}}
@@ -150,6 +161,30 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 		rec.Reason += fmt.Sprintf(" to %s, an address the sandbox chose for %s", t.dst.Addr(), t.host)
 	}
 	return r, nil
+}
+
+// checkRules decides an intercepted request against the host's HTTP rules (t.http)
+// and audits it (source l7); it returns the 403 answer of a refused request, else nil.
+// A request naming another Host than the checked one is refused as in inject.
+func (cp *credentialProxy) checkRules(r *http.Request, t credTarget) *http.Response {
+	base := audit.Record{SandboxID: t.sandbox, Source: audit.SourceL7, Src: t.src, DstHost: t.host,
+		DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme}
+	var rec audit.Record
+	var dec policies.Decision
+	if h := hostOnly(r.Host); h != t.host || t.http == nil {
+		rec, dec = base, policies.Decision{Action: policies.Deny, Rule: "l7",
+			Reason: fmt.Sprintf("Host %q is not the checked name %s", h, t.host)}
+		rec.Time, rec.Action, rec.Rule, rec.Reason = time.Now(), string(dec.Action), dec.Rule, dec.Reason
+	} else {
+		rec, dec = checkRequest(t.http, r, base)
+	}
+	if cp.d.cfg.Audit != nil {
+		cp.d.cfg.Audit.Append(rec)
+	}
+	if dec.Allowed() {
+		return nil
+	}
+	return deniedResponse(r, t.host, dec)
 }
 
 // methodOverrides are the headers through which frameworks let a request name another

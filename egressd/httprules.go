@@ -1,0 +1,58 @@
+package egressd
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/policies"
+)
+
+// checkRequest decides req, a request to a host with HTTP rules (policies.HTTPHost),
+// on a relayed plain-HTTP connection or an intercepted TLS one. It returns the audit
+// record (base completed: source l7, the deciding rule, extra.method and extra.path,
+// never the query or a header value) and the decision. An allowed request's method is
+// upper-cased, so the upstream acts on the method that was checked.
+func checkRequest(h *policies.HTTPHost, req *http.Request, base audit.Record) (audit.Record, policies.Decision) {
+	dec := h.Decide(policies.HTTPRequest{Method: req.Method, EscapedPath: req.URL.EscapedPath(),
+		RawQuery: req.URL.RawQuery, Header: req.Header})
+	rec := base
+	rec.Time = time.Now()
+	rec.Action, rec.WouldDeny, rec.Rule, rec.Reason = string(dec.Action), dec.WouldDeny, dec.Rule, dec.Reason
+	rec.Mode, rec.PolicyVersion = string(dec.Mode), dec.Version
+	rec.Extra = map[string]any{"method": req.Method, "path": req.URL.Path, "http_rule": true}
+	if dec.Allowed() {
+		req.Method = strings.ToUpper(req.Method)
+	}
+	return rec, dec
+}
+
+// httpDenied is the JSON body of a request refused by an HTTP rule: the error envelope
+// with the rule, so that the agent in the sandbox can read why.
+type httpDenied struct {
+	opensandbox.ErrorBody
+	// Rule names the deciding rule ("egress[1].http.rules[0]").
+	Rule string `json:"rule"`
+}
+
+// deniedResponse is the 403 answer to req, refused by dec on host: JSON {code:
+// EGRESS_DENIED, message, rule}; the connection closes after it.
+func deniedResponse(req *http.Request, host string, dec policies.Decision) *http.Response {
+	body, _ := json.Marshal(httpDenied{ErrorBody: opensandbox.ErrorBody{Code: "EGRESS_DENIED",
+		Message: fmt.Sprintf("%s %s on %s is refused by the egress policy: %s (rule %s)", req.Method, req.URL.Path, host, dec.Reason, dec.Rule)},
+		Rule: dec.Rule})
+	body = append(body, '\n')
+	return &http.Response{
+		StatusCode: http.StatusForbidden, Status: "403 Forbidden", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"},
+			"Content-Length": {strconv.Itoa(len(body))}},
+		Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Close: true, Request: req,
+	}
+}
