@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockdev/airlock/internal/benchreport"
+	"github.com/airlockdev/airlock/internal/testenv"
 )
 
 // httpHost compiles doc and returns the HTTP rules DecideName gives for host:443.
@@ -225,9 +227,7 @@ func manyHTTPRules(n int) string {
 // against them (targets: compile ≤ 200 ms, decide ≤ 5 µs p99). It runs with
 // AIRLOCK_BENCH=1 (make bench) and reports the figures.
 func TestBenchHTTPRules(t *testing.T) {
-	if os.Getenv("AIRLOCK_BENCH") == "" {
-		t.Skip("benchmark: set AIRLOCK_BENCH=1 (make bench)")
-	}
+	testenv.NeedBench(t)
 	doc := []byte(manyHTTPRules(10000))
 	start := time.Now()
 	pol, err := Parse("big.yaml", doc)
@@ -258,8 +258,7 @@ func TestBenchHTTPRules(t *testing.T) {
 	}
 	slices.Sort(lat)
 	p50, p99 := lat[n/2], lat[n*99/100]
-	t.Logf("10000 HTTP rules: parse %v, compile %v; decide p50 %v p99 %v", parse, compile, p50, p99)
-	if compile > 200*time.Millisecond || p99 > 5*time.Microsecond {
-		t.Errorf("targets missed: compile %v (≤ 200ms), decide p99 %v (≤ 5µs)", compile, p99)
-	}
+	benchreport.Value("policies", "http rules, 10000 on one host", "parse %v, compile %v, decide p50 %v p99 %v", parse, compile, p50, p99)
+	benchreport.Ratio("policies", "http rules compile (10000) / 200 ms target", float64(compile)/float64(200*time.Millisecond), "≤", 1)
+	benchreport.Ratio("policies", "http rules decide p99 (10000) / 5 µs target", float64(p99)/float64(5*time.Microsecond), "≤", 1)
 }
