@@ -176,7 +176,7 @@ func (cp *credentialProxy) checkRules(r *http.Request, t credTarget) *http.Respo
 			Reason: fmt.Sprintf("Host %q is not the checked name %s", h, t.host)}
 		rec.Time, rec.Action, rec.Rule, rec.Reason = time.Now(), string(dec.Action), dec.Rule, dec.Reason
 	} else {
-		rec, dec = checkRequest(t.http, r, base)
+		rec, dec = checkRequest(t.http, r, base, nil)
 	}
 	if cp.d.cfg.Audit != nil {
 		cp.d.cfg.Audit.Append(rec)

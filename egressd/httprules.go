@@ -20,9 +20,31 @@ import (
 // record (base completed: source l7, the deciding rule, extra.method and extra.path,
 // never the query or a header value) and the decision. An allowed request's method is
 // upper-cased, so the upstream acts on the method that was checked.
-func checkRequest(h *policies.HTTPHost, req *http.Request, base audit.Record) (audit.Record, policies.Decision) {
-	dec := h.Decide(policies.HTTPRequest{Method: req.Method, EscapedPath: req.URL.EscapedPath(),
-		RawQuery: req.URL.RawQuery, Header: req.Header})
+//
+// When a rule of the host reads the body (jsonrpc, mcpTools), up to h.BodyLimit()+1
+// bytes of it are read first and put back in front of the rest, so the upstream gets
+// the whole body; continue100, when not nil, is called before that read for a request
+// that expects "100 Continue" (the relay answers it itself; net/http's server does so
+// on its own).
+func checkRequest(h *policies.HTTPHost, req *http.Request, base audit.Record, continue100 func()) (audit.Record, policies.Decision) {
+	q := policies.HTTPRequest{Method: req.Method, EscapedPath: req.URL.EscapedPath(),
+		RawQuery: req.URL.RawQuery, Header: req.Header}
+	if limit := h.BodyLimit(); limit > 0 && req.Body != nil && req.Body != http.NoBody {
+		if continue100 != nil && strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+			continue100()
+			req.Header.Del("Expect")
+		}
+		buf, err := io.ReadAll(io.LimitReader(req.Body, int64(limit)+1))
+		q.Body, q.BodyTooLarge = buf, len(buf) > limit
+		if err != nil {
+			q.Body, q.BodyTooLarge = nil, true // unreadable: cannot be checked
+		}
+		req.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf), req.Body), req.Body}
+	}
+	dec := h.Decide(q)
 	rec := base
 	rec.Time = time.Now()
 	rec.Action, rec.WouldDeny, rec.Rule, rec.Reason = string(dec.Action), dec.WouldDeny, dec.Rule, dec.Reason

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -57,7 +58,7 @@ func TestInterceptedHTTPRules(t *testing.T) {
 				{"delete", "egress[0].http.rules[0]"},
 			} {
 				before := r.hits.Load()
-				code, body := r.raw(t, c.method, "/v1/models")
+				code, body := r.raw(t, c.method, "/v1/models", "")
 				if code != http.StatusForbidden || body.Code != "EGRESS_DENIED" || body.Rule != c.rule || !strings.Contains(body.Message, c.rule) {
 					t.Errorf("%s: %d %+v, want 403 naming %s", c.method, code, body, c.rule)
 				}
@@ -92,7 +93,7 @@ func TestInterceptedHTTPRules(t *testing.T) {
 }
 
 // raw sends one request and decodes the JSON error body.
-func (r *credRig) raw(t *testing.T, method, path string) (int, httpDenied) {
+func (r *credRig) raw(t *testing.T, method, path, body string) (int, httpDenied) {
 	t.Helper()
 	client, server := net.Pipe()
 	go r.cp.serve(server, nil, credTarget{sandbox: "sbx", host: r.host, dst: r.dst, src: "10.0.0.2:4000",
@@ -106,7 +107,11 @@ func (r *credRig) raw(t *testing.T, method, path string) (int, httpDenied) {
 		}
 		conn = tc
 	}
-	if _, err := conn.Write([]byte(method + " " + path + " HTTP/1.1\r\nHost: " + r.host + "\r\nConnection: close\r\n\r\n")); err != nil {
+	head := method + " " + path + " HTTP/1.1\r\nHost: " + r.host + "\r\nConnection: close\r\n"
+	if body != "" {
+		head += "Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n"
+	}
+	if _, err := conn.Write([]byte(head + "\r\n" + body)); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -114,7 +119,46 @@ func (r *credRig) raw(t *testing.T, method, path string) (int, httpDenied) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var body httpDenied
-	json.NewDecoder(resp.Body).Decode(&body)
-	return resp.StatusCode, body
+	var denied httpDenied
+	json.NewDecoder(resp.Body).Decode(&denied)
+	return resp.StatusCode, denied
+}
+
+// TestInterceptedJSONRPC checks an MCP tool allowlist through the interception (TLS
+// and plain HTTP): an allowed tool reaches the upstream, another
+// tool and a body over maxBody get 403 naming the rule and never reach it.
+func TestInterceptedJSONRPC(t *testing.T) {
+	const doc = `
+egress:
+  - action: allow
+    target: example.com
+    http:
+      maxBody: 300
+      rules:
+        - {action: allow, methods: [POST], path: /mcp, jsonrpc: [tools/list, tools/call], mcpTools: [search]}
+`
+	for _, isTLS := range []bool{true, false} {
+		t.Run(map[bool]string{true: "https", false: "http"}[isTLS], func(t *testing.T) {
+			r := newCredRig(t, isTLS)
+			r.rules, r.policyOnly = rulesFor(t, doc, "example.com"), true
+			call := func(tool string) string {
+				return `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + tool + `"}}`
+			}
+			if code, _ := r.raw(t, "POST", "/mcp", call("search")); code != 200 || r.hits.Load() != 1 {
+				t.Fatalf("allowed tool: %d, upstream hits %d", code, r.hits.Load())
+			}
+			for _, c := range []struct{ name, body, rule, reason string }{
+				{"other-tool", call("delete_repo"), "egress[0].http.default", "no HTTP rule matches"},
+				{"too-large", call("search" + strings.Repeat(" ", 300)), "egress[0].http.rules[0]", "too large to check"},
+			} {
+				code, denied := r.raw(t, "POST", "/mcp", c.body)
+				if code != 403 || denied.Rule != c.rule || !strings.Contains(denied.Message, c.reason) {
+					t.Errorf("%s: %d %+v, want 403 naming %s (%s)", c.name, code, denied, c.rule, c.reason)
+				}
+			}
+			if r.hits.Load() != 1 {
+				t.Errorf("refused requests reached the upstream (%d hits)", r.hits.Load())
+			}
+		})
+	}
 }

@@ -77,7 +77,7 @@ func (p *l7Proxy) relayHTTP(c, up *net.TCPConn, seen []byte, src, dst netip.Addr
 			sbx, _ := d.lookup(src.Addr())
 			base := audit.Record{SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(), DstHost: host,
 				DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Proto: "http"}
-			rec, dec := checkRequest(hostRules, req, base)
+			rec, dec := checkRequest(hostRules, req, base, func() { io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n") })
 			if d.cfg.Audit != nil {
 				d.cfg.Audit.Append(rec)
 			}

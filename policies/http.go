@@ -40,6 +40,9 @@ type HTTPRules struct {
 	Git []string `json:"git,omitempty"`
 	// Default applies when nothing above matches: deny (default) or allow.
 	Default Action `json:"default,omitempty"`
+	// MaxBody bounds, in bytes, how much of a request body the jsonrpc and mcpTools
+	// conditions read: default DefaultMaxBody (64 KiB), at most MaxMaxBody (1 MiB).
+	MaxBody int `json:"maxBody,omitempty"`
 }
 
 // HTTPRule is one HTTP rule: it matches a request when every condition given holds.
@@ -62,6 +65,14 @@ type HTTPRule struct {
 	// Headers maps header names (case-insensitive) to the value one of their
 	// occurrences must have, exactly ("*": present with any value).
 	Headers map[string]string `json:"headers,omitempty"`
+	// JSONRPC lists the JSON-RPC 2.0 methods the body may call (exact, or a prefix
+	// ending in "*": "notifications/*"): the rule matches a body that is one request or
+	// a batch whose every method is listed. The body is read up to HTTPRules.MaxBody; a
+	// larger one cannot be checked and is denied when this rule is reached.
+	JSONRPC []string `json:"jsonrpc,omitempty"`
+	// MCPTools lists the MCP tools a "tools/call" in the body may name (params.name);
+	// other methods pass this condition (restrict them with JSONRPC). Body as JSONRPC.
+	MCPTools []string `json:"mcpTools,omitempty"`
 	// Comment is free text shown by `airlock policy explain`.
 	Comment string `json:"comment,omitempty"`
 	// Line is the rule's line in its source document (0 when built in code).
@@ -91,6 +102,8 @@ func (h *HTTPRules) clone() *HTTPRules {
 		r.Methods = slices.Clone(r.Methods)
 		r.Query = maps.Clone(r.Query)
 		r.Headers = maps.Clone(r.Headers)
+		r.JSONRPC = slices.Clone(r.JSONRPC)
+		r.MCPTools = slices.Clone(r.MCPTools)
 		c.Rules[i] = r
 	}
 	return &c
@@ -120,6 +133,7 @@ func (p *parser) httpRules(n *yaml.Node, path string) *HTTPRules {
 			s, _ := p.enum(v, path, string(Allow), string(Deny))
 			h.Default = Action(s)
 		},
+		"maxBody": func(v *yaml.Node, path string) { h.MaxBody, _ = p.integer(v, path, 1, MaxMaxBody) },
 	})
 	if n.Kind == yaml.MappingNode && len(h.Rules) == 0 && h.Access == "" && len(h.Git) == 0 && h.Default == "" {
 		p.errorf(n, path, "empty: give rules, a preset (access, git) or a default")
@@ -192,14 +206,34 @@ func (p *parser) httpRule(n *yaml.Node, path string) HTTPRule {
 			}
 			r.Path = s
 		},
-		"query":   func(v *yaml.Node, path string) { r.Query = strMap(v, path, false) },
-		"headers": func(v *yaml.Node, path string) { r.Headers = strMap(v, path, true) },
-		"comment": func(v *yaml.Node, path string) { r.Comment, _ = p.str(v, path) },
+		"query":    func(v *yaml.Node, path string) { r.Query = strMap(v, path, false) },
+		"headers":  func(v *yaml.Node, path string) { r.Headers = strMap(v, path, true) },
+		"comment":  func(v *yaml.Node, path string) { r.Comment, _ = p.str(v, path) },
+		"jsonrpc":  func(v *yaml.Node, path string) { r.JSONRPC = p.nameList(v, path) },
+		"mcpTools": func(v *yaml.Node, path string) { r.MCPTools = p.nameList(v, path) },
 	})
 	if n.Kind == yaml.MappingNode && !hasAction {
 		p.errorf(n, path, "missing key \"action\" (allow or deny)")
 	}
 	return r
+}
+
+// nameList parses a non-empty list of non-empty names (jsonrpc methods, MCP tools).
+func (p *parser) nameList(n *yaml.Node, path string) []string {
+	var out []string
+	p.list(n, path, func(_ int, v *yaml.Node, path string) {
+		if s, ok := p.str(v, path); ok {
+			if s == "" || strings.Contains(strings.TrimSuffix(s, "*"), "*") {
+				p.errorf(v, path, "%q: want a name, or a prefix ending in \"*\"", s)
+				return
+			}
+			out = append(out, s)
+		}
+	})
+	if n.Kind == yaml.SequenceNode && len(n.Content) == 0 {
+		p.errorf(n, path, "empty list: leave it out to look at no body")
+	}
+	return out
 }
 
 // checkHTTPHost reports an egress rule whose http rules cannot apply as written.

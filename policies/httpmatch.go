@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -23,6 +24,11 @@ type HTTPRequest struct {
 	RawQuery string
 	// Header holds the request's headers (canonical keys, as net/http reads them).
 	Header http.Header
+	// Body is the start of the request body, read by the caller when
+	// HTTPHost.BodyLimit() > 0: at most that many bytes. BodyTooLarge says the body was
+	// longer, so body rules cannot be checked (the first one reached denies).
+	Body         []byte
+	BodyTooLarge bool
 }
 
 // HTTPHost is the compiled HTTP rules of one egress rule (Decision.HTTP): immutable and
@@ -41,6 +47,7 @@ type HTTPHost struct {
 	prefixLens []int
 	other      []int32
 	needsQuery bool
+	maxBody    int // > 0 when some rule reads the body
 }
 
 // hrule is a compiled HTTP rule.
@@ -52,9 +59,11 @@ type hrule struct {
 	glob    []string // glob pattern split at '/' (kind pathGlob)
 	query   [][2]string
 	headers [][2]string // lower-case names
-	ref     string
-	desc    string
-	raw     HTTPRule
+	// rpcMethods and mcpTools are the body conditions (nil: none).
+	rpcMethods, mcpTools []string
+	ref                  string
+	desc                 string
+	raw                  HTTPRule
 }
 
 type pathKind uint8
@@ -74,7 +83,11 @@ func compileHTTP(ref, source string, h *HTTPRules, mode Mode, version uint64) *H
 		c.def = Deny
 	}
 	add := func(r HTTPRule, sub string) {
-		hr := hrule{action: r.Action, methods: r.Methods, ref: ref + ".http." + sub, raw: r}
+		hr := hrule{action: r.Action, methods: r.Methods, ref: ref + ".http." + sub, raw: r,
+			rpcMethods: r.JSONRPC, mcpTools: r.MCPTools}
+		if hr.readsBody() {
+			c.maxBody = cmp.Or(h.MaxBody, DefaultMaxBody)
+		}
 		if len(hr.methods) == 0 {
 			hr.methods = nil
 		}
@@ -149,6 +162,12 @@ func (r *hrule) describe(source string) string {
 	for _, h := range r.headers {
 		fmt.Fprintf(&b, " [%s: %s]", h[0], h[1])
 	}
+	if r.rpcMethods != nil {
+		fmt.Fprintf(&b, " jsonrpc %s", strings.Join(r.rpcMethods, ","))
+	}
+	if r.mcpTools != nil {
+		fmt.Fprintf(&b, " mcp tools %s", strings.Join(r.mcpTools, ","))
+	}
 	if r.raw.Line > 0 {
 		fmt.Fprintf(&b, " (%s:%d)", source, r.raw.Line)
 	} else if r.raw.Comment != "" {
@@ -163,6 +182,9 @@ func (r *hrule) describe(source string) string {
 // In report mode a denial becomes Allow with WouldDeny set. Rule names the deciding
 // rule ("egress[0].http.rules[2]", "egress[0].http.access", "egress[0].http.git.fetch",
 // "egress[0].http.default", or "egress[0].http.path" for a refused path).
+//
+// A rule with body conditions (jsonrpc, mcpTools) reached by a request whose body was
+// too large to check denies it, saying so.
 func (h *HTTPHost) Decide(q HTTPRequest) Decision {
 	i, path, err := h.first(q)
 	if err != nil {
@@ -172,8 +194,17 @@ func (h *HTTPHost) Decide(q HTTPRequest) Decision {
 		return h.decision(h.def, h.defRef, fmt.Sprintf("no HTTP rule matches %s %s; default %s", strings.ToUpper(q.Method), path, h.def))
 	}
 	r := &h.rules[i]
+	if r.readsBody() && q.BodyTooLarge {
+		return h.decision(Deny, r.ref, fmt.Sprintf("the request body is larger than %d bytes, too large to check against %s", h.maxBody, r.desc))
+	}
 	return h.decision(r.action, r.ref, r.desc)
 }
+
+// BodyLimit returns how many body bytes Decide needs (HTTPRequest.Body): 0 when no
+// rule of the host reads the body.
+func (h *HTTPHost) BodyLimit() int { return h.maxBody }
+
+func (r *hrule) readsBody() bool { return r.rpcMethods != nil || r.mcpTools != nil }
 
 func (h *HTTPHost) decision(a Action, rule, reason string) Decision {
 	dec := Decision{Action: a, Mode: h.mode, Rule: rule, Reason: reason, Version: h.version}
@@ -198,16 +229,34 @@ func (h *HTTPHost) first(q HTTPRequest) (int32, string, error) {
 		// Values parsed before a malformed pair still count (url.ParseQuery keeps them).
 		query, _ = url.ParseQuery(q.RawQuery)
 	}
+	var rpc []rpcMessage
+	rpcOK, rpcRead := false, false
+	body := func() ([]rpcMessage, bool) {
+		if !rpcRead {
+			rpc, rpcOK, rpcRead = nil, false, true
+			if !q.BodyTooLarge {
+				rpc, rpcOK = parseRPC(q.Body)
+			}
+		}
+		return rpc, rpcOK
+	}
 	best := int32(-1)
 	scan := func(list []int32) {
 		for _, i := range list {
 			if best >= 0 && i >= best {
 				return
 			}
-			if h.rules[i].matches(method, path, query, q.Header) {
-				best = i
-				return
+			r := &h.rules[i]
+			if !r.matches(method, path, query, q.Header) {
+				continue
 			}
+			if r.readsBody() && !q.BodyTooLarge {
+				if msgs, ok := body(); !ok || !r.bodyMatches(msgs) {
+					continue
+				}
+			}
+			best = i
+			return
 		}
 	}
 	scan(h.exact[path])
@@ -323,6 +372,10 @@ func (h *HTTPHost) Explain(q HTTPRequest) (Decision, []HTTPMatch) {
 	for i := range h.rules {
 		r := &h.rules[i]
 		m := err == nil && r.matches(method, path, query, q.Header)
+		if r.readsBody() && !q.BodyTooLarge {
+			msgs, ok := parseRPC(q.Body)
+			m = m && ok && r.bodyMatches(msgs)
+		}
 		switch r.kind {
 		case pathExact:
 			m = m && path == r.path
