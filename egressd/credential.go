@@ -175,6 +175,10 @@ func (cp *credentialProxy) checkRules(r *http.Request, t credTarget) *http.Respo
 		rec, dec = base, policies.Decision{Action: policies.Deny, Rule: "l7",
 			Reason: fmt.Sprintf("Host %q is not the checked name %s", h, t.host)}
 		rec.Time, rec.Action, rec.Rule, rec.Reason = time.Now(), string(dec.Action), dec.Rule, dec.Reason
+		rec.Extra = map[string]any{"method": r.Method, "path": r.URL.Path}
+		if t.http != nil {
+			rec.Mode, rec.PolicyVersion = string(t.http.Mode()), t.http.Version()
+		}
 	} else {
 		rec, dec = checkRequest(t.http, r, base, nil)
 	}
@@ -209,6 +213,9 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 	var closeOnce sync.Once
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if t.http != nil && !cp.streamsChecked(w, r, t) {
+				return
+			}
 			r.URL.Scheme, r.URL.Host, r.RequestURI = t.scheme, net.JoinHostPort(t.host, fmt.Sprint(t.dst.Port())), ""
 			cp.mitm.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), credTargetKey{}, t)))
 		}),

@@ -78,3 +78,32 @@ func deniedResponse(req *http.Request, host string, dec policies.Decision) *http
 		Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Close: true, Request: req,
 	}
 }
+
+// streamsChecked keeps an intercepted connection to a host with HTTP rules made of
+// requests the rules see: a CONNECT (goproxy would open a tunnel to the host, inside
+// which requests pass unchecked) is refused with 403 and audited; an Upgrade other than
+// websocket (h2c would carry HTTP/2 streams) is dropped. It reports whether r goes on.
+func (cp *credentialProxy) streamsChecked(w http.ResponseWriter, r *http.Request, t credTarget) bool {
+	if up := r.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		r.Header.Del("Upgrade")
+		r.Header.Del("Http2-Settings")
+	}
+	if r.Method != http.MethodConnect {
+		return true
+	}
+	dec := policies.Decision{Action: policies.Deny, Rule: "l7", Reason: "CONNECT inside an intercepted connection: requests in a tunnel could not be checked"}
+	if cp.d.cfg.Audit != nil {
+		cp.d.cfg.Audit.Append(audit.Record{Time: time.Now(), SandboxID: t.sandbox, Source: audit.SourceL7, Src: t.src,
+			DstHost: t.host, DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme,
+			Action: string(dec.Action), Rule: dec.Rule, Reason: dec.Reason, Extra: map[string]any{"method": r.Method},
+			Mode: string(t.http.Mode()), PolicyVersion: t.http.Version()})
+	}
+	resp := deniedResponse(r, t.host, dec)
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+	return false
+}

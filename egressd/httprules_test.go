@@ -66,6 +66,10 @@ func TestInterceptedHTTPRules(t *testing.T) {
 					t.Errorf("%s reached the upstream", c.method)
 				}
 			}
+			// A tunnel inside the intercepted connection would carry unchecked requests.
+			if code, body := r.raw(t, "CONNECT", "example.com:443", ""); code != http.StatusForbidden || body.Rule != "l7" {
+				t.Errorf("CONNECT: %d %+v, want 403 naming l7", code, body)
+			}
 			code, seen, _ = r.do(t, "get", "/v1/x", "example.com", nil)
 			if code != 200 || seen["method"] != "GET" {
 				t.Fatalf("get: %d %v (the upstream must see the method that was checked)", code, seen)
@@ -85,8 +89,8 @@ func TestInterceptedHTTPRules(t *testing.T) {
 					cred++
 				}
 			}
-			if l7 != 5 || cred != 0 {
-				t.Errorf("%d l7 and %d credential records, want 5 and 0", l7, cred)
+			if l7 != 6 || cred != 0 {
+				t.Errorf("%d l7 and %d credential records, want 6 and 0", l7, cred)
 			}
 		})
 	}

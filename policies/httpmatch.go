@@ -398,3 +398,9 @@ func (h *HTTPHost) dump(w io.Writer) {
 		fmt.Fprintf(w, "    %s %s\n", h.rules[i].ref, h.rules[i].desc)
 	}
 }
+
+// Version returns the policy revision the rules belong to.
+func (h *HTTPHost) Version() uint64 { return h.version }
+
+// Mode returns the policy's mode.
+func (h *HTTPHost) Mode() Mode { return h.mode }
