@@ -119,6 +119,18 @@ func TestEgressdHTTPRules(t *testing.T) {
 					r.Proto == scheme && r.Extra["method"] == "GET"
 			})
 		}
+		// Through the explicit proxy: http:// requests are checked the same way; a
+		// CONNECT tunnel would hide the requests, so it is refused for such a host.
+		px := fmt.Sprintf("-x http://%s:3128 ", w.gw)
+		if _, out := sh(t, x, "curl -sS -m 5 "+px+"http://rules.test/a"); out != "GET /a" {
+			t.Errorf("GET through the explicit proxy = %q", out)
+		}
+		if _, out := sh(t, x, "curl -sS -m 5 -X DELETE "+px+"http://rules.test/repos/a"); !strings.Contains(out, `"rule":"egress[0].http.rules[0]"`) {
+			t.Errorf("DELETE through the explicit proxy = %q, want 403 naming the rule", out)
+		}
+		if code, out := sh(t, x, "curl -sS -m 5 "+px+"https://rules.test/a"); code == 0 {
+			t.Errorf("CONNECT to a host with HTTP rules through the explicit proxy passed: %q", out)
+		}
 		if n := writes.Load(); n != 0 {
 			t.Errorf("the server saw %d requests other than GET", n)
 		}
@@ -138,5 +150,5 @@ print('airlock' if b'Airlock' in s.getpeercert(True) else 'server')`
 		if got := issuer("rules.test"); got != "airlock" {
 			t.Errorf("rules.test (HTTP rules): certificate from %q, want one minted by the sandbox's CA", got)
 		}
-	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, func(c *Config) { c.L7Port = 15001; c.ProxyPort = 3128; c.Vault = store; c.UpstreamCAPEM = caPEM })
 }
