@@ -103,7 +103,8 @@ func TestEgressdHTTPRules(t *testing.T) {
 				{"DELETE", "egress[0].http.rules[0]"},
 			} {
 				code, out := sh(t, x, "curl -sS -m 5 -w '\\n%{http_code}' -X "+c.method+" "+url)
-				body, status, _ := strings.Cut(out, "\n")
+				i := strings.LastIndexByte(out, '\n')
+				body, status := out[:max(i, 0)], out[i+1:]
 				var denied httpDenied
 				json.Unmarshal([]byte(body), &denied)
 				if code != 0 || status != "403" || denied.Rule != c.rule || denied.Code != "EGRESS_DENIED" {
