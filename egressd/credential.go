@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/policies/httppath"
 )
 
@@ -67,6 +68,11 @@ type credTarget struct {
 	// chosen marks a connection to an address the sandbox chose (not learned for
 	// host): the injection records say so.
 	chosen bool
+	// http, when set, are the host's HTTP rules: each request must pass them first.
+	http *policies.HTTPHost
+	// policyOnly marks an interception for the HTTP rules alone (no vault binding):
+	// no credential is looked up or audited.
+	policyOnly bool
 }
 
 type credTargetKey struct{}
@@ -111,6 +117,11 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 // inject sets the binding's headers on r, or records that none matched.
 func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	t, _ := r.Context().Value(credTargetKey{}).(credTarget)
+	if t.http != nil || t.policyOnly {
+		if resp := cp.checkRules(r, t); resp != nil || t.policyOnly {
+			return r, resp
+		}
+	}
 	rec := audit.Record{Time: time.Now(), SandboxID: t.sandbox, Source: audit.SourceCredential, Src: t.src,
 		DstHost: t.host, DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme,
 		Extra: map[string]any{"method": r.Method, "path": r.URL.Path}}
@@ -152,6 +163,34 @@ func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.R
 	return r, nil
 }
 
+// checkRules decides an intercepted request against the host's HTTP rules (t.http)
+// and audits it (source l7); it returns the 403 answer of a refused request, else nil.
+// A request naming another Host than the checked one is refused as in inject.
+func (cp *credentialProxy) checkRules(r *http.Request, t credTarget) *http.Response {
+	base := audit.Record{SandboxID: t.sandbox, Source: audit.SourceL7, Src: t.src, DstHost: t.host,
+		DstIP: t.dst.Addr().String(), DstPort: int(t.dst.Port()), Proto: t.scheme}
+	var rec audit.Record
+	var dec policies.Decision
+	if h := hostOnly(r.Host); h != t.host || t.http == nil {
+		rec, dec = base, policies.Decision{Action: policies.Deny, Rule: "l7",
+			Reason: fmt.Sprintf("Host %q is not the checked name %s", h, t.host)}
+		rec.Time, rec.Action, rec.Rule, rec.Reason = time.Now(), string(dec.Action), dec.Rule, dec.Reason
+		rec.Extra = map[string]any{"method": r.Method, "path": r.URL.Path}
+		if t.http != nil {
+			rec.Mode, rec.PolicyVersion = string(t.http.Mode()), t.http.Version()
+		}
+	} else {
+		rec, dec = checkRequest(t.http, r, base, nil)
+	}
+	if cp.d.cfg.Audit != nil {
+		cp.d.cfg.Audit.Append(rec)
+	}
+	if dec.Allowed() {
+		return nil
+	}
+	return deniedResponse(r, t.host, dec)
+}
+
 // methodOverrides are the headers through which frameworks let a request name another
 // method than its own; an injected request loses them.
 var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
@@ -174,6 +213,9 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 	var closeOnce sync.Once
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if t.http != nil && !cp.streamsChecked(w, r, t) {
+				return
+			}
 			r.URL.Scheme, r.URL.Host, r.RequestURI = t.scheme, net.JoinHostPort(t.host, fmt.Sprint(t.dst.Port())), ""
 			cp.mitm.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), credTargetKey{}, t)))
 		}),

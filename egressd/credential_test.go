@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/policies"
 )
 
 type recordSink struct {
@@ -46,6 +47,9 @@ type credRig struct {
 	caPool *x509.CertPool
 	host   string       // the bound name
 	hits   atomic.Int32 // requests the upstream saw
+	// rules and policyOnly, when set, go into each connection's credTarget (HTTP rules).
+	rules      *policies.HTTPHost
+	policyOnly bool
 }
 
 func newCredRig(t *testing.T, isTLS bool) *credRig { return newCredRigFor(t, isTLS, "example.com") }
@@ -101,7 +105,8 @@ func newCredRigFor(t *testing.T, isTLS bool, host string) *credRig {
 func (r *credRig) do(t *testing.T, method, path, host string, hdr http.Header) (int, map[string]any, *tls.ConnectionState) {
 	t.Helper()
 	client, server := net.Pipe()
-	go r.cp.serve(server, nil, credTarget{sandbox: "sbx", host: r.host, dst: r.dst, src: "10.0.0.2:4000"}, r.isTLS)
+	go r.cp.serve(server, nil, credTarget{sandbox: "sbx", host: r.host, dst: r.dst, src: "10.0.0.2:4000",
+		http: r.rules, policyOnly: r.policyOnly}, r.isTLS)
 	defer client.Close()
 	var conn net.Conn = client
 	var state *tls.ConnectionState

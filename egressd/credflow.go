@@ -91,7 +91,7 @@ func (cp *credentialProxy) decide(sbx dnsfilter.Sandbox, name string, isTLS bool
 	if !dec.Allowed() {
 		return nil, false, true
 	}
-	t = &credTarget{sandbox: sbx.ID, host: host, dst: dst, src: src.String()}
+	t = &credTarget{sandbox: sbx.ID, host: host, dst: dst, src: src.String(), http: dec.HTTP}
 	if d.learnedFor(sbx.ID, dst.Addr(), host) {
 		return t, true, true
 	}

@@ -91,7 +91,8 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		rec     audit.Record
 		allowed bool
 		handled bool
-		ct      *credTarget // the Credential Vault's interception of this connection
+		ct      *credTarget        // the interception of this connection (vault or HTTP rules)
+		rules   *policies.HTTPHost // the host's HTTP rules (nil: none)
 	)
 	if d.cred != nil {
 		rec = audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
@@ -109,7 +110,18 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		if err != nil {
 			checked = ""
 		}
-		rec, allowed = d.decideL7(sbx, src, dst, checked, proto)
+		rec, rules, allowed = d.decideL7(sbx, src, dst, checked, proto)
+		if allowed && rules != nil && isTLS {
+			// The host has HTTP rules: its requests are read, so TLS is terminated.
+			if d.cred == nil {
+				allowed, rec.Action, rec.Rule = false, string(policies.Deny), "l7"
+				rec.Reason = fmt.Sprintf("%s has HTTP rules, which need TLS interception, and this egressd has no interception CA (Credential Vault)", name)
+			} else {
+				ct = &credTarget{sandbox: sbx.ID, host: policies.NormalizeName(name), dst: dst, src: src.String(),
+					http: rules, policyOnly: true}
+				rec.Reason += "; intercepted: each request is checked against the host's HTTP rules"
+			}
+		}
 	}
 	if d.cfg.Audit != nil {
 		d.cfg.Audit.Append(rec)
@@ -136,7 +148,7 @@ func (p *l7Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	if !isTLS && sbx.Policy.L7() == policies.L7SNI {
 		// Every request of the connection is checked, not only the first. (A sandbox
 		// here only for its Credential Vault, l7 off, is held to its addresses.)
-		p.relayHTTP(c, up.(*net.TCPConn), seen.Bytes(), src, dst, name)
+		p.relayHTTP(c, up.(*net.TCPConn), seen.Bytes(), src, dst, name, rules)
 		return
 	}
 	if _, err := up.Write(seen.Bytes()); err != nil {
@@ -151,27 +163,28 @@ const l7Forbidden = "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConne
 // decideL7 decides name (a TLS SNI or an HTTP Host; "" when the connection gave none)
 // on a connection of sandbox sbx from src to dst over proto ("http" or "https"): the
 // name must be allowed by the policy at dst's port AND dst must have been learned from
-// a DNS answer for it. It returns the decision's audit record (source l7) and whether
-// the name is allowed.
-func (d *Daemon) decideL7(sbx dnsfilter.Sandbox, src, dst netip.AddrPort, name, proto string) (audit.Record, bool) {
+// a DNS answer for it. It returns the decision's audit record (source l7), the host's
+// HTTP rules when the deciding rule has some (every request must then pass them), and
+// whether the name is allowed.
+func (d *Daemon) decideL7(sbx dnsfilter.Sandbox, src, dst netip.AddrPort, name, proto string) (audit.Record, *policies.HTTPHost, bool) {
 	rec := audit.Record{Time: time.Now(), SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(),
 		DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Mode: string(sbx.Policy.Mode()),
 		PolicyVersion: sbx.Policy.Version(), Proto: proto, DstHost: name, Action: string(policies.Deny)}
 	if name == "" {
 		rec.Rule, rec.Reason = "l7", "no TLS SNI or HTTP Host to check"
-		return rec, false
+		return rec, nil, false
 	}
 	dec := sbx.Policy.DecideName(name, dst.Port(), policies.TCP)
 	rec.Rule, rec.Reason = dec.Rule, dec.Reason
 	switch {
 	case !dec.Allowed():
-		return rec, false
+		return rec, nil, false
 	case !d.learnedFor(sbx.ID, dst.Addr(), name):
 		rec.Rule, rec.Reason = "l7", fmt.Sprintf("%s was not learned from a DNS answer for %s", dst.Addr(), name)
-		return rec, false
+		return rec, nil, false
 	}
 	rec.Action = string(policies.Allow)
-	return rec, true
+	return rec, dec.HTTP, true
 }
 
 // splice copies both ways until both directions are done, half-closing each side as

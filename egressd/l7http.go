@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -31,14 +32,15 @@ import (
 // Terminating is chosen over closing after the first response: clients keep their
 // keep-alive connections (one TCP and one L7 decision per page, not per request), and
 // the upstream sees the request exactly as it was checked.
-func (p *l7Proxy) relayHTTP(c, up *net.TCPConn, seen []byte, src, dst netip.AddrPort, name string) {
+func (p *l7Proxy) relayHTTP(c, up *net.TCPConn, seen []byte, src, dst netip.AddrPort, name string, rules *policies.HTTPHost) {
 	d := p.d
 	sr := bytes.NewReader(seen)
 	cr := bufio.NewReader(io.MultiReader(sr, c))
 	cw := bufio.NewWriter(c)
 	ur := bufio.NewReader(up)
 	uw := bufio.NewWriter(up)
-	allowed := map[string]bool{policies.NormalizeName(name): true}
+	// allowed maps the names allowed on this connection to their HTTP rules (nil: none).
+	allowed := map[string]*policies.HTTPHost{policies.NormalizeName(name): rules}
 	for {
 		req, err := http.ReadRequest(cr)
 		if err != nil {
@@ -48,12 +50,13 @@ func (p *l7Proxy) relayHTTP(c, up *net.TCPConn, seen []byte, src, dst netip.Addr
 		if req.URL.Opaque != "" {
 			host = "" // "GET http:name HTTP/1.1": no authority to check
 		}
-		if !allowed[host] || req.Method == http.MethodConnect {
+		hostRules, known := allowed[host]
+		if !known || req.Method == http.MethodConnect {
 			sbx, ok := d.lookup(src.Addr())
 			if !ok {
 				return
 			}
-			rec, ok := d.decideL7(sbx, src, dst, host, "http")
+			rec, r, ok := d.decideL7(sbx, src, dst, host, "http")
 			if req.Method == http.MethodConnect {
 				rec.Action, rec.Rule, rec.Reason, ok = string(policies.Deny), "l7", "CONNECT inside a checked HTTP connection", false
 			}
@@ -64,8 +67,24 @@ func (p *l7Proxy) relayHTTP(c, up *net.TCPConn, seen []byte, src, dst netip.Addr
 				io.WriteString(c, l7Forbidden)
 				return
 			}
+			hostRules = r
 			if len(allowed) < 16 {
-				allowed[host] = true
+				allowed[host] = r
+			}
+		}
+		if hostRules != nil {
+			// The host has HTTP rules: this request must pass them.
+			sbx, _ := d.lookup(src.Addr())
+			base := audit.Record{SandboxID: sbx.ID, Source: audit.SourceL7, Src: src.String(), DstHost: host,
+				DstIP: dst.Addr().String(), DstPort: int(dst.Port()), Proto: "http"}
+			rec, dec := checkRequest(hostRules, req, base, func() { io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n") })
+			if d.cfg.Audit != nil {
+				d.cfg.Audit.Append(rec)
+			}
+			if !dec.Allowed() {
+				resp := deniedResponse(req, host, dec)
+				resp.Write(c)
+				return
 			}
 		}
 		normalizeRequest(req)

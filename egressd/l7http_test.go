@@ -71,7 +71,7 @@ func TestRelayHTTP(t *testing.T) {
 		go func() {
 			defer server.Close()
 			defer upc.Close()
-			p.relayHTTP(server.(*net.TCPConn), upc.(*net.TCPConn), nil, src, upAddr, "allowed.test")
+			p.relayHTTP(server.(*net.TCPConn), upc.(*net.TCPConn), nil, src, upAddr, "allowed.test", nil)
 		}()
 		client.SetDeadline(time.Now().Add(10 * time.Second))
 		return client, bufio.NewReader(client)

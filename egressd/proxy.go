@@ -105,6 +105,18 @@ func (p *explicitProxy) request(r *http.Request, _ *goproxy.ProxyCtx) (*http.Req
 	if !v.ok {
 		return r, v.response(r)
 	}
+	if v.rules != nil {
+		base := audit.Record{SandboxID: v.sandbox, Source: audit.SourceL7, Src: r.RemoteAddr, DstHost: v.host,
+			DstIP: v.dst.Addr().String(), DstPort: int(v.dst.Port()), Proto: "http"}
+		rec, dec := checkRequest(v.rules, r, base, nil)
+		rec.Extra["proxy"] = "explicit"
+		if p.d.cfg.Audit != nil {
+			p.d.cfg.Audit.Append(rec)
+		}
+		if !dec.Allowed() {
+			return r, deniedResponse(r, v.host, dec)
+		}
+	}
 	if r.Host == "" {
 		r.Host = r.URL.Host
 	}
@@ -114,11 +126,14 @@ func (p *explicitProxy) request(r *http.Request, _ *goproxy.ProxyCtx) (*http.Req
 
 // verdict is the outcome of one proxy decision.
 type verdict struct {
-	ok     bool
-	dst    netip.AddrPort
-	status int
-	code   string
-	reason string
+	ok  bool
+	dst netip.AddrPort
+	// rules are the host's HTTP rules (nil: none), sandbox and host what was decided.
+	rules         *policies.HTTPHost
+	sandbox, host string
+	status        int
+	code          string
+	reason        string
 }
 
 // response is a refused verdict's answer: the JSON error envelope
@@ -183,11 +198,16 @@ func (p *explicitProxy) decide(r *http.Request, hostport string, def uint16, pro
 		return deny(http.StatusForbidden, "EGRESS_DENIED", policies.Decision{Rule: "proxy",
 			Reason: "the destination is a sandbox: sandboxes never reach each other"})
 	}
+	if dec.HTTP != nil && proto == "https" {
+		// The host's HTTP rules must see each request; a CONNECT tunnel hides them.
+		return deny(http.StatusForbidden, "EGRESS_DENIED", policies.Decision{Rule: dec.Rule,
+			Reason: fmt.Sprintf("%s has HTTP rules, which cannot be checked inside a CONNECT tunnel: reach it without the proxy (its requests are checked there)", rec.DstHost)})
+	}
 	rec.Action, rec.Rule, rec.Reason, rec.WouldDeny = string(policies.Allow), dec.Rule, dec.Reason, dec.WouldDeny
 	if d.cfg.Audit != nil && pol.ShouldAudit(dec) {
 		d.cfg.Audit.Append(rec)
 	}
-	return verdict{ok: true, dst: netip.AddrPortFrom(dst, port)}
+	return verdict{ok: true, dst: netip.AddrPortFrom(dst, port), rules: dec.HTTP, sandbox: sbx.ID, host: rec.DstHost}
 }
 
 // resolve asks the DNS filter for host's IPv4 then IPv6 addresses as the sandbox at

@@ -75,6 +75,8 @@ type world struct {
 	current  atomic.Pointer[Daemon] // the daemon the ready gate asks
 	// gvisor: the sandboxes run under gVisor's runsc (lctest.Options.OCIRuntime).
 	gvisor bool
+	// ns is the internet namespace (more servers can be added there).
+	ns datapathtest.Netns
 }
 
 // newWorld builds the world; opts adjust the lifecycle harness (pools, aliases).
@@ -133,6 +135,7 @@ func newWorld(t *testing.T, opts ...func(*lctest.Options)) *world {
 // documentation prefixes through it, and the servers.
 func (w *world) internet(t *testing.T) {
 	ns := datapathtest.NewNetns(t, "aleg")
+	w.ns = ns
 	host, peer := "alegh0", "alegn0"
 	exec.Command("ip", "link", "del", host).Run() // a leftover from a killed run
 	datapathtest.IP(t, "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns.Name)

@@ -46,10 +46,15 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	if policyName == "" && len(v.policy) == 0 && snap == nil {
 		policyName = s.cfg.DefaultPolicy
 	}
+	// A policy with HTTP rules has HTTPS to those hosts intercepted with the sandbox's
+	// CA (egressd's L7 proxy), so the sandbox must trust it, as with credentialProxy.
+	httpRules := policyHasHTTP(v.policy)
 	if policyName != "" {
-		if _, err := s.lib.named(policyName, false); err != nil {
+		np, err := s.lib.named(policyName, false)
+		if err != nil {
 			return Sandbox{}, err
 		}
+		httpRules = httpRules || np.Policy.HasHTTP()
 	}
 	asked := v.spec.Image
 	if local, ok := s.cfg.ImageAliases[asked]; ok && snap == nil {
@@ -61,7 +66,10 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	id := newSandboxID()
 	v.spec.SandboxID = id
 	v.spec.Hold = true // released by awaitReadyAsync once enforced
-	if v.credentialProxy {
+	if httpRules && !v.credentialProxy && s.cfg.CredentialVault == nil {
+		return Sandbox{}, fmt.Errorf("%w: the policy has HTTP rules, which need TLS interception with the sandbox's CA, and this server runs no Credential Vault to hold it", ErrInvalidRequest)
+	}
+	if v.credentialProxy || httpRules {
 		if s.cfg.CredentialVault == nil {
 			return Sandbox{}, fmt.Errorf("%w: credentialProxy is not available: this server runs no Credential Vault", ErrInvalidRequest)
 		}

@@ -315,6 +315,16 @@ func validateVolumes(vols []Volume) error {
 // validatePolicy checks a create request's networkPolicy with policies.Parse, the one
 // validation function the CLI, lifecycle and egressd share (OpenSandbox
 // {defaultAction, egress:[{action, target}]} or the Airlock form).
+// policyHasHTTP reports whether raw (a validated networkPolicy; nil: none) has HTTP
+// rules.
+func policyHasHTTP(raw json.RawMessage) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	p, err := policies.Parse("networkPolicy", raw)
+	return err == nil && p.HasHTTP()
+}
+
 func validatePolicy(raw json.RawMessage) error {
 	if _, err := policies.Parse("networkPolicy", raw); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)

@@ -61,6 +61,12 @@ func Compile(p *Policy, opts CompileOptions) (*Decider, error) {
 	if d.rules, err = compileSet(layerEgress, src, p.Egress, ""); err != nil {
 		return nil, err
 	}
+	for i := range d.rules.rules {
+		r := &d.rules.rules[i]
+		if r.raw.HTTP != nil && r.action == Allow {
+			r.http = compileHTTP(r.ref, r.source, r.raw.HTTP, d.mode, d.version)
+		}
+	}
 	for _, s := range []*ruleSet{d.deny, d.allow, d.rules} {
 		for i := range s.rules {
 			r := &s.rules[i]
@@ -95,7 +101,8 @@ type crule struct {
 	line   int
 	source string
 	raw    Rule
-	desc   string // describe(), computed once
+	desc   string    // describe(), computed once
+	http   *HTTPHost // the rule's HTTP rules; nil: none
 }
 
 const (

@@ -42,6 +42,10 @@ type Decision struct {
 	Ports PortSet
 	// Version is the policy revision (CompileOptions.Version).
 	Version uint64
+	// HTTP, on an allow decision by a rule with HTTP rules, is what every request to
+	// the host must pass (HTTPHost.Decide): the connection is allowed only through the
+	// L7 proxy, request by request. Nil otherwise.
+	HTTP *HTTPHost
 }
 
 // Allowed reports whether the destination may be reached.
@@ -115,7 +119,9 @@ func (d *Decider) decision(a Action, rule, reason string, overlay bool) Decision
 
 func (d *Decider) ruleDecision(s *ruleSet, i int32) Decision {
 	r := &s.rules[i]
-	return d.decision(r.action, r.ref, r.desc, s.layer != layerEgress)
+	dec := d.decision(r.action, r.ref, r.desc, s.layer != layerEgress)
+	dec.HTTP = r.http
+	return dec
 }
 
 func (r *crule) describe() string {

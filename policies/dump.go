@@ -63,6 +63,11 @@ func (s *ruleSet) dump(w io.Writer) {
 	for _, p := range prefixes {
 		fmt.Fprintln(w, p)
 	}
+	for i := range s.rules {
+		if h := s.rules[i].http; h != nil {
+			h.dump(w)
+		}
+	}
 }
 
 func sortedKeys(m map[string][]int32) []string {

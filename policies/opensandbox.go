@@ -46,7 +46,7 @@ func ToNetworkPolicy(p *Policy) (np NetworkPolicy, lossless bool) {
 	lossless = p.Version == 0 && p.Name == "" && p.Mode == "" && p.DNS == nil && p.L7 == "" && p.Audit == ""
 	for _, r := range p.Egress {
 		np.Egress = append(np.Egress, NetworkRule{Action: r.Action, Target: r.Target})
-		lossless = lossless && len(r.Ports) == 0 && len(r.Protocols) == 0 && r.Comment == ""
+		lossless = lossless && len(r.Ports) == 0 && len(r.Protocols) == 0 && r.Comment == "" && r.HTTP == nil
 	}
 	return np, lossless
 }

@@ -288,6 +288,9 @@ func (p *parser) policy(root *yaml.Node) *Policy {
 	if len(p.errs) == 0 {
 		p.conflicts(pol.Egress, "egress")
 	}
+	if pol.L7 == L7Off && pol.HasHTTP() {
+		p.errorf(root, "l7", "l7: off contradicts the http rules, which the L7 proxy enforces (leave l7 out or say sni)")
+	}
 	return pol
 }
 
@@ -303,6 +306,7 @@ func (p *parser) rules(n *yaml.Node, path string) []Rule {
 func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
 	r := Rule{Line: n.Line, column: n.Column, src: p.src}
 	var hasAction, hasTarget bool
+	var httpNode *yaml.Node
 	p.fields(n, path, map[string]func(*yaml.Node, string){
 		"action": func(v *yaml.Node, path string) {
 			s, _ := p.enum(v, path, string(Allow), string(Deny))
@@ -348,7 +352,18 @@ func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
 			}
 		},
 		"comment": func(v *yaml.Node, path string) { r.Comment, _ = p.str(v, path) },
+		"http": func(v *yaml.Node, path string) {
+			if !needAction {
+				p.errorf(v, path, "http rules are not allowed in the overlay")
+				return
+			}
+			r.HTTP = p.httpRules(v, path)
+			httpNode = v
+		},
 	})
+	if httpNode != nil {
+		p.checkHTTPHost(httpNode, strings.TrimSuffix(path, ".http")+".http", r)
+	}
 	if n.Kind == yaml.MappingNode {
 		if needAction && !hasAction {
 			p.errorf(n, path, "missing key \"action\" (allow or deny)")

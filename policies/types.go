@@ -143,6 +143,9 @@ type Rule struct {
 	Protocols []Protocol `json:"protocols,omitempty"`
 	// Comment is free text shown by `airlock policy explain`.
 	Comment string `json:"comment,omitempty"`
+	// HTTP, on an allow rule for a name, holds the rules every HTTP request to that host
+	// must pass (http.go); nil: none, the host is decided by name only.
+	HTTP *HTTPRules `json:"http,omitempty"`
 	// Line is the rule's line in its source document (0 when built in code).
 	Line   int `json:"-"`
 	column int
@@ -190,9 +193,13 @@ func (p *Policy) EffectiveDefault() Action {
 	return p.DefaultAction
 }
 
-// EffectiveL7 returns L7 or its default, off.
+// EffectiveL7 returns L7 or its default: sni when some rule has HTTP rules (the L7
+// proxy enforces them), else off.
 func (p *Policy) EffectiveL7() L7Mode {
 	if p.L7 == "" {
+		if p.HasHTTP() {
+			return L7SNI
+		}
 		return L7Off
 	}
 	return p.L7
@@ -216,6 +223,7 @@ func (p *Policy) Clone() *Policy {
 	for i, r := range p.Egress {
 		r.Ports = append([]PortRange(nil), r.Ports...)
 		r.Protocols = append([]Protocol(nil), r.Protocols...)
+		r.HTTP = r.HTTP.clone()
 		c.Egress[i] = r
 	}
 	if p.DNS != nil {

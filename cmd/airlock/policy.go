@@ -83,8 +83,18 @@ func validateOne(out io.Writer, path string, overlay bool) error {
 	if _, err := policies.Compile(p, policies.CompileOptions{Overlay: policies.BaseOverlay()}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: ok: %d rules, default %s, mode %s, l7 %s, audit %s\n", path, len(p.Egress),
-		p.EffectiveDefault(), p.EffectiveMode(), p.EffectiveL7(), p.EffectiveAudit())
+	hosts := 0
+	for _, r := range p.Egress {
+		if r.HTTP != nil {
+			hosts++
+		}
+	}
+	extra := ""
+	if hosts > 0 {
+		extra = fmt.Sprintf(", http rules on %d hosts", hosts)
+	}
+	fmt.Fprintf(out, "%s: ok: %d rules, default %s, mode %s, l7 %s, audit %s%s\n", path, len(p.Egress),
+		p.EffectiveDefault(), p.EffectiveMode(), p.EffectiveL7(), p.EffectiveAudit(), extra)
 	return nil
 }
 
@@ -95,16 +105,21 @@ func newPolicyExplainCmd() *cobra.Command {
 		overlays  []string
 		noBuiltin bool
 		dump      bool
+		headers   []string
 	)
 	c := &cobra.Command{
-		Use:   "explain FILE NAME|IP",
-		Short: "Show which rule decides a destination and why",
+		Use:   "explain FILE NAME|IP | explain FILE METHOD URL",
+		Short: "Show which rule decides a destination (or an HTTP request) and why",
 		Long: `Compiles FILE with the built-in operator overlay (cloud metadata, link-local, loopback,
 localhost; --no-builtin drops it) plus any --overlay files, and decides NAME or IP at
 --port/--proto (default: any port, the question DNS asks). Lists every rule whose target
 matches, in evaluation order, marking the one that decides. --dump prints the compiled
-policy's indexes.`,
-		Args: cobra.ExactArgs(2),
+policy's indexes.
+
+With a METHOD and an http:// or https:// URL, decides the URL's host at its port (80 or
+443 by default) over TCP, then the request against the host's HTTP rules (headers from
+--header "Name: value"), listing every HTTP rule of the host with whether it matches.`,
+		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := os.ReadFile(args[0])
 			if err != nil {
@@ -142,10 +157,14 @@ policy's indexes.`,
 				d.Dump(out)
 				fmt.Fprintln(out)
 			}
+			if len(args) == 3 {
+				return explainHTTP(out, d, args[1], args[2], headers)
+			}
 			explain(out, d, args[1], port, p)
 			return nil
 		},
 	}
+	c.Flags().StringArrayVarP(&headers, "header", "H", nil, `request header "Name: value" for METHOD URL (repeatable)`)
 	c.Flags().Uint16Var(&port, "port", 0, "destination port (0: any)")
 	c.Flags().StringVar(&proto, "proto", "", "tcp, udp or any")
 	c.Flags().StringSliceVar(&overlays, "overlay", nil, "operator overlay file (repeatable)")

@@ -71,3 +71,48 @@ func TestPolicyExplain(t *testing.T) {
 		}
 	}
 }
+
+func TestPolicyExplainHTTP(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"../../deploy/policies/github-http.yaml", "DELETE", "https://api.github.com/repos/o/r"},
+			[]string{"http decision: deny", "http rule:     egress[1].http.rules[0]", "* egress[1].http.rules[0]"}},
+		{[]string{"../../deploy/policies/github-http.yaml", "get", "https://api.github.com/repos/o/r"},
+			[]string{"http decision: allow", "http rule:     egress[1].http.access"}},
+		{[]string{"../../deploy/policies/github-http.yaml", "POST", "https://github.com/o/r.git/git-receive-pack"},
+			[]string{"http decision: deny", "http rule:     egress[0].http.default"}},
+		{[]string{"../../deploy/policies/github-http.yaml", "GET", "https://github.com/o/r.git/info/refs?service=git-upload-pack"},
+			[]string{"http decision: allow", "egress[0].http.git.fetch"}},
+		{[]string{"../../deploy/policies/github-http.yaml", "GET", "https://objects.githubusercontent.com/x"},
+			[]string{"the host has no HTTP rules"}},
+		{[]string{"../../deploy/policies/github-http.yaml", "GET", "https://gist.github.com/x"},
+			[]string{"the host is denied"}},
+	}
+	for _, c := range cases {
+		out, err := run(t, newPolicyCmd(), append([]string{"explain"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("explain %v lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+	if _, err := run(t, newPolicyCmd(), "explain", "../../deploy/policies/github-http.yaml", "GET", "ftp://x/"); err == nil {
+		t.Error("explain accepted an ftp URL")
+	}
+}
+
+func TestPolicyValidateHTTPRules(t *testing.T) {
+	out, err := run(t, newPolicyCmd(), "validate", "../../policies/testdata/invalid/http-bad-path.yaml")
+	if err == nil || !strings.Contains(out, `http-bad-path.yaml:6:32: egress[0].http.rules[0].path: path "/repos/../user" is not canonical`) {
+		t.Fatalf("err = %v\n%s", err, out)
+	}
+	out, err = run(t, newPolicyCmd(), "validate", "../../deploy/policies/github-http.yaml")
+	if err != nil || !strings.Contains(out, "http rules on 2 hosts") {
+		t.Fatalf("err = %v\n%s", err, out)
+	}
+}

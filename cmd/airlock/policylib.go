@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -240,6 +241,19 @@ func canonicalRules(p *policies.Policy) []string {
 			s += " " + strings.Join(ps, ",")
 		}
 		out = append(out, s)
+		if h := r.HTTP; h != nil {
+			// One line per HTTP rule and preset, so a changed request rule shows alone.
+			for _, hr := range h.Rules {
+				out = append(out, fmt.Sprintf("%s http %s", target, jsonString(hr)))
+			}
+			if h.Access != "" {
+				out = append(out, fmt.Sprintf("%s http access %s", target, h.Access))
+			}
+			for _, g := range h.Git {
+				out = append(out, fmt.Sprintf("%s http git %s", target, g))
+			}
+			out = append(out, fmt.Sprintf("%s http default %s", target, cmp.Or(h.Default, policies.Deny)))
+		}
 	}
 	return out
 }
