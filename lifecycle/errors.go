@@ -40,10 +40,13 @@ var (
 	// (the sandbox's access token or the API key) (401 UNAUTHORIZED).
 	ErrAccessDenied = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "no valid credential for this sandbox port"}
 	// ErrForbidden: the request is refused whoever sends it, for example a service
-	// worker script fetch through the server proxy's path form (403 FORBIDDEN).
+	// worker script fetch through the server proxy's path form, or refused to the
+	// caller's role (a route its principal.Role does not allow) (403 FORBIDDEN).
 	ErrForbidden = &Error{http.StatusForbidden, "FORBIDDEN", "forbidden"}
 	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
 	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
+	// ErrKeyNotFound: no API key (principal) with that id (404 KEY_NOT_FOUND).
+	ErrKeyNotFound = &Error{http.StatusNotFound, "KEY_NOT_FOUND", "api key not found"}
 	// ErrNoRoute: no such route (404 NOT_FOUND).
 	ErrNoRoute = &Error{http.StatusNotFound, "NOT_FOUND", "no such route"}
 	// ErrInvalidState: the operation does not apply in the sandbox's state
@@ -64,7 +67,7 @@ var (
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
-	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrNoRoute, ErrInvalidState,
+	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrKeyNotFound, ErrNoRoute, ErrInvalidState,
 	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 

@@ -50,6 +50,9 @@ func (rec *record) view(full bool) Sandbox {
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	if rec.Owner != "" {
+		sb.Metadata[OwnerMetadataKey] = rec.Owner
+	}
 	if full {
 		sb.Image = &ImageSpec{URI: rec.Image}
 	}
@@ -180,10 +183,13 @@ func (s *Server) Get(id string) (Sandbox, error) {
 	return e.rec.view(true), nil
 }
 
-// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata.
+// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata
+// (OwnerMetadataKey matches the owner), and, when Owner is set, only the sandboxes
+// that principal created.
 type ListFilter struct {
 	States         []string
 	Metadata       map[string]string
+	Owner          string
 	Page, PageSize int
 }
 
@@ -198,8 +204,18 @@ func (s *Server) List(f ListFilter) ListResponse {
 		}) {
 			continue
 		}
+		if f.Owner != "" && rec.Owner != f.Owner {
+			continue
+		}
 		ok := true
 		for k, v := range f.Metadata {
+			if k == OwnerMetadataKey {
+				if rec.Owner != v {
+					ok = false
+					break
+				}
+				continue
+			}
 			if got, has := rec.Metadata[k]; !has || got != v {
 				ok = false
 				break
