@@ -49,13 +49,6 @@ var routeActions = map[string]principal.Action{
 // openRoutes need only a valid key, whatever its role.
 var openRoutes = map[string]bool{"": true, "/": true, "GET /keys/self": true}
 
-// OwnerMetadataKey is the metadata key under which a sandbox's answers (create, get,
-// list, metadata patch) carry the id of the principal that created it (absent for
-// sandboxes created before principals existed). It is under the reserved prefix
-// airlock.dev/, so clients cannot set or patch it; GET /sandboxes?metadata= filters on
-// it like any other key.
-const OwnerMetadataKey = "airlock.dev/principal"
-
 // authenticate returns the principal of r's OPEN-SANDBOX-API-KEY. Without
 // authentication configured (no API key, --no-auth) a request whose key is unknown is
 // the admin principal.AnonymousID.

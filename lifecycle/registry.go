@@ -51,7 +51,7 @@ func (rec *record) view(full bool) Sandbox {
 		sb.Metadata = map[string]string{}
 	}
 	if rec.Owner != "" {
-		sb.Metadata[OwnerMetadataKey] = rec.Owner
+		sb.Airlock = &SandboxExtension{CreatedBy: rec.Owner}
 	}
 	if full {
 		sb.Image = &ImageSpec{URI: rec.Image}
@@ -183,9 +183,8 @@ func (s *Server) Get(id string) (Sandbox, error) {
 	return e.rec.view(true), nil
 }
 
-// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata
-// (OwnerMetadataKey matches the owner), and, when Owner is set, only the sandboxes
-// that principal created.
+// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata,
+// and, when Owner is set, only the sandboxes that principal created.
 type ListFilter struct {
 	States         []string
 	Metadata       map[string]string
@@ -209,13 +208,6 @@ func (s *Server) List(f ListFilter) ListResponse {
 		}
 		ok := true
 		for k, v := range f.Metadata {
-			if k == OwnerMetadataKey {
-				if rec.Owner != v {
-					ok = false
-					break
-				}
-				continue
-			}
 			if got, has := rec.Metadata[k]; !has || got != v {
 				ok = false
 				break

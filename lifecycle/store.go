@@ -105,7 +105,7 @@ type record struct {
 	// Owner is the id of the principal that created the sandbox (package principal;
 	// "admin" for the configured API key); empty for sandboxes created before
 	// principals existed, which only roles seeing every sandbox reach. Answers carry
-	// it as metadata OwnerMetadataKey.
+	// it as airlock.createdBy (SandboxExtension).
 	Owner string `json:"owner,omitempty"`
 }
 
