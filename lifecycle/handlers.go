@@ -41,7 +41,7 @@ func (s *Server) routes() {
 	s.policies.routes(m)
 	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
 	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
-	(&keysAPI{keys: s.keys, audit: s.cfg.Audit, log: s.log}).routes(m)
+	(&keysAPI{keys: s.keys, log: s.log}).routes(m)
 	diag, _ := s.rt.(Diagnoser)
 	(&diagnosticsAPI{
 		reg: s, rt: diag, kind: s.rt.Kind(), cfg: s.cfg.Diagnostics, key: s.cfg.ExecdKey,

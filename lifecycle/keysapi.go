@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"time"
 
-	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/principal"
 )
@@ -21,11 +19,12 @@ import (
 //	POST   /keys/{id}/rotate 200 principal.Created: a new key; the old one stops (admin)
 //	GET    /keys/self        200 principal.Principal: who the caller is (any role)
 //
-// Every change is audited (source policy, rule key.<op>) with the acting principal.
+// Every change and refusal is logged with the acting principal and the request id
+// (never a key); the control-plane audit records of key management are not built
+// here.
 type keysAPI struct {
-	keys  *principal.Keyring
-	audit interface{ Append(audit.Record) }
-	log   *slog.Logger
+	keys *principal.Keyring
+	log  *slog.Logger
 }
 
 func (a *keysAPI) routes(m *http.ServeMux) {
@@ -93,17 +92,9 @@ func (a *keysAPI) fail(w http.ResponseWriter, r *http.Request, op, id string, er
 	fail(a.log, w, r, err)
 }
 
-// record appends a key management record: who (principal), what (rule key.<op>, the
-// target principal id), the outcome; never a key.
+// record logs a key management outcome: who (principal), what (op, the target
+// principal id), the outcome; never a key.
 func (a *keysAPI) record(r *http.Request, op, target, action, reason string) {
-	if a.audit == nil {
-		return
-	}
-	a.audit.Append(audit.Record{
-		Time: time.Now().UTC(), Source: audit.SourcePolicy, Action: action, Rule: "key." + op, Reason: reason,
-		Extra: map[string]any{
-			"principal": principalOf(r).ID, "target_principal": target,
-			"request_id": r.Header.Get(opensandbox.HeaderRequestID), "route": r.Method + " " + r.URL.Path,
-		},
-	})
+	a.log.Info("api key management", "op", op, "action", action, "principal_id", principalOf(r).ID,
+		"target_principal_id", target, "request_id", r.Header.Get(opensandbox.HeaderRequestID), "reason", reason)
 }
