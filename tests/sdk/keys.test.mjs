@@ -15,7 +15,7 @@ const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `keys${process.pid}`;
 const PREFIX = `altest-sdk-keys${process.pid}-`;
 
-let server, stateDir, domain, adminKey, resolver;
+let server, stateDir, domain, gateway, adminKey, resolver;
 
 const config = (apiKey) => new ConnectionConfig({ domain, apiKey, requestTimeoutSeconds: 60 });
 
@@ -39,7 +39,7 @@ before(async () => {
     `listen: ${domain}`,
     `stateDir: ${path.join(stateDir, "state")}`,
     "gateway:",
-    `  listen: 127.0.0.1:${await freePort()}`,
+    `  listen: ${(gateway = `127.0.0.1:${await freePort()}`)}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
     `  pinRoot: /sys/fs/bpf/airlock-sdkkeys-${process.pid}`,
@@ -89,6 +89,30 @@ test("a user key works with the unchanged SDK, on its own sandboxes only", async
     const r = await fetch(`http://${domain}${p}`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } });
     assert.equal(r.status, 404, p);
   }
+  // The gateway admits Bob's key for nothing (only an endpoint's token or the first
+  // admin's key admit there), while Alice's endpoint, with its token, works.
+  const ep = await sbx.getEndpoint(44772);
+  assert.equal(ep.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/44772`);
+  assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } })).status, 401);
+  assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: ep.headers })).status, 200);
+
+  // The console: Bob signs in with his key, sees his role, and is refused the audit log
+  // and Alice's sandbox.
+  const login = await fetch(`http://${domain}/console/login`, {
+    method: "POST",
+    redirect: "manual",
+    headers: { "Content-Type": "application/x-www-form-urlencoded", Origin: `http://${domain}`, "Sec-Fetch-Site": "same-origin" },
+    body: new URLSearchParams({ key: bob.key }),
+  });
+  assert.equal(login.status, 303);
+  const cookie = login.headers.get("set-cookie").split(";")[0];
+  const session = await (await fetch(`http://${domain}/console/api/session`, { headers: { Cookie: cookie } })).json();
+  assert.equal(session.principal.role, "user");
+  assert.equal(session.principal.id, bob.id);
+  assert.equal((await fetch(`http://${domain}/console/api/audit`, { headers: { Cookie: cookie } })).status, 403);
+  assert.equal((await fetch(`http://${domain}/console/api/v1/sandboxes/${sbx.id}`, { headers: { Cookie: cookie } })).status, 404);
+  assert.equal((await fetch(`http://${domain}/console/api/v1/keys`, { headers: { Cookie: cookie } })).status, 403);
+
   // The admin sees the sandbox and who created it.
   const info = await (await fetch(`http://${domain}/v1/sandboxes/${sbx.id}`, { headers: { "OPEN-SANDBOX-API-KEY": adminKey } })).json();
   assert.equal(info.airlock?.createdBy, alice.id);
