@@ -12,8 +12,9 @@
 // An operator signs in with any API key (a principal with a role, package principal)
 // and gets a server-side session (an HttpOnly, SameSite=Strict cookie scoped to
 // /console); the session calls the API with that key, so the console can do exactly
-// what the key's role allows and shows the rest hidden or refused. Every write needs the session's CSRF token
-// in a header and a same-origin request (Origin and Sec-Fetch-Site).
+// what the key's role allows and shows the rest hidden or refused. Every write needs
+// the session's CSRF token in a header and a same-origin request (Origin and
+// Sec-Fetch-Site).
 package console
 
 import (
@@ -44,7 +45,7 @@ var assetFS embed.FS
 // Config configures a Console. API is required.
 type Config struct {
 	// API is the lifecycle API's handler (lifecycle.Server.Handler): the console calls
-	// it in-process, adding APIKey. It must serve /v1/sandboxes….
+	// it in-process, adding the session's key. It must serve /v1/sandboxes….
 	API http.Handler
 	// APIKey is the server's configured key (the first admin). Empty means the API has
 	// no authentication (airlock up --no-auth): the login page says so and a session is
@@ -210,20 +211,23 @@ func (c *Console) handleStatic(w http.ResponseWriter, r *http.Request) {
 	c.static.ServeHTTP(w, r)
 }
 
-// pageData fills the page templates. Who is the signed-in principal; the navigation
-// shows only the pages its role may use (the API refuses the rest anyway).
+// pageData fills the page templates. The navigation shows only the pages the
+// principal's role may use (the API refuses the rest anyway).
 type pageData struct {
-	Who               principal.Principal
-	CanAudit, CanKeys bool
-	Page              string
-	Title             string
-	CSRF              string
-	NoAuth            bool
-	Image             string
-	Scheme            string
-	Error             string
-	Notice            string
-	Expires           time.Time
+	Page    string
+	Title   string
+	CSRF    string
+	NoAuth  bool
+	Image   string
+	Scheme  string
+	Error   string
+	Notice  string
+	Expires time.Time
+	// Who is the signed-in principal; Audit and Keys say whether its role may read the
+	// audit log and manage API keys.
+	Who   principal.Principal
+	Audit bool
+	Keys  bool
 }
 
 // page serves the shell of one page of the signed-in console; without a session it
@@ -231,13 +235,7 @@ type pageData struct {
 func (c *Console) page(name string) http.Handler {
 	titles := map[string]string{"sandboxes": "Sandboxes", "sandbox": "Sandbox", "audit": "Audit log", "keys": "API keys"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, state := c.sessions.fromRequest(r)
-		if s != nil && !c.refresh(s) {
-			if ck, err := r.Cookie(CookieName); err == nil {
-				c.sessions.remove(ck.Value)
-			}
-			s, state = nil, sessionExpired
-		}
+		s, state := c.liveSession(r)
 		if s == nil {
 			q := "?next=" + urlQueryEscape(r.URL.Path)
 			if state == sessionExpired {
@@ -248,7 +246,7 @@ func (c *Console) page(name string) http.Handler {
 		}
 		who := s.principal()
 		c.render(w, http.StatusOK, "page.html", pageData{Page: name, Title: titles[name], CSRF: s.csrf,
-			Who: who, CanAudit: who.Role.Allows(principal.ReadAudit), CanKeys: who.Role.Allows(principal.ManageKeys),
+			Who: who, Audit: who.Role.Allows(principal.ReadAudit), Keys: who.Role.Allows(principal.ManageKeys),
 			NoAuth: c.cfg.APIKey == "", Image: c.cfg.DefaultImage, Scheme: c.cfg.EndpointScheme, Expires: s.expires})
 	})
 }

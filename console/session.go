@@ -158,14 +158,7 @@ func sessionOf(r *http.Request) *session {
 // revoked or rotated ends).
 func (c *Console) read(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, state := c.sessions.fromRequest(r)
-		if s != nil && !c.refresh(s) {
-			if ck, err := r.Cookie(CookieName); err == nil {
-				c.sessions.remove(ck.Value)
-			}
-			c.log.Info("console session ended: its key no longer authenticates", "principal_id", s.principal().ID)
-			s, state = nil, sessionExpired
-		}
+		s, state := c.liveSession(r)
 		if s == nil {
 			if state == sessionExpired {
 				writeError(w, http.StatusUnauthorized, "SESSION_EXPIRED", "your console session has expired: sign in again")
@@ -398,6 +391,21 @@ func (c *Console) authenticate(key string) (principal.Principal, bool) {
 		return principal.Principal{ID: principal.AnonymousID, Name: "anonymous (no authentication)", Role: principal.Admin}, true
 	}
 	return principal.Principal{}, false
+}
+
+// liveSession returns the request's session when it is live and its key still
+// authenticates; a session whose key was revoked or rotated is removed (its state is
+// then sessionExpired).
+func (c *Console) liveSession(r *http.Request) (*session, sessionState) {
+	s, state := c.sessions.fromRequest(r)
+	if s != nil && !c.refresh(s) {
+		if ck, err := r.Cookie(CookieName); err == nil {
+			c.sessions.remove(ck.Value)
+		}
+		c.log.Info("console session ended: its key no longer authenticates", "principal_id", s.principal().ID)
+		return nil, sessionExpired
+	}
+	return s, state
 }
 
 // refresh re-authenticates s's key (in memory, no I/O) and updates its principal;
