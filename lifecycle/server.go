@@ -191,7 +191,7 @@ type entry struct {
 }
 
 // New checks cfg and returns a Server; it performs no I/O besides reading the store's
-// instance id.
+// instance id and the API keys (Config.Keys).
 func New(cfg Config) (*Server, error) {
 	if cfg.Runtime == nil || cfg.Store == nil {
 		return nil, errors.New("lifecycle: Runtime and Store are required")
