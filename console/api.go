@@ -17,12 +17,14 @@ import (
 
 // apiRoutes are the lifecycle routes the console passes through (path after
 // /console/api): sandboxes and their endpoints, policies, audit and metadata, signed-URL
-// revocation, and the named-policy library. Never the server proxy, the watch stream or metrics.
-var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy|audit|endpoints/[0-9]+|signed-urls/revoke))?)?|policies(/[A-Za-z0-9_.-]+)?)$`)
+// revocation, the named-policy library and the API keys. Never the server proxy, the
+// watch stream or metrics.
+var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy|audit|endpoints/[0-9]+|signed-urls/revoke))?)?|policies(/[A-Za-z0-9_.-]+)?|keys(/[A-Za-z0-9_.-]+(/rotate)?)?)$`)
 
-// api passes /console/api/v1/… to the lifecycle API with the API key: reads need a
-// session, writes also the CSRF token and a same-origin request. Answers, including the
-// {code,message} envelope of errors, are the API's own.
+// api passes /console/api/v1/… to the lifecycle API with the session's key (the API
+// decides what its role allows): reads need a session, writes also the CSRF token and
+// a same-origin request. Answers, including the {code,message} envelope of errors, are
+// the API's own.
 func (c *Console) api() http.Handler {
 	pass := func(w http.ResponseWriter, r *http.Request) {
 		path := strings.TrimPrefix(r.URL.Path, "/console/api")
@@ -39,8 +41,8 @@ func (c *Console) api() http.Handler {
 				req.Header.Set(k, v)
 			}
 		}
-		if c.cfg.APIKey != "" {
-			req.Header.Set(opensandbox.HeaderAPIKey, c.cfg.APIKey)
+		if k := sessionOf(r).apiKey; k != "" {
+			req.Header.Set(opensandbox.HeaderAPIKey, k)
 		}
 		c.cfg.API.ServeHTTP(w, req)
 	}
@@ -62,13 +64,14 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
-// apiGet calls the lifecycle API in-process and decodes a 200 answer into out; other
+// apiGet calls the lifecycle API in-process with the key of ctx's session (read puts
+// the session in the context; none: no key) and decodes a 200 answer into out; other
 // answers are *apiError with the API's code and message.
 func (c *Console) apiGet(ctx context.Context, path string, out any) error {
 	req := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 	req.RemoteAddr = "127.0.0.1:0"
-	if c.cfg.APIKey != "" {
-		req.Header.Set(opensandbox.HeaderAPIKey, c.cfg.APIKey)
+	if s, _ := ctx.Value(ctxKey{}).(*session); s != nil && s.apiKey != "" {
+		req.Header.Set(opensandbox.HeaderAPIKey, s.apiKey)
 	}
 	rec := httptest.NewRecorder()
 	c.cfg.API.ServeHTTP(rec, req)

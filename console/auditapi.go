@@ -179,7 +179,7 @@ func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		case <-tick.C:
-			if !c.cfg.Now().Before(sess.expires) {
+			if !c.cfg.Now().Before(sess.expires) || !c.refresh(sess) {
 				fmt.Fprint(bw, "event: expired\ndata: {}\n\n")
 				_ = bw.Flush()
 				fl.Flush()

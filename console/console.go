@@ -3,15 +3,18 @@
 // embedded in the binary (no build step), talking to a small JSON API of its own:
 //
 //   - /console/api/v1/…: the lifecycle API (sandboxes, endpoints, policies), called
-//     in-process with the API key, which never reaches the browser;
+//     in-process with the signed-in key, which never reaches the browser;
 //   - /console/api/sandboxes/{id}/events: a sandbox's audit records, live, as
 //     Server-Sent Events;
 //   - /console/api/audit…: search, chain verification, JSON Lines export and the
 //     per-minute statistics the charts draw.
 //
-// An operator logs in with the API key and gets a server-side session (an HttpOnly,
-// SameSite=Strict cookie scoped to /console). Every write needs the session's CSRF token
-// in a header and a same-origin request (Origin and Sec-Fetch-Site).
+// An operator signs in with any API key (a principal with a role, package principal)
+// and gets a server-side session (an HttpOnly, SameSite=Strict cookie scoped to
+// /console); the session calls the API with that key, so the console can do exactly
+// what the key's role allows and shows the rest hidden or refused. Every write needs
+// the session's CSRF token in a header and a same-origin request (Origin and
+// Sec-Fetch-Site).
 package console
 
 import (
@@ -27,6 +30,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/policies"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // Prefix is the path the console is served under.
@@ -41,12 +45,17 @@ var assetFS embed.FS
 // Config configures a Console. API is required.
 type Config struct {
 	// API is the lifecycle API's handler (lifecycle.Server.Handler): the console calls
-	// it in-process, adding APIKey. It must serve /v1/sandboxes….
+	// it in-process, adding the session's key. It must serve /v1/sandboxes….
 	API http.Handler
-	// APIKey is the key operators log in with and the console sends to API. Empty means
-	// the API has no authentication (airlock up --no-auth): the login page says so and
-	// a session is opened without a key (writes still need the CSRF token).
+	// APIKey is the server's configured key (the first admin). Empty means the API has
+	// no authentication (airlock up --no-auth): the login page says so and a session is
+	// opened without a key (writes still need the CSRF token).
 	APIKey string
+	// Authenticate returns the principal of an API key (lifecycle.Server.Keys's
+	// Authenticate; it performs no I/O). Operators sign in with any key; the session
+	// sends that key to API, so it may do what the key's role allows, and ends when the
+	// key stops authenticating. Nil: only APIKey signs in, as the admin.
+	Authenticate func(key string) (principal.Principal, bool)
 	// AuditDir is the audit log's directory (package audit); empty disables the live
 	// stream, search, verification, export and charts (they answer 501).
 	AuditDir string
@@ -150,15 +159,16 @@ func (c *Console) routes() {
 	m.Handle("GET /console/{$}", c.page("sandboxes"))
 	m.Handle("GET /console/sandboxes/{id}", c.page("sandbox"))
 	m.Handle("GET /console/audit", c.page("audit"))
+	m.Handle("GET /console/keys", c.page("keys"))
 
 	m.Handle("GET /console/api/session", c.read(c.handleSession))
 	m.Handle("GET /console/api/sandboxes", c.read(c.handleSandboxes))
 	m.Handle("GET /console/api/sandboxes/{id}/events", c.read(c.handleEvents))
 	m.Handle("GET /console/api/sandboxes/{id}/explain", c.read(c.handleExplain))
-	m.Handle("GET /console/api/audit", c.read(c.handleAuditSearch))
-	m.Handle("GET /console/api/audit/verify", c.read(c.handleVerify))
-	m.Handle("GET /console/api/audit/export", c.read(c.handleExport))
-	m.Handle("GET /console/api/stats", c.read(c.handleStats))
+	m.Handle("GET /console/api/audit", c.read(c.allow(principal.ReadAudit, c.handleAuditSearch)))
+	m.Handle("GET /console/api/audit/verify", c.read(c.allow(principal.ReadAudit, c.handleVerify)))
+	m.Handle("GET /console/api/audit/export", c.read(c.allow(principal.ReadAudit, c.handleExport)))
+	m.Handle("GET /console/api/stats", c.read(c.allow(principal.ReadAudit, c.handleStats)))
 	m.Handle("/console/api/v1/", c.api())
 	m.HandleFunc("/console/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "no console API route "+r.Method+" "+r.URL.Path)
@@ -201,7 +211,8 @@ func (c *Console) handleStatic(w http.ResponseWriter, r *http.Request) {
 	c.static.ServeHTTP(w, r)
 }
 
-// pageData fills the page templates.
+// pageData fills the page templates. The navigation shows only the pages the
+// principal's role may use (the API refuses the rest anyway).
 type pageData struct {
 	Page    string
 	Title   string
@@ -212,14 +223,19 @@ type pageData struct {
 	Error   string
 	Notice  string
 	Expires time.Time
+	// Who is the signed-in principal; Audit and Keys say whether its role may read the
+	// audit log and manage API keys.
+	Who   principal.Principal
+	Audit bool
+	Keys  bool
 }
 
 // page serves the shell of one page of the signed-in console; without a session it
 // redirects to the login page (saying so when the session expired).
 func (c *Console) page(name string) http.Handler {
-	titles := map[string]string{"sandboxes": "Sandboxes", "sandbox": "Sandbox", "audit": "Audit log"}
+	titles := map[string]string{"sandboxes": "Sandboxes", "sandbox": "Sandbox", "audit": "Audit log", "keys": "API keys"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, state := c.sessions.fromRequest(r)
+		s, state := c.liveSession(r)
 		if s == nil {
 			q := "?next=" + urlQueryEscape(r.URL.Path)
 			if state == sessionExpired {
@@ -228,7 +244,9 @@ func (c *Console) page(name string) http.Handler {
 			http.Redirect(w, r, Prefix+"login"+q, http.StatusSeeOther)
 			return
 		}
+		who := s.principal()
 		c.render(w, http.StatusOK, "page.html", pageData{Page: name, Title: titles[name], CSRF: s.csrf,
+			Who: who, Audit: who.Role.Allows(principal.ReadAudit), Keys: who.Role.Allows(principal.ManageKeys),
 			NoAuth: c.cfg.APIKey == "", Image: c.cfg.DefaultImage, Scheme: c.cfg.EndpointScheme, Expires: s.expires})
 	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 const testKey = "ak_test-key"
@@ -343,8 +344,8 @@ func TestTokenEqual(t *testing.T) {
 func TestSessionsTable(t *testing.T) {
 	now := time.Now()
 	s := newSessions(time.Minute, func() time.Time { return now })
-	id, sess := s.create()
-	id2, sess2 := s.create()
+	id, sess := s.create("", principal.Principal{})
+	id2, sess2 := s.create("", principal.Principal{})
 	if id == id2 || sess.csrf == sess2.csrf || sess.csrf == id {
 		t.Fatal("ids or tokens repeat")
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // CookieName is the session cookie (HttpOnly, SameSite=Strict, Path=/console, Secure
@@ -28,6 +29,20 @@ type session struct {
 	key     [32]byte // SHA-256 of the cookie value (the table never holds the id itself)
 	csrf    string
 	expires time.Time
+	// apiKey is the key the operator signed in with (server memory only, never sent to
+	// the browser): every API call of the session carries it, so the session can do
+	// exactly what the key's role allows, and stops when the key is revoked or rotated.
+	apiKey string
+	// who is the key's principal, as of the session's last request.
+	mu  sync.Mutex
+	who principal.Principal
+}
+
+// principal returns the session's principal.
+func (s *session) principal() principal.Principal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.who
 }
 
 // sessionState says why a request has no session.
@@ -60,10 +75,11 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// create opens a session and returns its cookie value.
-func (s *sessions) create() (id string, sess *session) {
+// create opens a session for the principal who signed in with apiKey and returns its
+// cookie value.
+func (s *sessions) create(apiKey string, who principal.Principal) (id string, sess *session) {
 	id = randomToken()
-	sess = &session{key: sha256.Sum256([]byte(id)), csrf: randomToken(), expires: s.now().Add(s.ttl)}
+	sess = &session{key: sha256.Sum256([]byte(id)), csrf: randomToken(), expires: s.now().Add(s.ttl), apiKey: apiKey, who: who}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -137,11 +153,12 @@ func sessionOf(r *http.Request) *session {
 	return s
 }
 
-// read admits console API requests that carry a live session (401 SESSION_EXPIRED or
-// UNAUTHORIZED otherwise).
+// read admits console API requests that carry a live session whose key still
+// authenticates (401 SESSION_EXPIRED or UNAUTHORIZED otherwise; a session whose key was
+// revoked or rotated ends).
 func (c *Console) read(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, state := c.sessions.fromRequest(r)
+		s, state := c.liveSession(r)
 		if s == nil {
 			if state == sessionExpired {
 				writeError(w, http.StatusUnauthorized, "SESSION_EXPIRED", "your console session has expired: sign in again")
@@ -323,7 +340,9 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusBadRequest, "login.html", d)
 		return
 	}
-	if c.cfg.APIKey != "" && !tokenEqual(r.PostForm.Get("key"), c.cfg.APIKey) {
+	key := r.PostForm.Get("key")
+	who, ok := c.authenticate(key)
+	if !ok {
 		c.log.Warn("console sign-in failed", "client", r.RemoteAddr)
 		d.Error = "Wrong API key."
 		c.render(w, http.StatusUnauthorized, "login.html", d)
@@ -333,11 +352,11 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	if old, err := r.Cookie(CookieName); err == nil {
 		c.sessions.remove(old.Value) // never keep a session id from before sign-in
 	}
-	id, _ := c.sessions.create()
+	id, _ := c.sessions.create(key, who)
 	// A browser-session cookie: the server's table decides expiry, and a browser that
 	// still sends the cookie afterwards is told that its session expired.
 	setCookie(w, r, id, 0)
-	c.log.Info("console sign-in", "client", r.RemoteAddr)
+	c.log.Info("console sign-in", "client", r.RemoteAddr, "principal_id", who.ID, "role", string(who.Role))
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
@@ -350,9 +369,67 @@ func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// handleSession answers GET /console/api/session: {"noAuth","expiresAt"}.
+// handleSession answers GET /console/api/session: {"noAuth","expiresAt","principal":
+// {"id","name","role"}}.
 func (c *Console) handleSession(w http.ResponseWriter, r *http.Request) {
-	opensandbox.WriteJSON(w, http.StatusOK, map[string]any{"noAuth": c.cfg.APIKey == "", "expiresAt": sessionOf(r).expires.UTC()})
+	s := sessionOf(r)
+	opensandbox.WriteJSON(w, http.StatusOK, map[string]any{"noAuth": c.cfg.APIKey == "", "expiresAt": s.expires.UTC(), "principal": s.principal()})
+}
+
+// authenticate returns the principal of key: Config.Authenticate's answer; without it,
+// the admin principal for Config.APIKey; with no authentication (no APIKey), the
+// anonymous admin for a key nobody has.
+func (c *Console) authenticate(key string) (principal.Principal, bool) {
+	if c.cfg.Authenticate != nil {
+		if p, ok := c.cfg.Authenticate(key); ok {
+			return p, true
+		}
+	} else if c.cfg.APIKey != "" && tokenEqual(key, c.cfg.APIKey) {
+		return principal.Principal{ID: principal.ConfiguredAdminID, Name: "admin (configured key)", Role: principal.Admin}, true
+	}
+	if c.cfg.APIKey == "" {
+		return principal.Principal{ID: principal.AnonymousID, Name: "anonymous (no authentication)", Role: principal.Admin}, true
+	}
+	return principal.Principal{}, false
+}
+
+// liveSession returns the request's session when it is live and its key still
+// authenticates; a session whose key was revoked or rotated is removed (its state is
+// then sessionExpired).
+func (c *Console) liveSession(r *http.Request) (*session, sessionState) {
+	s, state := c.sessions.fromRequest(r)
+	if s != nil && !c.refresh(s) {
+		if ck, err := r.Cookie(CookieName); err == nil {
+			c.sessions.remove(ck.Value)
+		}
+		c.log.Info("console session ended: its key no longer authenticates", "principal_id", s.principal().ID)
+		return nil, sessionExpired
+	}
+	return s, state
+}
+
+// refresh re-authenticates s's key (in memory, no I/O) and updates its principal;
+// false when the key no longer authenticates.
+func (c *Console) refresh(s *session) bool {
+	who, ok := c.authenticate(s.apiKey)
+	if ok {
+		s.mu.Lock()
+		s.who = who
+		s.mu.Unlock()
+	}
+	return ok
+}
+
+// allow admits requests of sessions whose role may perform act (403 FORBIDDEN
+// otherwise), for the console's own routes that read the audit log from disk.
+func (c *Console) allow(act principal.Action, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if who := sessionOf(r).principal(); !who.Role.Allows(act) {
+			writeError(w, http.StatusForbidden, "FORBIDDEN", "the "+string(who.Role)+" role of "+who.ID+" may not "+act.String())
+			return
+		}
+		h(w, r)
+	}
 }
 
 // safeNext keeps a post-login redirect inside the console.

@@ -11,6 +11,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // AccessTokenHeader is the header under which an endpoint of a token port (execd, the
@@ -106,19 +107,35 @@ type proxySandbox struct {
 	found  bool
 	token  string
 	secure bool
+	owner  string
 }
 
-// admit decides whether r may use the server proxy to port of sandbox id: the API key
-// or the gateway key admits any sandbox; the sandbox's own access token (header
-// OpenSandbox-Secure-Access or X-Airlock-Access-Token) admits that sandbox only and,
-// when present, decides on its own (a wrong token is refused); so does its execd token
-// (X-EXECD-ACCESS-TOKEN) for execd's port. With no API key
-// configured (--no-auth) a request without a token passes on public ports only: execd
-// and the egress API always need the token. Refusals wrap ErrAccessDenied (401).
-func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbox) error {
+// gatewayPrincipal is the principal of requests the gateway forwards with its key.
+var gatewayPrincipal = principal.Principal{ID: "gateway", Name: "gateway (forwarded egress API request)", Role: principal.Operator}
+
+// admit decides whether r may use the server proxy to port of sandbox id, and returns
+// the principal it admitted (zero when a sandbox token admitted it): an API key whose
+// role may use sandboxes admits any sandbox (admin, operator) or its own (user: another
+// principal's sandbox is 404 SANDBOX_NOT_FOUND, as an unknown one); the gateway key
+// admits any sandbox; the sandbox's own access token (header OpenSandbox-Secure-Access
+// or X-Airlock-Access-Token) admits that sandbox only and, when present, decides on its
+// own (a wrong token is refused); so does its execd token (X-EXECD-ACCESS-TOKEN) for
+// execd's port. With no API key configured (--no-auth) a request without a token
+// passes on public ports only: execd and the egress API always need the token. An
+// auditor's key is refused (403 FORBIDDEN); other refusals wrap ErrAccessDenied (401).
+func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbox) (principal.Principal, error) {
 	key := r.Header.Get(opensandbox.HeaderAPIKey)
-	if p.apiKey != "" && secretEqual(key, p.apiKey) || p.gatewayKey != "" && secretEqual(key, p.gatewayKey) {
-		return nil
+	if who, ok := p.keys.Authenticate(key); ok {
+		switch {
+		case !who.Role.Allows(principal.UseSandbox):
+			return principal.Principal{}, fmt.Errorf("%w: the %s role of %s may not %s", ErrForbidden, who.Role, who.ID, principal.UseSandbox)
+		case !who.Role.OwnsAll() && sb.found && sb.owner != who.ID:
+			return principal.Principal{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+		}
+		return who, nil
+	}
+	if p.gatewayKey != "" && secretEqual(key, p.gatewayKey) {
+		return gatewayPrincipal, nil
 	}
 	tok, present := r.Header[opensandbox.HeaderAccessToken]
 	if !present {
@@ -126,22 +143,22 @@ func (p *serverProxy) admit(r *http.Request, id string, port int, sb proxySandbo
 	}
 	if present && sb.found {
 		if len(tok) > 0 && sb.token != "" && secretEqual(tok[0], sb.token) {
-			return nil
+			return principal.Principal{}, nil
 		}
-		return fmt.Errorf("%w: the access token does not match sandbox %s", ErrAccessDenied, id)
+		return principal.Principal{}, fmt.Errorf("%w: the access token does not match sandbox %s", ErrAccessDenied, id)
 	}
 	// The execd token (as the endpoint of execd's port lists it, OpenSandbox's header)
 	// admits that port of its own sandbox only, and decides on its own too.
 	if et, ok := r.Header[opensandbox.HeaderExecdAccessToken]; ok && sb.found && port == p.rules.execdPort {
 		if len(et) > 0 && p.execdKey.Matches(id, et[0]) {
-			return nil
+			return principal.Principal{}, nil
 		}
-		return fmt.Errorf("%w: the execd token does not match sandbox %s", ErrAccessDenied, id)
+		return principal.Principal{}, fmt.Errorf("%w: the execd token does not match sandbox %s", ErrAccessDenied, id)
 	}
-	if p.apiKey == "" && (!sb.found || p.rules.portMode(sb.secure, port) == watch.Public) {
-		return nil
+	if !p.auth && (!sb.found || p.rules.portMode(sb.secure, port) == watch.Public) {
+		return principal.Principal{}, nil
 	}
-	return fmt.Errorf("%w: port %d of sandbox %s needs its access token (%s, or X-EXECD-ACCESS-TOKEN for execd's port, as GET /sandboxes/%s/endpoints/%d gives in headers) or OPEN-SANDBOX-API-KEY",
+	return principal.Principal{}, fmt.Errorf("%w: port %d of sandbox %s needs its access token (%s, or X-EXECD-ACCESS-TOKEN for execd's port, as GET /sandboxes/%s/endpoints/%d gives in headers) or OPEN-SANDBOX-API-KEY",
 		ErrAccessDenied, port, id, AccessTokenHeader, id, port)
 }
 
@@ -166,6 +183,7 @@ func (p *serverProxy) auditRefusal(r *http.Request, id string, port int, mode wa
 		Extra: map[string]any{
 			"route": "server_proxy", "status": status,
 			"request_id": r.Header.Get(opensandbox.HeaderRequestID), "method": r.Method,
+			"principal": principal.IDFromContext(r.Context()),
 		},
 	})
 }

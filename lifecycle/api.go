@@ -90,6 +90,17 @@ type Sandbox struct {
 	Entrypoint []string          `json:"entrypoint"`
 	ExpiresAt  *time.Time        `json:"expiresAt,omitempty"`
 	CreatedAt  time.Time         `json:"createdAt"`
+	// Airlock holds Airlock's additions to the protocol's Sandbox (an extra property,
+	// which the schema allows; OpenSandbox clients ignore it); nil when it has none.
+	Airlock *SandboxExtension `json:"airlock,omitempty"`
+}
+
+// SandboxExtension is the "airlock" property of a sandbox in answers.
+type SandboxExtension struct {
+	// CreatedBy is the id of the principal whose key created the sandbox (package
+	// principal; "admin" for the configured key); absent for sandboxes created before
+	// principals existed.
+	CreatedBy string `json:"createdBy,omitempty"`
 }
 
 // ListResponse is the body of GET /sandboxes (ListSandboxesResponse).

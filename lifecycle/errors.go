@@ -40,7 +40,8 @@ var (
 	// (the sandbox's access token or the API key) (401 UNAUTHORIZED).
 	ErrAccessDenied = &Error{http.StatusUnauthorized, "UNAUTHORIZED", "no valid credential for this sandbox port"}
 	// ErrForbidden: the request is refused whoever sends it, for example a service
-	// worker script fetch through the server proxy's path form (403 FORBIDDEN).
+	// worker script fetch through the server proxy's path form, or refused to the
+	// caller's role (a route its principal.Role does not allow) (403 FORBIDDEN).
 	ErrForbidden = &Error{http.StatusForbidden, "FORBIDDEN", "forbidden"}
 	// ErrNotFound: no sandbox with that id (404 SANDBOX_NOT_FOUND).
 	ErrNotFound = &Error{http.StatusNotFound, "SANDBOX_NOT_FOUND", "sandbox not found"}
@@ -49,6 +50,8 @@ var (
 	// ErrSnapshotLimit: a snapshot would pass the operator's limits on snapshots per
 	// sandbox or in all (count or bytes; Config.Snapshots) (409 SNAPSHOT_LIMIT_EXCEEDED).
 	ErrSnapshotLimit = &Error{http.StatusConflict, "SNAPSHOT_LIMIT_EXCEEDED", "snapshot limit exceeded"}
+	// ErrKeyNotFound: no API key (principal) with that id (404 KEY_NOT_FOUND).
+	ErrKeyNotFound = &Error{http.StatusNotFound, "KEY_NOT_FOUND", "api key not found"}
 	// ErrNoRoute: no such route (404 NOT_FOUND).
 	ErrNoRoute = &Error{http.StatusNotFound, "NOT_FOUND", "no such route"}
 	// ErrInvalidState: the operation does not apply in the sandbox's state
@@ -69,7 +72,7 @@ var (
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
-	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrSnapshotNotFound, ErrSnapshotLimit, ErrNoRoute, ErrInvalidState,
+	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrSnapshotNotFound, ErrSnapshotLimit, ErrKeyNotFound, ErrNoRoute, ErrInvalidState,
 	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
 }
 

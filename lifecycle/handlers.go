@@ -41,6 +41,7 @@ func (s *Server) routes() {
 	s.policies.routes(m)
 	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
 	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
+	(&keysAPI{keys: s.keys, log: s.log}).routes(m)
 	diag, _ := s.rt.(Diagnoser)
 	(&diagnosticsAPI{
 		reg: s, rt: diag, kind: s.rt.Kind(), cfg: s.cfg.Diagnostics, key: s.cfg.ExecdKey,
@@ -90,7 +91,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
 		opensandbox.WriteJSON(w, http.StatusAccepted, fr)
 		return
 	}
-	sb, err := s.Create(r.Context(), &req)
+	sb, err := s.Create(r.Context(), &req) // the owner is the context's principal
 	if err != nil {
 		fail(s.log, w, r, err)
 		return
@@ -111,6 +112,9 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := ListFilter{Page: 1, PageSize: 20}
+	if p := principalOf(r); p.Role != "" && !p.Role.OwnsAll() {
+		f.Owner = p.ID // a user lists its own sandboxes only
+	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			if one = strings.TrimSpace(one); one != "" {

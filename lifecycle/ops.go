@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // createTimeout bounds a create's runtime work (an image pull included), independent of
@@ -100,6 +101,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		PolicyName:      policyName,
 		RenewOnAccess:   v.renewOnAccess,
 		CredentialProxy: v.credentialProxy,
+		Owner:           principal.IDFromContext(ctx),
 	}
 	if snap != nil {
 		rec.SnapshotID = snap.ID

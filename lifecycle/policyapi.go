@@ -14,6 +14,7 @@ import (
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // PolicyResponse is the answer of Airlock's own policy API
@@ -141,7 +142,7 @@ func (a *policyAPI) change(r *http.Request, id, kind string, fn func(cur *polici
 		rec := audit.Record{
 			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
 			Action: string(policies.Allow), Reason: "policy changed: " + kind, PolicyVersion: v,
-			Extra: map[string]any{"change": kind, "route": r.Method + " " + r.URL.Path},
+			Extra: map[string]any{"change": kind, "route": r.Method + " " + r.URL.Path, "principal": principal.IDFromContext(r.Context())},
 		}
 		if err != nil {
 			rec.Action, rec.Reason = string(policies.Deny), "policy change rejected: "+err.Error()
@@ -245,7 +246,7 @@ func (a *policyAPI) applyNamed(w http.ResponseWriter, r *http.Request, id, name 
 		a.audit.Append(audit.Record{
 			Time: time.Now(), SandboxID: id, Source: audit.SourcePolicy, Src: r.RemoteAddr,
 			Action: string(policies.Allow), Reason: "policy changed: named " + name, PolicyVersion: v,
-			Extra: map[string]any{"change": "named", "policy": name, "route": r.Method + " " + r.URL.Path},
+			Extra: map[string]any{"change": "named", "policy": name, "route": r.Method + " " + r.URL.Path, "principal": principal.IDFromContext(r.Context())},
 		})
 	}
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // strippedHeaders never reach a sandbox through the proxy: they are the platform's
@@ -52,8 +53,11 @@ type serverProxy struct {
 		peek(id string, fn func(rec *record)) bool
 	}
 	rules accessRules
-	// apiKey and gatewayKey are Config.APIKey and Config.GatewayKey.
-	apiKey, gatewayKey string
+	// keys authenticates API keys (principals); auth is false without authentication
+	// (--no-auth); gatewayKey is Config.GatewayKey.
+	keys       *principal.Keyring
+	auth       bool
+	gatewayKey string
 	// execdKey is Config.ExecdKey: it derives the token sent to (and accepted for)
 	// execd's port.
 	execdKey  execdtoken.Key
@@ -143,9 +147,12 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	var sb proxySandbox
 	sb.found = p.reg.peek(id, func(rec *record) {
 		st, addr = rec.Status.State, rec.Address
-		sb.token, sb.secure = rec.AccessToken, rec.secure()
+		sb.token, sb.secure, sb.owner = rec.AccessToken, rec.secure(), rec.Owner
 	})
-	err = p.admit(r, id, port, sb)
+	who, err := p.admit(r, id, port, sb)
+	if err == nil && who.ID != "" {
+		r = r.WithContext(principal.NewContext(r.Context(), who))
+	}
 	if err == nil && pathform.Refuse(r) {
 		// The server proxy is a path form on lifecycle's API origin, shared with every
 		// sandbox and the console: a service worker there would control them all.

@@ -50,6 +50,9 @@ func (rec *record) view(full bool) Sandbox {
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	if rec.Owner != "" {
+		sb.Airlock = &SandboxExtension{CreatedBy: rec.Owner}
+	}
 	switch {
 	case full && rec.SnapshotID != "":
 		sb.SnapshotID = rec.SnapshotID // a restored sandbox reports its startup source, not an image
@@ -183,10 +186,12 @@ func (s *Server) Get(id string) (Sandbox, error) {
 	return e.rec.view(true), nil
 }
 
-// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata.
+// ListFilter selects sandboxes: any of States (case-insensitive), all of Metadata,
+// and, when Owner is set, only the sandboxes that principal created.
 type ListFilter struct {
 	States         []string
 	Metadata       map[string]string
+	Owner          string
 	Page, PageSize int
 }
 
@@ -199,6 +204,9 @@ func (s *Server) List(f ListFilter) ListResponse {
 		if len(f.States) > 0 && !slices.ContainsFunc(f.States, func(st string) bool {
 			return strings.EqualFold(st, string(rec.Status.State))
 		}) {
+			continue
+		}
+		if f.Owner != "" && rec.Owner != f.Owner {
 			continue
 		}
 		ok := true

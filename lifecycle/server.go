@@ -32,6 +32,7 @@ import (
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // Config configures a Server. Runtime and Store are required.
@@ -41,8 +42,18 @@ type Config struct {
 	// APIKey is the OPEN-SANDBOX-API-KEY every request must carry (except GET /health
 	// and server proxy requests carrying the sandbox's access token); empty means no
 	// authentication (New logs a warning), except that execd and the egress API behind
-	// the server proxy still need the sandbox's access token.
+	// the server proxy still need the sandbox's access token. It is the admin principal
+	// principal.ConfiguredAdminID; more keys, each a principal with a role, are made
+	// through /v1/keys and kept in Keys.
 	APIKey string
+	// Keys stores the API keys made through /v1/keys (hashed; package principal). Nil:
+	// the Store when it implements principal.Store (boltstore, kubestore), else memory
+	// (keys are lost at restart).
+	Keys principal.Store
+	// KeyRefresh is how often the keys are re-read from Keys, so that a key revoked
+	// through another replica sharing the store stops working here; default 500 ms
+	// with a SharedStore, never otherwise (this server makes every change itself).
+	KeyRefresh time.Duration
 	// GatewayKey, when set, is a second OPEN-SANDBOX-API-KEY value accepted by the server
 	// proxy only (/sandboxes/{id}/proxy/…), never by the rest of the API: the gateway
 	// sends it when it forwards a request it has already admitted (sandbox port 18080,
@@ -159,6 +170,10 @@ type Server struct {
 	mux      *http.ServeMux
 	ping     *http.Client
 	metrics  *metrics
+	// keys authenticates API keys (principals); auth is false without authentication
+	// (no APIKey: --no-auth).
+	keys *principal.Keyring
+	auth bool
 	// rules decide the access mode of sandbox ports; lib resolves library policies.
 	rules accessRules
 	lib   *policyLibrary
@@ -186,7 +201,7 @@ type entry struct {
 }
 
 // New checks cfg and returns a Server; it performs no I/O besides reading the store's
-// instance id.
+// instance id and the API keys (Config.Keys).
 func New(cfg Config) (*Server, error) {
 	if cfg.Runtime == nil || cfg.Store == nil {
 		return nil, errors.New("lifecycle: Runtime and Store are required")
@@ -242,8 +257,20 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lifecycle: %w", err)
 	}
+	if cfg.Keys == nil {
+		cfg.Keys, _ = cfg.Store.(principal.Store)
+	}
+	if _, shared := cfg.Store.(SharedStore); shared && cfg.KeyRefresh <= 0 {
+		cfg.KeyRefresh = 500 * time.Millisecond
+	}
+	keys, err := principal.NewKeyring(cfg.Keys, cfg.APIKey, cfg.Log)
+	if err != nil {
+		return nil, fmt.Errorf("lifecycle: %w", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
+		keys:     keys,
+		auth:     cfg.APIKey != "",
 		cfg:      cfg,
 		log:      cfg.Log,
 		rt:       cfg.Runtime,
@@ -274,7 +301,7 @@ func New(cfg Config) (*Server, error) {
 		audit: cfg.Audit, gate: cfg.PolicyGate, timeout: cfg.PolicyApplyTimeout, log: cfg.Log,
 	}
 	s.proxy = &serverProxy{
-		reg: s, rules: s.rules, apiKey: cfg.APIKey, gatewayKey: cfg.GatewayKey, execdKey: cfg.ExecdKey,
+		reg: s, rules: s.rules, keys: keys, auth: cfg.APIKey != "", gatewayKey: cfg.GatewayKey, execdKey: cfg.ExecdKey,
 		egressAPI: s.policies, audit: cfg.Audit, log: cfg.Log,
 	}
 	if cfg.Audit != nil {
@@ -302,6 +329,9 @@ func (s *Server) Hub() *watch.Hub { return s.hub }
 // With a SharedStore (several replicas), Start loads every replica's sandboxes and
 // follows their changes; reconcile and the reaper run only while this replica leads.
 func (s *Server) Start(ctx context.Context) error {
+	if s.cfg.KeyRefresh > 0 {
+		s.wg.Go(func() { s.keys.Follow(s.ctx, s.cfg.KeyRefresh) })
+	}
 	if shared, ok := s.store.(SharedStore); ok {
 		if err := shared.Follow(s.ctx, s.applyRemote); err != nil {
 			return fmt.Errorf("lifecycle: following the shared store: %w", err)
@@ -372,21 +402,29 @@ func (s *Server) Handler() http.Handler {
 		// The server proxy authenticates itself (admitProxy): it also takes the sandbox's
 		// access token, and it guards execd and the egress API even without an API key.
 		// A diagnostics download URL carries its own signature (diagnosticsAPI.download).
-		if !(r.Method == http.MethodGet && r.URL.Path == "/health") && !s.isProxyRoute(r) && !isDiagnosticDownload(r) && !s.authorized(r) {
+		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") || s.isProxyRoute(r) || isDiagnosticDownload(r)
+		p, ok := s.authenticate(r)
+		if !ok && !exempt {
 			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}
-		if s.authorized(r) {
+		if ok {
+			r = r.WithContext(principal.NewContext(r.Context(), p))
 			s.catchUp(r)
+		}
+		if !exempt {
+			if err := s.authorize(r, p); err != nil {
+				fail(s.log, w, r, err)
+				return
+			}
 		}
 		s.mux.ServeHTTP(w, r)
 	})
 }
 
-// authorized compares the request's key with the configured one in constant time.
-func (s *Server) authorized(r *http.Request) bool {
-	return s.cfg.APIKey == "" || secretEqual(r.Header.Get(opensandbox.HeaderAPIKey), s.cfg.APIKey)
-}
+// Keys returns the API keys (principals) this server admits, for components in the
+// same process (the console signs in with them).
+func (s *Server) Keys() *principal.Keyring { return s.keys }
 
 func newRequestID() string {
 	var b [16]byte

@@ -105,6 +105,11 @@ type record struct {
 	// oldest first, at most eventRingLen; GET /sandboxes/{id}/diagnostics/events renders
 	// it. Persisted with the record, so it survives restarts and replicas share it.
 	Events []Event `json:"events,omitempty"`
+	// Owner is the id of the principal that created the sandbox (package principal;
+	// "admin" for the configured API key); empty for sandboxes created before
+	// principals existed, which only roles seeing every sandbox reach. Answers carry
+	// it as airlock.createdBy (SandboxExtension).
+	Owner string `json:"owner,omitempty"`
 }
 
 const historyLen = 16

@@ -17,6 +17,7 @@ var sdkDeps = []string{
 	"github.com/airlockdev/airlock/opensandbox",
 	"github.com/airlockdev/airlock/audit/record",
 	"github.com/airlockdev/airlock/egressd/vault",
+	"github.com/airlockdev/airlock/principal",
 }
 
 // TestLightDependencies: a program that imports the SDK builds only the standard

@@ -187,6 +187,11 @@ type Sandbox struct {
 	// ExpiresAt is nil for manual cleanup.
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 	CreatedAt time.Time  `json:"createdAt"`
+	// Airlock holds Airlock's additions (absent on other OpenSandbox servers):
+	// CreatedBy is the id of the principal whose key created the sandbox.
+	Airlock *struct {
+		CreatedBy string `json:"createdBy,omitempty"`
+	} `json:"airlock,omitempty"`
 }
 
 // Volume mounts storage into a new sandbox: a host path or a named volume.

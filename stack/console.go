@@ -40,6 +40,7 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	con, err := console.New(console.Config{
 		API:            api,
 		APIKey:         s.APIKey,
+		Authenticate:   s.Lifecycle.Keys().Authenticate,
 		AuditDir:       s.cfg.Audit.Dir,
 		Overlay:        ov,
 		SessionTTL:     time.Duration(s.cfg.Console.SessionTTL),

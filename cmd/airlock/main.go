@@ -27,7 +27,7 @@ func main() {
 	root.AddCommand(
 		newImageCmd(),
 		newGatewayCmd(), newEgressdCmd(), newLifecycleCmd(),
-		newUpCmd(), newSandboxCmd(),
+		newUpCmd(), newSandboxCmd(), newKeyCmd(),
 		newPolicyCmd(),
 		newAuditCmd(),
 		newDoctorCmd(), newDownCmd(),

@@ -3,10 +3,11 @@
 // that marks this server's containers, and the applied version of each named policy.
 // It is the single-host lifecycle.StateStore; lifecycle/kubestore is the cluster's.
 //
-// The file holds four buckets: "sandboxes" (sandbox id → the document lifecycle
+// The file holds five buckets: "sandboxes" (sandbox id → the document lifecycle
 // wrote), "meta" (key "instance" → the instance id), "policy-library" (policy name
-// → library.Stored as JSON) and "snapshots" (snapshot id → the document lifecycle
-// wrote). Every write is fsync'd before it returns.
+// → library.Stored as JSON), "snapshots" (snapshot id → the document lifecycle
+// wrote) and "keys" (principal id → principal.Stored as JSON: the API key's SHA-256,
+// never the key). Every write is fsync'd before it returns.
 package boltstore
 
 import (
@@ -22,6 +23,7 @@ import (
 
 	"github.com/airlockdev/airlock/lifecycle"
 	"github.com/airlockdev/airlock/policies/library"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // The database's buckets and keys (the on-disk format; see the package doc).
@@ -30,6 +32,7 @@ var (
 	bucketMeta      = []byte("meta")
 	bucketLibrary   = []byte("policy-library")
 	bucketSnapshots = []byte("snapshots")
+	bucketKeys      = []byte("keys")
 	keyInstance     = []byte("instance")
 )
 
@@ -53,7 +56,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary, bucketSnapshots} {
+		for _, b := range [][]byte{bucketSandboxes, bucketMeta, bucketLibrary, bucketSnapshots, bucketKeys} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -187,9 +190,37 @@ func (s *Store) PutLibraryVersion(name string, st library.Stored) error {
 	})
 }
 
+// Keys returns every API key document by principal id (principal.Store).
+func (s *Store) Keys() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte(nil), v...)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// PutKey writes the API key document of principal id (principal.Store).
+func (s *Store) PutKey(id string, doc []byte) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketKeys).Put([]byte(id), doc)
+	})
+}
+
+// DeleteKey removes the API key document of principal id; a missing one is not an
+// error (principal.Store).
+func (s *Store) DeleteKey(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketKeys).Delete([]byte(id))
+	})
+}
+
 // Interface guards.
 var (
 	_ lifecycle.StateStore    = (*Store)(nil)
 	_ lifecycle.SnapshotStore = (*Store)(nil)
 	_ library.Store           = (*Store)(nil)
+	_ principal.Store         = (*Store)(nil)
 )
