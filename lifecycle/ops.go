@@ -34,7 +34,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	policyName := req.Extensions[ExtPolicy]
 	var snap *snapshotRecord
 	if req.SnapshotID != "" {
-		sn, err := s.snapshotFor(req.SnapshotID)
+		sn, err := s.snapshotFor(ctx, req.SnapshotID)
 		if err != nil {
 			return Sandbox{}, err
 		}

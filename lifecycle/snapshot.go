@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/airlockdev/airlock/principal"
 )
 
 // Snapshots (docs/spec/sandbox-lifecycle.yml: /snapshots, /snapshots/{snapshotId},
@@ -104,9 +106,12 @@ type SnapshotStatus struct {
 
 // Snapshot is the wire form of a snapshot (Snapshot).
 type Snapshot struct {
-	ID        string         `json:"id"`
-	SandboxID string         `json:"sandboxId"`
-	Name      string         `json:"name,omitempty"`
+	ID        string `json:"id"`
+	SandboxID string `json:"sandboxId"`
+	Name      string `json:"name,omitempty"`
+	// Owner is the id of the principal that took the snapshot (package principal); a
+	// user principal sees, restores and deletes only its own snapshots.
+	Owner     string         `json:"owner,omitempty"`
 	Status    SnapshotStatus `json:"status"`
 	CreatedAt time.Time      `json:"createdAt"`
 }
@@ -142,15 +147,26 @@ type snapshotSource struct {
 
 // snapshotRecord is what the store keeps of one snapshot.
 type snapshotRecord struct {
-	ID        string         `json:"id"`
-	SandboxID string         `json:"sandboxId"`
-	Name      string         `json:"name,omitempty"`
+	ID        string `json:"id"`
+	SandboxID string `json:"sandboxId"`
+	Name      string `json:"name,omitempty"`
+	// Owner is the id of the principal that took the snapshot (package principal); a
+	// user principal sees, restores and deletes only its own snapshots.
+	Owner     string         `json:"owner,omitempty"`
 	Status    SnapshotStatus `json:"status"`
 	CreatedAt time.Time      `json:"createdAt"`
 	// Ref and Bytes are the runtime's artifact (SnapshotArtifact), set once Ready.
 	Ref    string         `json:"ref,omitempty"`
 	Bytes  int64          `json:"bytes,omitempty"`
 	Source snapshotSource `json:"source"`
+}
+
+// visibleTo reports whether the principal of ctx may see r: every role but user sees
+// every snapshot, a user those it took; a context without a principal (a call from
+// inside the server) sees all.
+func (r *snapshotRecord) visibleTo(ctx context.Context) bool {
+	p, ok := principal.FromContext(ctx)
+	return !ok || p.Role.OwnsAll() || r.Owner == p.ID
 }
 
 func (r *snapshotRecord) view() Snapshot {
@@ -248,16 +264,17 @@ func (s *Server) snapshotUsageLocked(id string) (perCount, total int, perBytes, 
 	return
 }
 
-// snapshotFor returns a copy of snapshot id for a restore: ErrSnapshotNotFound when
-// unknown, ErrInvalidState unless Ready.
-func (s *Server) snapshotFor(id string) (snapshotRecord, error) {
+// snapshotFor returns a copy of snapshot id for a restore by the principal of ctx:
+// ErrSnapshotNotFound when unknown or not the principal's (a user's), ErrInvalidState
+// unless Ready.
+func (s *Server) snapshotFor(ctx context.Context, id string) (snapshotRecord, error) {
 	if err := s.snapshotsSupported(); err != nil {
 		return snapshotRecord{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.snaps.byID[id]
-	if !ok {
+	if !ok || !r.visibleTo(ctx) {
 		return snapshotRecord{}, fmt.Errorf("%w: %q", ErrSnapshotNotFound, id)
 	}
 	if r.Status.State != SnapshotReady {

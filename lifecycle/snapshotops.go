@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // snapshotTimeout bounds one capture (the commit of everything the sandbox wrote).
@@ -30,8 +31,8 @@ type CreateSnapshotRequest struct {
 // ending Ready (snapshot_ready) or Failed (snapshot_capture_failed,
 // snapshot_limit_exceeded). Errors: ErrNotFound (unknown sandbox), ErrInvalidState (not
 // Running), ErrSnapshotLimit (count limits), ErrNotImplemented (runtime or store
-// without snapshots).
-func (s *Server) CreateSnapshot(id, name string) (Snapshot, error) {
+// without snapshots). The principal of ctx owns the snapshot.
+func (s *Server) CreateSnapshot(ctx context.Context, id, name string) (Snapshot, error) {
 	if err := s.snapshotsSupported(); err != nil {
 		return Snapshot{}, err
 	}
@@ -58,7 +59,7 @@ func (s *Server) CreateSnapshot(id, name string) (Snapshot, error) {
 	}
 	now := time.Now().UTC()
 	r := &snapshotRecord{
-		ID: "snap-" + newSandboxID(), SandboxID: id, Name: name, CreatedAt: now,
+		ID: "snap-" + newSandboxID(), SandboxID: id, Name: name, Owner: principal.IDFromContext(ctx), CreatedAt: now,
 		Status: SnapshotStatus{State: SnapshotCreating, Reason: "snapshot_accepted", Message: "Snapshot creation accepted.", LastTransitionAt: now},
 	}
 	if err := s.putSnapshotLocked(r); err != nil {
@@ -161,15 +162,16 @@ func (s *Server) capture(r *snapshotRecord) {
 		"snapshot_ms", time.Since(start).Milliseconds())
 }
 
-// GetSnapshot returns snapshot id (ErrSnapshotNotFound when unknown).
-func (s *Server) GetSnapshot(id string) (Snapshot, error) {
+// GetSnapshot returns snapshot id (ErrSnapshotNotFound when unknown, or not the
+// principal's of ctx when that is a user).
+func (s *Server) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 	if err := s.snapshotsSupported(); err != nil {
 		return Snapshot{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.snaps.byID[id]
-	if !ok {
+	if !ok || !r.visibleTo(ctx) {
 		return Snapshot{}, fmt.Errorf("%w: %q", ErrSnapshotNotFound, id)
 	}
 	return r.view(), nil
@@ -183,15 +185,16 @@ type SnapshotFilter struct {
 	Page, PageSize  int
 }
 
-// ListSnapshots returns one page of the snapshots f selects, newest first (ties by id).
-func (s *Server) ListSnapshots(f SnapshotFilter) (ListSnapshotsResponse, error) {
+// ListSnapshots returns one page of the snapshots f selects that the principal of ctx
+// may see (a user: its own), newest first (ties by id).
+func (s *Server) ListSnapshots(ctx context.Context, f SnapshotFilter) (ListSnapshotsResponse, error) {
 	if err := s.snapshotsSupported(); err != nil {
 		return ListSnapshotsResponse{}, err
 	}
 	s.mu.Lock()
 	var all []Snapshot
 	for _, r := range s.snaps.byID {
-		if f.SandboxID != "" && r.SandboxID != f.SandboxID || f.Name != "" && r.Name != f.Name {
+		if !r.visibleTo(ctx) || f.SandboxID != "" && r.SandboxID != f.SandboxID || f.Name != "" && r.Name != f.Name {
 			continue
 		}
 		if len(f.States) > 0 && !slices.ContainsFunc(f.States, func(st string) bool { return strings.EqualFold(st, r.Status.State) }) {
@@ -220,7 +223,8 @@ func pagination(total, p, n int) Pagination {
 }
 
 // DeleteSnapshot removes snapshot id and its artifact: ErrSnapshotNotFound when
-// unknown, ErrInvalidState while it is being created. Sandboxes restored from it keep
+// unknown (or not the principal's of ctx when that is a user), ErrInvalidState while it
+// is being created. Sandboxes restored from it keep
 // running (the engine keeps the layers they use).
 func (s *Server) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := s.snapshotsSupported(); err != nil {
@@ -228,7 +232,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	s.mu.Lock()
 	r, ok := s.snaps.byID[id]
-	if !ok {
+	if !ok || !r.visibleTo(ctx) {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrSnapshotNotFound, id)
 	}
@@ -269,7 +273,7 @@ func (s *Server) snapshotRoutes(m *http.ServeMux) {
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.handleCreateSnapshot)
 	m.HandleFunc("GET /snapshots", s.handleListSnapshots)
 	m.HandleFunc("GET /snapshots/{sid}", func(w http.ResponseWriter, r *http.Request) {
-		sn, err := s.GetSnapshot(r.PathValue("sid"))
+		sn, err := s.GetSnapshot(r.Context(), r.PathValue("sid"))
 		if err != nil {
 			fail(s.log, w, r, err)
 			return
@@ -300,7 +304,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sn, err := s.CreateSnapshot(r.PathValue("id"), name)
+	sn, err := s.CreateSnapshot(r.Context(), r.PathValue("id"), name)
 	if err != nil {
 		fail(s.log, w, r, err)
 		return
@@ -328,7 +332,7 @@ func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 		fail(s.log, w, r, err)
 		return
 	}
-	out, err := s.ListSnapshots(f)
+	out, err := s.ListSnapshots(r.Context(), f)
 	if err != nil {
 		fail(s.log, w, r, err)
 		return
