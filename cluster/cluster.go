@@ -85,6 +85,12 @@ type Config struct {
 	// node's egressd enforces it. Default 9102; 0 disables the gate (a cluster without
 	// egressd; tests).
 	EgressdPort int `yaml:"egressdPort"`
+	// Pools are warm pools (lifecycle.PoolSpec; `airlock lifecycle --pool`): held pods,
+	// enforced deny-all, that a matching create claims with its own policy enforced
+	// before the entrypoint starts. The leading replica holds them (it creates, adopts
+	// and claims members); a create another replica serves is created cold. Default
+	// none.
+	Pools []lifecycle.PoolSpec `yaml:"pools"`
 	// Identity names this replica in the Lease (`airlock lifecycle`: default $POD_NAME,
 	// then the host name); LeaseDuration is how long a stopped leader's Lease blocks a
 	// takeover, default 15s.
@@ -260,6 +266,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,
 		ReadyTimeout: cfg.ReadyTimeout, ReapInterval: cfg.ReapInterval, ResyncInterval: cfg.ResyncInterval,
 		MaxSignedURLLifetime: cfg.MaxSignedURLLifetime,
+		Pools:                cfg.Pools,
 		ReadyGate:            readyGate, PolicyGate: policyGate,
 		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})

@@ -26,7 +26,7 @@ import (
 type lifecycleFlags struct {
 	cfg                               cluster.Config
 	runtimeKind, kubeconfig, logLevel string
-	dns, signingKeys                  []string
+	dns, signingKeys, pools           []string
 }
 
 func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
@@ -49,8 +49,9 @@ in --token-namespace (default the system namespace).
 Any number of replicas serve the same sandboxes; the one holding the Lease runs expiry
 and reconcile, and another takes over within --lease-duration when it goes.
 
-Pause and resume answer 501 on Kubernetes. Warm pools and the Credential Vault need
-'airlock up' (one host).
+Pause and resume answer 501 on Kubernetes. The Credential Vault needs 'airlock up'
+(one host). Warm pools (--pool) are held by the leading replica: it creates, adopts
+and claims their pods; creates served by another replica are created cold.
 
 Secrets come from the environment: OPEN_SANDBOX_API_KEY (required unless --no-auth),
 AIRLOCK_GATEWAY_KEY (what gateways send for sandbox port 18080),
@@ -118,6 +119,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.PolicyDir, "policy-dir", c.PolicyDir, "the policy library directory (a mounted ConfigMap); empty: no named policies")
 	f.StringVar(&c.DefaultPolicy, "default-policy", c.DefaultPolicy, "named policy of sandboxes created without one")
 	f.IntVar(&c.EgressdPort, "egressd-port", c.EgressdPort, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
+	f.StringArrayVar(&lf.pools, "pool", nil, "a warm pool, name=NAME,image=IMAGE,size=N[,cpu=…][,memory=…] (repeatable; an empty value is none): held pods, enforced deny-all, that a create with the same image and limits claims")
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
@@ -163,6 +165,16 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 			return c, fmt.Errorf("signing key: %w", err)
 		}
 		c.SigningKeys = append(c.SigningKeys, k)
+	}
+	for _, s := range lf.pools {
+		if s == "" {
+			continue // the manifests' empty AIRLOCK_POOL
+		}
+		p, err := cluster.ParsePool(s)
+		if err != nil {
+			return c, fmt.Errorf("--pool: %w", err)
+		}
+		c.Pools = append(c.Pools, p)
 	}
 	if c.Identity == "" {
 		c.Identity = os.Getenv("POD_NAME")

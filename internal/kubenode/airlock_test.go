@@ -17,10 +17,12 @@ import (
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlockdev/airlock/internal/kubedeploy"
 	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
@@ -41,7 +43,8 @@ const (
 // gateway and execd, checks that the node's egressd enforces its policy from the
 // entrypoint's first instant (an allowed name resolves, another does not, a denied
 // connection is refused at once with EPERM by the socket layer on the pod's cgroup and
-// audited) and deletes it; checks the transparent L7 check (checkL7); then runs the
+// audited) and deletes it; checks the transparent L7 check (checkL7) and a warm pool
+// claim (checkPool); then runs the
 // published JS SDK's Kubernetes suite against the NodePorts, and checks the host is
 // clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
@@ -218,13 +221,17 @@ func TestAirlockOnNode(t *testing.T) {
 		t.Fatalf("kill: %v", err)
 	}
 	n.Wait(t, "the sandbox's pod to go", 90*time.Second, func() (bool, error) {
-		pods, err := n.Client.CoreV1().Pods("airlock-sandboxes").List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0, err
+		_, err := n.Client.CoreV1().Pods("airlock-sandboxes").Get(ctx, kube.PodName(sb.ID), metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
 	})
 
 	// The transparent L7 check (`l7: sni`), through egressd's proxy on the node-local
 	// resolver address.
 	checkL7(ctx, t, c, allowedName, "198.51.100.7")
+
+	// The warm pool: a held pod claimed with the request's policy enforced before
+	// release.
+	t.Run("pool", func(t *testing.T) { checkPool(ctx, t, n, keys.APIKey, allowedName, denied) })
 
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.
