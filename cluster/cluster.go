@@ -91,6 +91,11 @@ type Config struct {
 	// and claims members); a create another replica serves is created cold. Default
 	// none.
 	Pools []lifecycle.PoolSpec `yaml:"pools"`
+	// Vault serves the Credential Vault (credentialProxy sandboxes): each sandbox's vault
+	// lives in its node's egressd (`airlock egressd --vault-dir`), which this replica
+	// reaches at EgressdPort with the API key (nodeVault). Needs EgressdPort and an
+	// APIKey; default off (a create with credentialProxy is then refused).
+	Vault bool `yaml:"vault"`
 	// Identity names this replica in the Lease (`airlock lifecycle`: default $POD_NAME,
 	// then the host name); LeaseDuration is how long a stopped leader's Lease blocks a
 	// takeover, default 15s.
@@ -255,9 +260,16 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	var readyGate func(string) bool
 	var policyGate func(string, uint64) bool
+	var credVault lifecycle.CredentialVault
 	if cfg.EgressdPort > 0 {
 		g := newEnforcementGate(cs, cfg.Namespace, cfg.EgressdPort)
 		readyGate, policyGate = g.ready, g.policy
+		if cfg.Vault {
+			v := newNodeVault(g, cfg.APIKey, cfg.Log.With("component", "vault"))
+			// The node has the sandbox's CA before the entrypoint starts.
+			readyGate = func(id string) bool { return v.install(id) && g.ready(id) }
+			credVault = v
+		}
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey, ExecdKey: cfg.ExecdKey,
@@ -268,7 +280,8 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		MaxSignedURLLifetime: cfg.MaxSignedURLLifetime,
 		Pools:                cfg.Pools,
 		ReadyGate:            readyGate, PolicyGate: policyGate,
-		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
+		CredentialVault: credVault,
+		Registry:        cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {
 		return nil, err

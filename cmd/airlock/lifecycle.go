@@ -49,8 +49,8 @@ in --token-namespace (default the system namespace).
 Any number of replicas serve the same sandboxes; the one holding the Lease runs expiry
 and reconcile, and another takes over within --lease-duration when it goes.
 
-Pause and resume answer 501 on Kubernetes. The Credential Vault needs 'airlock up'
-(one host). Warm pools (--pool) are held by the leading replica: it creates, adopts
+Pause and resume answer 501 on Kubernetes. The Credential Vault (--vault) lives in
+each node's egressd (airlock egressd --vault-dir), reached at --egressd-port. Warm pools (--pool) are held by the leading replica: it creates, adopts
 and claims their pods; creates served by another replica are created cold.
 
 Secrets come from the environment: OPEN_SANDBOX_API_KEY (required unless --no-auth),
@@ -119,6 +119,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.PolicyDir, "policy-dir", c.PolicyDir, "the policy library directory (a mounted ConfigMap); empty: no named policies")
 	f.StringVar(&c.DefaultPolicy, "default-policy", c.DefaultPolicy, "named policy of sandboxes created without one")
 	f.IntVar(&c.EgressdPort, "egressd-port", c.EgressdPort, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
+	f.BoolVar(&c.Vault, "vault", c.Vault, "serve the Credential Vault (credentialProxy sandboxes): each sandbox's vault lives in its node's egressd (--vault-dir), reached at --egressd-port with the API key")
 	f.StringArrayVar(&lf.pools, "pool", nil, "a warm pool, name=NAME,image=IMAGE,size=N[,cpu=…][,memory=…] (repeatable; an empty value is none): held pods, enforced deny-all, that a create with the same image and limits claims")
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")

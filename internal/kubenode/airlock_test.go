@@ -44,7 +44,7 @@ const (
 // entrypoint's first instant (an allowed name resolves, another does not, a denied
 // connection is refused at once with EPERM by the socket layer on the pod's cgroup and
 // audited) and deletes it; checks the transparent L7 check (checkL7) and a warm pool
-// claim (checkPool); then runs the
+// claim (checkPool) and the Credential Vault (checkVault); then runs the
 // published JS SDK's Kubernetes suite against the NodePorts, and checks the host is
 // clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
@@ -68,6 +68,9 @@ func TestAirlockOnNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The Credential Vault check's HTTPS server: its CA, trusted by egressd for
+	// intercepted upstreams in this deployment only.
+	upstreamCA := trustTestCA(t, m)
 	d, err := kubedeploy.New(n.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -232,6 +235,10 @@ func TestAirlockOnNode(t *testing.T) {
 	// The warm pool: a held pod claimed with the request's policy enforced before
 	// release.
 	t.Run("pool", func(t *testing.T) { checkPool(ctx, t, n, keys.APIKey, allowedName, denied) })
+
+	// The Credential Vault: the API forwarded to the node's egressd, the CA installed by
+	// the trust init container, the credential injected by egressd's L7 proxy.
+	t.Run("vault", func(t *testing.T) { checkVault(ctx, t, c, upstreamCA, allowedName, "198.51.100.7") })
 
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.
