@@ -337,7 +337,8 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	}
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
 		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
-		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0")
+		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0",
+		"--vault")
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle"))
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
 		t.Errorf("lifecycle Service: %s %+v, want ClusterIP on 8080", svc.Spec.Type, svc.Spec.Ports)
@@ -399,7 +400,7 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
 		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
 		"--dns-local-address=169.254.20.10", "--l7-port=15001", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102",
-		"--cgroup-root=/host/sys/fs/cgroup")
+		"--cgroup-root=/host/sys/fs/cgroup", "--vault-dir=/var/lib/airlock/vault")
 	host := map[string]string{}
 	for _, v := range p.Volumes {
 		if v.HostPath != nil {

@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
 	"github.com/airlockdev/airlock/egressd/vault"
 	"github.com/airlockdev/airlock/internal/kubedeploy"
 	"github.com/airlockdev/airlock/opensandbox"
@@ -69,12 +67,11 @@ func trustTestCA(t *testing.T, m *kubedeploy.Manifest) *testCA {
 		if o.GetKind() != "DaemonSet" || o.GetName() != "airlock-egressd" {
 			continue
 		}
-		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-		c := cs[0].(map[string]any)
+		// Walked in place: kustomize's maps hold Go ints, which the unstructured
+		// helpers' deep copy refuses.
+		spec := o.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+		c := spec["containers"].([]any)[0].(map[string]any)
 		c["args"] = append(c["args"].([]any), "--upstream-ca-file=/var/lib/airlock/test-upstream-ca.pem")
-		if err := unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", "containers"); err != nil {
-			t.Fatal(err)
-		}
 		found = true
 	}
 	if !found {
