@@ -1,6 +1,7 @@
 package vault
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -59,7 +60,7 @@ func (s *Store) ImportCA(sandboxID string, certDER, keyPKCS8 []byte) error {
 	if !e.cert.IsCA {
 		return fmt.Errorf("vault: the CA of %s: not a CA certificate", sandboxID)
 	}
-	pub, ok := e.key.Public().(interface{ Equal(any) bool })
+	pub, ok := e.key.Public().(interface{ Equal(crypto.PublicKey) bool })
 	if !ok || !pub.Equal(e.cert.PublicKey) {
 		return errors.New("vault: the CA key does not match its certificate")
 	}

@@ -238,7 +238,7 @@ func TestAirlockOnNode(t *testing.T) {
 
 	// The Credential Vault: the API forwarded to the node's egressd, the CA installed by
 	// the trust init container, the credential injected by egressd's L7 proxy.
-	t.Run("vault", func(t *testing.T) { checkVault(ctx, t, c, upstreamCA, allowedName, "198.51.100.7") })
+	t.Run("vault", func(t *testing.T) { checkVault(ctx, t, n, c, upstreamCA, allowedName, "198.51.100.7") })
 
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.

@@ -105,7 +105,7 @@ func (ca *testCA) leaf(t *testing.T, name string) tls.Certificate {
 // through the CA its trust init container installed, and arrives with the injected
 // Authorization header, while the secret appears nowhere in the sandbox (environment,
 // the vault's state). The server runs on this host with addr on the node's bridge.
-func checkVault(ctx context.Context, t *testing.T, c *sdk.Client, ca *testCA, name, addr string) {
+func checkVault(ctx context.Context, t *testing.T, n *Node, c *sdk.Client, ca *testCA, name, addr string) {
 	t.Helper()
 	if out, err := exec.Command("ip", "addr", "add", addr+"/32", "dev", Bridge).CombinedOutput(); err != nil {
 		t.Fatalf("ip addr add %s dev %s: %v: %s", addr, Bridge, err, out)
@@ -146,7 +146,8 @@ func checkVault(ctx context.Context, t *testing.T, c *sdk.Client, ca *testCA, na
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if _, err := c.WaitState(wctx, sb.ID, opensandbox.Running, 250*time.Millisecond); err != nil {
-		t.Fatalf("credentialProxy sandbox %s not Running: %v", sb.ID, err)
+		t.Fatalf("credentialProxy sandbox %s not Running: %v\nAirlock's pods:\n%s\nsandbox pods:\n%s", sb.ID, err,
+			podLogs(n, kubedeploy.SystemNamespace, 30), podLogs(n, "airlock-sandboxes", 10))
 	}
 	v, err := c.Vault(ctx, sb.ID)
 	if err != nil {
