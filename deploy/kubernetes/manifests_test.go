@@ -397,8 +397,8 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/audit on an emptyDir", auditDir, p.Volumes[i].VolumeSource)
 	case l.gatewayAudit != "" && (p.Volumes[i].HostPath == nil || p.Volumes[i].HostPath.Path != l.gatewayAudit ||
 		auditDir != "/var/lib/airlock/pod-1/audit" || !slices.ContainsFunc(p.Containers[0].Env, func(e corev1.EnvVar) bool {
-			return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
-		})):
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	})):
 		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/$(POD_NAME)/audit on hostPath %s", auditDir, p.Volumes[i].VolumeSource, l.gatewayAudit)
 	}
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
