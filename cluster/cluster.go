@@ -63,6 +63,10 @@ type Config struct {
 	// --l7-port): each sandbox's NetworkPolicy admits TCP to it there, where the node
 	// redirects the sandbox's checked connections. 0: egressd runs no proxy.
 	L7Port uint16 `yaml:"l7Port"`
+	// Deny are the cluster's own ranges (pods, Services, nodes) that no sandbox's
+	// NetworkPolicy admits whatever its policy allows (kube.Config.Deny); give egressd's
+	// --deny the same. Default none.
+	Deny []netip.Prefix `yaml:"deny"`
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; default none (host volumes refused).
 	AllowedHostRoots []string `yaml:"allowedHostRoots"`
@@ -223,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
-		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port,
+		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace,
 		Log: cfg.Log.With("component", "kube"),
 	})

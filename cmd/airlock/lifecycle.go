@@ -26,7 +26,7 @@ import (
 type lifecycleFlags struct {
 	cfg                               cluster.Config
 	runtimeKind, kubeconfig, logLevel string
-	dns, signingKeys, pools           []string
+	dns, signingKeys, pools, deny     []string
 }
 
 func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
@@ -111,6 +111,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
 	f.StringSliceVar(&lf.dns, "dns", lf.dns, "the sandboxes' resolver: egressd's node-local DNS address")
 	f.Uint16Var(&lf.cfg.L7Port, "l7-port", lf.cfg.L7Port, "egressd's --l7-port (its transparent L7 proxy on the --dns address), which each sandbox's NetworkPolicy admits; 0: none")
+	f.StringSliceVar(&lf.deny, "deny", nil, "a CIDR or address no sandbox's NetworkPolicy admits whatever its policy allows (repeatable): the cluster's pod, Service and node ranges, as egressd's --deny")
 	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", c.AllowedHostRoots, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
 	f.StringVar(&c.Gateway, "gateway", c.Gateway, "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
 	f.StringVar(&c.BaseDomain, "base-domain", c.BaseDomain, "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")
@@ -155,6 +156,17 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 			return c, fmt.Errorf("--dns %q: %w", s, err)
 		}
 		c.DNS = append(c.DNS, a)
+	}
+	for _, s := range lf.deny {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return c, fmt.Errorf("--deny %q: want a CIDR or an address: %w", s, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.Deny = append(c.Deny, p.Masked())
 	}
 	specs := lf.signingKeys
 	if len(specs) == 0 {

@@ -37,11 +37,12 @@ type testCA struct {
 	key  *ecdsa.PrivateKey
 }
 
-// trustTestCA makes a test CA, writes it into egressd's host directory (the testnode
-// overlay's hostPath, /var/lib/airlock in the pod) and adds --upstream-ca-file naming
-// it to egressd's DaemonSet in m, before m is applied: only this test's deployment
-// trusts it, and down.sh removes it with the node's state.
-func trustTestCA(t *testing.T, m *kubedeploy.Manifest) *testCA {
+// trustTestCA makes a test CA and has AirlockUp's airlock-up.sh make egressd trust it
+// for intercepted upstreams (AIRLOCK_KUBE_UPSTREAM_CA: the script copies the file into
+// egressd's hostPath folder and adds --upstream-ca-file naming it to the DaemonSet it
+// applies): only this test's deployment trusts it, and down.sh removes it with the
+// node's state. Call it before AirlockUp.
+func trustTestCA(t *testing.T) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -55,28 +56,11 @@ func trustTestCA(t *testing.T, m *kubedeploy.Manifest) *testCA {
 		t.Fatal(err)
 	}
 	cert, _ := x509.ParseCertificate(der)
-	dir := filepath.Join(StateDir, "egressd")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	f := filepath.Join(t.TempDir(), "test-upstream-ca.pem")
+	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "test-upstream-ca.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, o := range m.Objects {
-		if o.GetKind() != "DaemonSet" || o.GetName() != "airlock-egressd" {
-			continue
-		}
-		// Walked in place: kustomize's maps hold Go ints, which the unstructured
-		// helpers' deep copy refuses.
-		spec := o.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
-		c := spec["containers"].([]any)[0].(map[string]any)
-		c["args"] = append(c["args"].([]any), "--upstream-ca-file=/var/lib/airlock/test-upstream-ca.pem")
-		found = true
-	}
-	if !found {
-		t.Fatal("no airlock-egressd DaemonSet in the testnode overlay")
-	}
+	t.Setenv("AIRLOCK_KUBE_UPSTREAM_CA", f)
 	return &testCA{cert: cert, key: key}
 }
 
