@@ -389,9 +389,11 @@ func gatewayAudit(ctx context.Context, t *testing.T, n *Node, a Airlock, c *sdk.
 			continue
 		}
 		// With --public-key every checkpoint and the head must carry a signature that
-		// verifies (a log this short may have no checkpoint yet: its head is signed).
+		// verifies (a log this short may have no checkpoint yet: its head is signed; a
+		// replica kube-proxy sent no request to has an empty log, its head signed at seq
+		// 0). The records themselves are counted below, across the replicas.
 		if !strings.Contains(string(out), "chain:       ok") ||
-			!regexp.MustCompile(`signatures:  [1-9]\d* verified|head:        seq [1-9]\d*, signed`).Match(out) {
+			!regexp.MustCompile(`signatures:  [1-9]\d* verified|head:        seq \d+, signed`).Match(out) {
 			t.Errorf("airlock audit verify of %s: no signed checkpoint or head verified:\n%s", p.Name, out)
 		}
 		t.Logf("airlock audit verify, gateway pod %s:\n%s", p.Name, strings.TrimSpace(string(out)))
