@@ -63,6 +63,10 @@ type Config struct {
 	// --l7-port): each sandbox's NetworkPolicy admits TCP to it there, where the node
 	// redirects the sandbox's checked connections. 0: egressd runs no proxy.
 	L7Port uint16 `yaml:"l7Port"`
+	// Deny are the cluster's own ranges (pods, Services, nodes) that no sandbox's
+	// NetworkPolicy admits whatever its policy allows (kube.Config.Deny); give egressd's
+	// --deny the same. Default none.
+	Deny []netip.Prefix `yaml:"deny"`
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; default none (host volumes refused).
 	AllowedHostRoots []string `yaml:"allowedHostRoots"`
@@ -85,6 +89,17 @@ type Config struct {
 	// node's egressd enforces it. Default 9102; 0 disables the gate (a cluster without
 	// egressd; tests).
 	EgressdPort int `yaml:"egressdPort"`
+	// Pools are warm pools (lifecycle.PoolSpec; `airlock lifecycle --pool`): held pods,
+	// enforced deny-all, that a matching create claims with its own policy enforced
+	// before the entrypoint starts. The leading replica holds them (it creates, adopts
+	// and claims members); a create another replica serves is created cold. Default
+	// none.
+	Pools []lifecycle.PoolSpec `yaml:"pools"`
+	// Vault serves the Credential Vault (credentialProxy sandboxes): each sandbox's vault
+	// lives in its node's egressd (`airlock egressd --vault-dir`), which this replica
+	// reaches at EgressdPort with the API key (nodeVault). Needs EgressdPort and an
+	// APIKey; default off (a create with credentialProxy is then refused).
+	Vault bool `yaml:"vault"`
 	// Identity names this replica in the Lease (`airlock lifecycle`: default $POD_NAME,
 	// then the host name); LeaseDuration is how long a stopped leader's Lease blocks a
 	// takeover, default 15s.
@@ -212,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
-		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port,
+		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace,
 		Log: cfg.Log.With("component", "kube"),
 	})
@@ -249,9 +264,16 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	var readyGate func(string) bool
 	var policyGate func(string, uint64) bool
+	var credVault lifecycle.CredentialVault
 	if cfg.EgressdPort > 0 {
 		g := newEnforcementGate(cs, cfg.Namespace, cfg.EgressdPort)
 		readyGate, policyGate = g.ready, g.policy
+		if cfg.Vault {
+			v := newNodeVault(g, cfg.APIKey, cfg.Log.With("component", "vault"))
+			// The node has the sandbox's CA before the entrypoint starts.
+			readyGate = func(id string) bool { return v.install(id) && g.ready(id) }
+			credVault = v
+		}
 	}
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime: rt, Store: st, APIKey: cfg.APIKey, GatewayKey: cfg.GatewayKey, ExecdKey: cfg.ExecdKey,
@@ -260,8 +282,10 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		Library: lib, DefaultPolicy: cfg.DefaultPolicy,
 		ReadyTimeout: cfg.ReadyTimeout, ReapInterval: cfg.ReapInterval, ResyncInterval: cfg.ResyncInterval,
 		MaxSignedURLLifetime: cfg.MaxSignedURLLifetime,
+		Pools:                cfg.Pools,
 		ReadyGate:            readyGate, PolicyGate: policyGate,
-		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
+		CredentialVault: credVault,
+		Registry:        cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {
 		return nil, err

@@ -60,26 +60,14 @@ func (g *enforcementGate) version(id string) (uint64, bool) {
 		clear(g.last)
 	}
 	g.last[id] = time.Now()
-	host, known := g.hosts[id]
 	g.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if !known {
-		pod, err := g.client.CoreV1().Pods(g.ns).Get(ctx, kube.PodName(id), metav1.GetOptions{})
-		if err != nil {
-			return 0, false
-		}
-		if host, err = netip.ParseAddr(pod.Status.HostIP); err != nil {
-			return 0, false
-		}
-		g.mu.Lock()
-		if len(g.hosts) >= maxGateEntries { // deleted sandboxes' entries: start over
-			clear(g.hosts)
-		}
-		g.hosts[id] = host
-		g.mu.Unlock()
+	base, ok := g.node(ctx, id)
+	if !ok {
+		return 0, false
 	}
-	url := "http://" + net.JoinHostPort(host.String(), strconv.Itoa(g.port)) + watch.EnforcedPath + id
+	url := base + watch.EnforcedPath + id
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := g.http.Do(req)
 	if err != nil {
@@ -94,6 +82,31 @@ func (g *enforcementGate) version(id string) (uint64, bool) {
 	delete(g.last, id) // enforced: later questions (policy changes) are not throttled
 	g.mu.Unlock()
 	return e.PolicyVersion, true
+}
+
+// node is the base URL (http://<node address>:<port>) of the egressd that serves
+// sandbox id: its pod's status.hostIP, remembered once known. ok is false while the
+// pod has no node address (not scheduled or not started yet) or cannot be read.
+func (g *enforcementGate) node(ctx context.Context, id string) (string, bool) {
+	g.mu.Lock()
+	host, known := g.hosts[id]
+	g.mu.Unlock()
+	if !known {
+		pod, err := g.client.CoreV1().Pods(g.ns).Get(ctx, kube.PodName(id), metav1.GetOptions{})
+		if err != nil {
+			return "", false
+		}
+		if host, err = netip.ParseAddr(pod.Status.HostIP); err != nil {
+			return "", false
+		}
+		g.mu.Lock()
+		if len(g.hosts) >= maxGateEntries { // deleted sandboxes' entries: start over
+			clear(g.hosts)
+		}
+		g.hosts[id] = host
+		g.mu.Unlock()
+	}
+	return "http://" + net.JoinHostPort(host.String(), strconv.Itoa(g.port)), true
 }
 
 func (g *enforcementGate) ready(id string) bool {

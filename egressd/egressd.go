@@ -93,6 +93,10 @@ type Config struct {
 	// intercepts connections to destinations that have a binding and injects the
 	// binding's credential (see credentialProxy). Nil: no interception.
 	Vault CredentialVault
+	// OnDelete, when set, is called with the id of each sandbox that left the watch
+	// (deleted, or missing from a snapshot), after it is detached: `airlock egressd
+	// --vault-dir` forgets the sandbox's vault there. State changes do not call it.
+	OnDelete func(id string)
 	// VaultPlainHTTP is vault.plainHTTP: to which addresses a plain-HTTP request for a
 	// bound host may carry a credential (PlainHTTPMode; "" is PlainHTTPLearned).
 	VaultPlainHTTP PlainHTTPMode

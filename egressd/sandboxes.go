@@ -60,7 +60,17 @@ const maxLearnedTracked = 4096
 type handler struct{ d *Daemon }
 
 func (h handler) Upsert(s watch.Sandbox, _ uint64) { h.d.upsert(s) }
-func (h handler) Delete(id string, _ uint64)       { h.d.remove(id, "deleted") }
+func (h handler) Delete(id string, _ uint64) {
+	h.d.remove(id, "deleted")
+	h.d.deleted(id)
+}
+
+// deleted tells Config.OnDelete that sandbox id left the watch.
+func (d *Daemon) deleted(id string) {
+	if d.cfg.OnDelete != nil {
+		d.cfg.OnDelete(id)
+	}
+}
 
 // Replace applies a snapshot: every listed sandbox is applied; every sandbox egressd
 // holds or the datapath has attached (adopted from a previous process) that is not
@@ -88,6 +98,7 @@ func (h handler) Replace(all []watch.Sandbox, _ uint64) {
 	}
 	for _, id := range gone {
 		d.remove(id, "not in the lifecycle snapshot")
+		d.deleted(id)
 	}
 }
 

@@ -55,22 +55,26 @@ func (s *Server) egressOfLocked(rec *record) Egress {
 // egress summary after a policy change; a failure is logged (egressd stays the
 // enforcement of record).
 func (s *Server) updateEgress(ctx context.Context, id string) {
+	s.mu.Lock()
+	e, found := s.sbx[id]
+	s.mu.Unlock()
+	if found {
+		s.updateEgressOf(ctx, e.rec)
+	}
+}
+
+// updateEgressOf is updateEgress for a record at hand (a warm pool member being
+// claimed, not yet in the registry).
+func (s *Server) updateEgressOf(ctx context.Context, rec *record) {
 	up, ok := s.rt.(EgressUpdater)
 	if !ok {
 		return
 	}
 	s.mu.Lock()
-	e, found := s.sbx[id]
-	var inst Instance
-	var eg Egress
-	if found {
-		inst = Instance{SandboxID: id, ContainerID: e.rec.ContainerID, Address: e.rec.Address, Node: e.rec.Node}
-		eg = s.egressOfLocked(e.rec)
-	}
+	inst := Instance{SandboxID: rec.ID, ContainerID: rec.ContainerID, Address: rec.Address, Node: rec.Node}
+	eg := s.egressOfLocked(rec)
 	s.mu.Unlock()
-	if !found {
-		return
-	}
+	id := rec.ID
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := up.UpdateEgress(ctx, inst, eg); err != nil {

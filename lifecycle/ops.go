@@ -239,6 +239,11 @@ func (s *Server) transition(ctx context.Context, id string, from, via, to opensa
 		return err
 	}
 	defer e.op.Unlock()
+	if pc, ok := s.rt.(PauseChecker); ok {
+		if err := pc.CanPause(); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	cur, cid := e.rec.Status.State, e.rec.ContainerID
 	s.mu.Unlock()

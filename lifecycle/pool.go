@@ -124,7 +124,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 
 	rec := want.clone()
 	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
-	rec.PodUID = m.PodUID
+	rec.PodUID, rec.Node, rec.HostInterface = m.PodUID, m.Node, m.HostInterface
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
 	s.mu.Lock()
@@ -134,6 +134,11 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	s.mu.Unlock()
 	if err == nil {
 		err = s.awaitEnforced(ctx, rec.ID, version)
+	}
+	if err == nil {
+		// The runtime's second layer (a NetworkPolicy on Kubernetes) follows the
+		// request's policy before the entrypoint starts.
+		s.updateEgressOf(ctx, rec)
 	}
 	if err == nil {
 		env := maps.Clone(s.cfg.DefaultEnv)
@@ -232,9 +237,10 @@ func (s *Server) dropMember(rec *record) {
 	})
 }
 
-// poolLoop keeps p at its size: one member is created at a time, so replenishing never
-// takes more than one core from the sandboxes in use.
-func (s *Server) poolLoop(p *pool) {
+// poolLoop keeps p at its size until ctx ends (the server stops, or a replica loses
+// the lead): one member is created at a time, so replenishing never takes more than one
+// core from the sandboxes in use.
+func (s *Server) poolLoop(ctx context.Context, p *pool) {
 	for {
 		s.mu.Lock()
 		need := p.spec.Size - len(p.ready) - p.warming
@@ -244,14 +250,14 @@ func (s *Server) poolLoop(p *pool) {
 		s.mu.Unlock()
 		if need <= 0 {
 			select {
-			case <-s.ctx.Done():
+			case <-ctx.Done():
 				return
 			case <-p.kick:
 			}
 			continue
 		}
 		start := time.Now()
-		rec, err := s.warmOne(p)
+		rec, err := s.warmOne(ctx, p)
 		s.mu.Lock()
 		p.warming--
 		if err == nil {
@@ -259,12 +265,12 @@ func (s *Server) poolLoop(p *pool) {
 		}
 		s.mu.Unlock()
 		if err != nil {
-			if s.ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return
 			}
 			s.log.Warn("creating a warm pool member failed", "pool", p.spec.Name, "err", err)
 			select { // do not spin against a broken engine
-			case <-s.ctx.Done():
+			case <-ctx.Done():
 				return
 			case <-time.After(5 * time.Second):
 			}
@@ -275,9 +281,9 @@ func (s *Server) poolLoop(p *pool) {
 }
 
 // warmOne creates one member of p and waits until it is enforced and its execd answers.
-func (s *Server) warmOne(p *pool) (*record, error) {
+func (s *Server) warmOne(ctx context.Context, p *pool) (*record, error) {
 	id := newSandboxID()
-	ctx, cancel := context.WithTimeout(s.ctx, createTimeout)
+	ctx, cancel := context.WithTimeout(ctx, createTimeout)
 	defer cancel()
 	inst, err := s.rt.Create(ctx, Spec{
 		SandboxID: id, Image: p.image, Entrypoint: []string{"tail", "-f", "/dev/null"}, Env: map[string]string{},
@@ -288,7 +294,7 @@ func (s *Server) warmOne(p *pool) (*record, error) {
 	}
 	no := false
 	rec := &record{
-		ID: id, Pool: p.spec.Name, ContainerID: inst.ContainerID, Image: p.image,
+		ID: id, Pool: p.spec.Name, Node: inst.Node, ContainerID: inst.ContainerID, Image: p.image,
 		Entrypoint: []string{"tail", "-f", "/dev/null"}, Metadata: map[string]string{},
 		ResourceLimits: maps.Clone(p.spec.ResourceLimits), CreatedAt: time.Now().UTC(),
 		Policy: poolDenyAll, PolicyVersion: 1, AccessToken: newAccessToken(), SecureAccess: &no,
@@ -308,13 +314,17 @@ func (s *Server) warmOne(p *pool) (*record, error) {
 	return rec, nil
 }
 
-// awaitMember waits until the data plane enforces the member's deny-all policy and its
-// (held) execd answers /ping.
+// awaitMember waits until the member has an address (a pod has one once it runs:
+// recorded and published, since the data plane needs it), the data plane enforces its
+// deny-all policy and its (held) execd answers /ping.
 func (s *Server) awaitMember(ctx context.Context, rec *record) error {
-	base := "http://" + net.JoinHostPort(rec.Address.String(), strconv.Itoa(s.cfg.ExecdPort))
+	base := ""
 	deadline := time.Now().Add(s.cfg.ReadyTimeout)
 	for {
-		if (s.cfg.ReadyGate == nil || s.cfg.ReadyGate(rec.ID)) && s.pingOnce(base+"/ping") {
+		if base == "" && s.memberAddress(ctx, rec) {
+			base = "http://" + net.JoinHostPort(rec.Address.String(), strconv.Itoa(s.cfg.ExecdPort))
+		}
+		if base != "" && (s.cfg.ReadyGate == nil || s.cfg.ReadyGate(rec.ID)) && s.pingOnce(base+"/ping") {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -326,6 +336,37 @@ func (s *Server) awaitMember(ctx context.Context, rec *record) error {
 		case <-time.After(pingInterval):
 		}
 	}
+}
+
+// memberAddress reports whether member rec has an address, asking the runtime when
+// the create returned none (Kubernetes) and then recording and publishing where it
+// runs (address, node, pod UID).
+func (s *Server) memberAddress(ctx context.Context, rec *record) bool {
+	s.mu.Lock()
+	known := rec.Address.IsValid()
+	s.mu.Unlock()
+	if known {
+		return true
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	in, err := s.rt.Inspect(ictx, rec.ContainerID)
+	if err != nil || !in.Address.IsValid() || in.Phase != PhaseRunning {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec.Address, rec.Address6, rec.Pid, rec.Node = in.Address, in.Address6, in.Pid, in.Node
+	if in.HostInterface != "" {
+		rec.HostInterface = in.HostInterface
+	}
+	if in.PodUID != "" {
+		rec.PodUID = in.PodUID
+	}
+	if err := s.commitLocked(rec); err != nil {
+		s.log.Error("persisting a warm pool member's address failed", "sandbox_id", rec.ID, "err", err)
+	}
+	return true
 }
 
 // adoptMembers takes members found at start back into their pools (oldest first, up to
@@ -345,6 +386,9 @@ func (s *Server) adoptMembers(members []*record, running map[string]Instance) {
 		if keep {
 			p.warming++
 			rec.Address, rec.Address6, rec.Pid = in.Address, in.Address6, in.Pid
+			if in.Node != "" {
+				rec.Node = in.Node
+			}
 			s.hub.Put(s.watchView(rec))
 		}
 		s.mu.Unlock()

@@ -31,6 +31,15 @@ type Runtime interface {
 	List(ctx context.Context) ([]Instance, error)
 }
 
+// PauseChecker is implemented by a Runtime that knows before trying that it cannot pause
+// at all (the Kubernetes runtime: a pod has no freezer). CanPause returns nil, or an
+// error wrapping ErrNotImplemented whose text names the alternative; Server.Pause and
+// Server.Resume then answer it (501) at once, without moving the sandbox through
+// Pausing or Resuming or recording a runtime error on it.
+type PauseChecker interface {
+	CanPause() error
+}
+
 // ErrInstanceGone is returned by Runtime.Inspect for a container that no longer exists.
 var ErrInstanceGone = errors.New("container not found")
 

@@ -206,9 +206,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Runtime == nil || cfg.Store == nil {
 		return nil, errors.New("lifecycle: Runtime and Store are required")
 	}
-	if _, shared := cfg.Store.(SharedStore); shared && len(cfg.Pools) > 0 {
-		return nil, errors.New("lifecycle: warm pools need a single server (a bbolt store); this store is shared by replicas")
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -351,21 +348,32 @@ func (s *Server) Start(ctx context.Context) error {
 	s.metrics.leader.Set(1)
 	s.wg.Go(func() { s.reapLoop(s.ctx) })
 	for _, p := range s.pools {
-		s.wg.Go(func() { s.poolLoop(p) })
+		s.wg.Go(func() { s.poolLoop(s.ctx, p) })
 	}
 	return nil
 }
 
-// lead runs while this replica leads: it reconciles the registry with the runtime,
-// then reaps and resyncs until ctx ends (leadership lost).
+// lead runs while this replica leads: it reconciles the registry with the runtime
+// (adopting every warm pool member in the store), keeps the warm pools filled, and
+// reaps and resyncs until ctx ends (leadership lost). With replicas the leader alone
+// holds the pools, so only creates it serves can claim a member; on losing the lead
+// it forgets its members, which the next leader adopts.
 func (s *Server) lead(ctx context.Context) {
 	s.metrics.leader.Set(1)
 	defer s.metrics.leader.Set(0)
-	s.log.Info("leading: this replica runs expiry, resync and reconcile")
+	s.log.Info("leading: this replica runs expiry, resync, reconcile and the warm pools")
 	if err := s.reconcile(ctx); err != nil {
 		s.log.Error("reconcile failed", "err", err)
 	}
+	for _, p := range s.pools {
+		s.wg.Go(func() { s.poolLoop(ctx, p) })
+	}
 	s.reapLoop(ctx)
+	s.mu.Lock()
+	for _, p := range s.pools {
+		p.ready = nil
+	}
+	s.mu.Unlock()
 	s.log.Info("no longer leading")
 }
 

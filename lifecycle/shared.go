@@ -19,7 +19,13 @@ func (s *Server) load() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, rec := range recs {
-		if _, ok := s.sbx[rec.ID]; ok || rec.Pool != "" {
+		if rec.Pool != "" {
+			// The leader's warm pool member: published (egressd, which may follow this
+			// replica, enforces it), never served.
+			s.hub.Put(s.watchView(rec))
+			continue
+		}
+		if _, ok := s.sbx[rec.ID]; ok {
 			continue
 		}
 		s.sbx[rec.ID] = &entry{rec: rec}
@@ -38,8 +44,8 @@ func (s *Server) applyRemote(id string, doc []byte) {
 		_, ok := s.sbx[id]
 		delete(s.sbx, id)
 		s.mu.Unlock()
+		s.hub.Delete(id) // also a warm pool member's view (not in s.sbx)
 		if ok {
-			s.hub.Delete(id)
 			s.forgetVault(id)
 			s.proxy.forget()
 		}
@@ -50,11 +56,17 @@ func (s *Server) applyRemote(id string, doc []byte) {
 		s.log.Error("ignoring a sandbox document another replica wrote", "sandbox_id", id, "err", err)
 		return
 	}
-	if rec.Pool != "" {
-		return
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rec.Pool != "" {
+		// The leader's warm pool member: published for the data plane (egressd may
+		// follow this replica's watch), invisible to the API. A member this replica
+		// already serves as a sandbox (claimed here) is a stale document.
+		if _, claimed := s.sbx[id]; !claimed {
+			s.hub.Put(s.watchView(rec))
+		}
+		return
+	}
 	e, ok := s.sbx[id]
 	if !ok {
 		e = &entry{rec: rec}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 
 	"github.com/airlockdev/airlock/policies"
 )
@@ -28,10 +27,6 @@ type CredentialVault interface {
 
 // vaultPrefix is the egress API's Credential Vault path.
 const vaultPrefix = "/credential-vault"
-
-// coverProbeLabel stands for "any name" under a wildcard binding host (*.example.com is
-// covered when airlock-binding-probe.example.com is).
-const coverProbeLabel = "airlock-binding-probe"
 
 // vaultAPI serves the egress API's Credential Vault routes (/credential-vault…, on
 // sandbox port 18080 through the server proxy) with the vault that egressd holds: only
@@ -72,22 +67,7 @@ func (a *vaultAPI) covered(id, host string, port uint16) error {
 	if err != nil {
 		return err
 	}
-	if p == nil {
-		return fmt.Errorf("the sandbox has no networkPolicy: give it egress rules that allow %s", host)
-	}
-	d, err := policies.Compile(p, policies.CompileOptions{})
-	if err != nil {
-		return err
-	}
-	name := host
-	if suffix, ok := strings.CutPrefix(host, "*."); ok {
-		name = coverProbeLabel + "." + suffix
-	}
-	dec := d.DecideName(name, port, policies.TCP)
-	if !dec.Allowed() || dec.WouldDeny || !strings.HasPrefix(dec.Rule, "egress[") {
-		return fmt.Errorf("%s port %d is not allowed by an egress rule of the sandbox's networkPolicy (%s)", host, port, dec.Reason)
-	}
-	return nil
+	return policies.CoversBinding(p, host, port)
 }
 
 // forgetVault drops the sandbox's vault; failures are logged (the sandbox is gone).

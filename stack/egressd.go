@@ -21,6 +21,7 @@ import (
 	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/egressd/vault"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/policies"
@@ -57,13 +58,13 @@ type EgressdConfig struct {
 	// create request sets them. Default 0: off.
 	ProxyPort int `yaml:"proxyPort"`
 	// UpstreamCAFile is a PEM file of extra CA certificates trusted for the upstreams
-	// of intercepted (Credential Vault) connections, beside the system roots; airlock
-	// up only (the vault is airlock up's).
+	// of intercepted (Credential Vault) connections, beside the system roots (airlock
+	// up, and `airlock egressd --upstream-ca-file` with --vault-dir).
 	UpstreamCAFile string `yaml:"upstreamCAFile"`
 	// VaultPlainHTTP is vault.plainHTTP of airlock.yaml (`--vault-plain-http`): to
 	// which addresses a plain-HTTP request for a bound host may carry a credential,
 	// learned (the default) or policy (egressd.PlainHTTPMode). It matters where the
-	// daemon has a Credential Vault (airlock up).
+	// daemon has a Credential Vault (airlock up, or VaultDir).
 	VaultPlainHTTP string `yaml:"-"`
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
@@ -120,6 +121,11 @@ type EgressdConfig struct {
 	AuditWriter *audit.Writer `yaml:"-"`
 	// Vault is the Credential Vault (airlock up); nil: none.
 	Vault egressd.CredentialVault `yaml:"-"`
+	// VaultDir, when set and Vault is nil, is where NewEgressd opens a Credential Vault
+	// of its own (vault.Open: the node key and each sandbox's sealed vault), which Run
+	// serves to lifecycle replicas on MetricsListen (watch.VaultPath, behind APIKey):
+	// `airlock egressd --vault-dir` on Kubernetes. Empty: none.
+	VaultDir string `yaml:"-"`
 	// Registry receives the metrics; nil: a new registry with the Go and process
 	// collectors.
 	Registry *prometheus.Registry `yaml:"-"`
@@ -234,6 +240,7 @@ type Egressd struct {
 
 	cfg      EgressdConfig
 	ownAudit *audit.Writer // opened by NewEgressd from cfg.Audit
+	ownVault *vault.Store  // opened by NewEgressd from cfg.VaultDir
 }
 
 // NewEgressd builds the egress daemon of cfg: its audit log (cfg.AuditWriter, else one
@@ -285,6 +292,13 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 	default:
 		cfg.Log.Warn("no audit log: DNS and connection decisions are not recorded (set an audit directory)")
 	}
+	if cfg.Vault == nil && cfg.VaultDir != "" {
+		if e.ownVault, err = vault.Open(cfg.VaultDir, cfg.Log.With("component", "vault")); err != nil {
+			return nil, errors.Join(err, e.closeAudit())
+		}
+		e.ownVault.OnChange(func(c vault.Change) { auditVaultChange(sink, c) })
+		cfg.Vault = e.ownVault
+	}
 	e.Daemon, err = egressd.New(egressd.Config{
 		Watch:          watch.ClientConfig{URL: cfg.WatchURL, Header: hdr, Log: cfg.Log.With("component", "watch")},
 		Enforcer:       enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
@@ -297,6 +311,7 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 		L7Port:         uint16(cfg.L7Port),
 		ProxyPort:      uint16(cfg.ProxyPort),
 		Vault:          cfg.Vault,
+		OnDelete:       e.forgetVault,
 		VaultPlainHTTP: egressd.PlainHTTPMode(cfg.VaultPlainHTTP),
 		UpstreamCAPEM:  upstreamCA,
 		Node:           cfg.Node,
@@ -327,6 +342,9 @@ func (e *Egressd) Run(ctx context.Context) error {
 			fmt.Fprintln(w, "ok")
 		})
 		mux.Handle("GET "+watch.EnforcedPath+"{id}", e.StatusHandler())
+		if e.ownVault != nil && e.cfg.APIKey != "" {
+			mux.Handle(watch.VaultPath, e.VaultHandler(e.ownVault, e.cfg.APIKey))
+		}
 		defer serveHTTP(e.cfg.MetricsListen, mux, e.cfg.Log).Close()
 	}
 	err := e.Daemon.Run(ctx)
@@ -340,6 +358,17 @@ func (e *Egressd) Run(ctx context.Context) error {
 // log NewEgressd opened; for a daemon that never ran. Safe to call more than once.
 func (e *Egressd) Close() error {
 	return errors.Join(e.Daemon.Close(), e.closeAudit())
+}
+
+// forgetVault drops a deleted sandbox's vault from the daemon's own store (VaultDir);
+// airlock up's lifecycle forgets the vault it shares with egressd itself.
+func (e *Egressd) forgetVault(id string) {
+	if e.ownVault == nil {
+		return
+	}
+	if err := e.ownVault.Delete(id); err != nil {
+		e.cfg.Log.Error("deleting a sandbox's credential vault failed", "sandbox_id", id, "err", err)
+	}
 }
 
 func (e *Egressd) closeAudit() error {

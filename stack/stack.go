@@ -173,7 +173,17 @@ func (s *Stack) auditVaultChange(c vault.Change) {
 	if s.Audit == nil {
 		return
 	}
-	s.Audit.Append(audit.Record{Time: time.Now(), SandboxID: c.SandboxID, Source: audit.SourceCredential,
+	auditVaultChange(s.Audit, c)
+}
+
+// auditVaultChange appends the record of an applied Credential Vault change (names
+// only, never values) to sink, when there is one (airlock up's log, or egressd's own
+// on Kubernetes).
+func auditVaultChange(sink egressd.AuditSink, c vault.Change) {
+	if sink == nil {
+		return
+	}
+	sink.Append(audit.Record{Time: time.Now(), SandboxID: c.SandboxID, Source: audit.SourceCredential,
 		Action: "allow", Rule: "vault." + c.Op,
 		Reason: fmt.Sprintf("credential vault %s applied: revision %d", c.Op, c.Revision),
 		Extra:  map[string]any{"credentials": c.Credentials, "bindings": c.Bindings}})

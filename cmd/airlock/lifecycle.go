@@ -26,7 +26,7 @@ import (
 type lifecycleFlags struct {
 	cfg                               cluster.Config
 	runtimeKind, kubeconfig, logLevel string
-	dns, signingKeys                  []string
+	dns, signingKeys, pools, deny     []string
 }
 
 func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
@@ -49,8 +49,9 @@ in --token-namespace (default the system namespace).
 Any number of replicas serve the same sandboxes; the one holding the Lease runs expiry
 and reconcile, and another takes over within --lease-duration when it goes.
 
-Pause and resume answer 501 on Kubernetes. Warm pools and the Credential Vault need
-'airlock up' (one host).
+Pause and resume answer 501 on Kubernetes. The Credential Vault (--vault) lives in
+each node's egressd (airlock egressd --vault-dir), reached at --egressd-port. Warm pools (--pool) are held by the leading replica: it creates, adopts
+and claims their pods; creates served by another replica are created cold.
 
 Secrets come from the environment: OPEN_SANDBOX_API_KEY (required unless --no-auth),
 AIRLOCK_GATEWAY_KEY (what gateways send for sandbox port 18080),
@@ -110,6 +111,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
 	f.StringSliceVar(&lf.dns, "dns", lf.dns, "the sandboxes' resolver: egressd's node-local DNS address")
 	f.Uint16Var(&lf.cfg.L7Port, "l7-port", lf.cfg.L7Port, "egressd's --l7-port (its transparent L7 proxy on the --dns address), which each sandbox's NetworkPolicy admits; 0: none")
+	f.StringSliceVar(&lf.deny, "deny", nil, "a CIDR or address no sandbox's NetworkPolicy admits whatever its policy allows (repeatable): the cluster's pod, Service and node ranges, as egressd's --deny")
 	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", c.AllowedHostRoots, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
 	f.StringVar(&c.Gateway, "gateway", c.Gateway, "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
 	f.StringVar(&c.BaseDomain, "base-domain", c.BaseDomain, "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")
@@ -118,6 +120,8 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.PolicyDir, "policy-dir", c.PolicyDir, "the policy library directory (a mounted ConfigMap); empty: no named policies")
 	f.StringVar(&c.DefaultPolicy, "default-policy", c.DefaultPolicy, "named policy of sandboxes created without one")
 	f.IntVar(&c.EgressdPort, "egressd-port", c.EgressdPort, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
+	f.BoolVar(&c.Vault, "vault", c.Vault, "serve the Credential Vault (credentialProxy sandboxes): each sandbox's vault lives in its node's egressd (--vault-dir), reached at --egressd-port with the API key")
+	f.StringArrayVar(&lf.pools, "pool", nil, "a warm pool, name=NAME,image=IMAGE,size=N[,cpu=…][,memory=…] (repeatable; an empty value is none): held pods, enforced deny-all, that a create with the same image and limits claims")
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
@@ -153,6 +157,17 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 		}
 		c.DNS = append(c.DNS, a)
 	}
+	for _, s := range lf.deny {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return c, fmt.Errorf("--deny %q: want a CIDR or an address: %w", s, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.Deny = append(c.Deny, p.Masked())
+	}
 	specs := lf.signingKeys
 	if len(specs) == 0 {
 		specs = envList("AIRLOCK_SIGNING_KEYS")
@@ -163,6 +178,16 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 			return c, fmt.Errorf("signing key: %w", err)
 		}
 		c.SigningKeys = append(c.SigningKeys, k)
+	}
+	for _, s := range lf.pools {
+		if s == "" {
+			continue // the manifests' empty AIRLOCK_POOL
+		}
+		p, err := cluster.ParsePool(s)
+		if err != nil {
+			return c, fmt.Errorf("--pool: %w", err)
+		}
+		c.Pools = append(c.Pools, p)
 	}
 	if c.Identity == "" {
 		c.Identity = os.Getenv("POD_NAME")

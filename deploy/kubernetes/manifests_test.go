@@ -37,6 +37,8 @@ type layout struct {
 	namespaceCount int
 	gatewayService corev1.ServiceType // default LoadBalancer
 	egressdAudit   string             // egressd's audit hostPath; default /var/lib/airlock
+	gatewayAudit   string             // the gateway's audit hostPath (per pod: <pod name>/audit); default an emptyDir
+	deny           []string           // lifecycle's --deny (and egressd's)
 }
 
 var layouts = []layout{
@@ -46,7 +48,8 @@ var layouts = []layout{
 		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 3},
 	{dir: "overlays/testnode", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens",
 		extraObjects: []string{"Service/airlock-system/airlock-lifecycle-nodeport"}, namespaceCount: 3,
-		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd"},
+		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd",
+		gatewayAudit: "/var/lib/airlock-kube/gateway", deny: []string{"10.244.0.0/24", "10.96.0.0/16"}},
 }
 
 // manifest is one rendered kustomization.
@@ -337,7 +340,17 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	}
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
 		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
-		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0")
+		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0",
+		"--vault")
+	var deny []string
+	for _, a := range args {
+		if d, ok := strings.CutPrefix(a, "--deny="); ok {
+			deny = append(deny, d)
+		}
+	}
+	if !slices.Equal(deny, l.deny) {
+		t.Errorf("lifecycle --deny %q, want %q", deny, l.deny)
+	}
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle"))
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
 		t.Errorf("lifecycle Service: %s %+v, want ClusterIP on 8080", svc.Spec.Type, svc.Spec.Ports)
@@ -361,17 +374,33 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 	// The public gateway never admits the API key from clients.
 	wantArgs(t, "gateway", args, "--refuse-api-key")
 	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
-		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc, "--audit-dir=/var/lib/airlock/audit")
+		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
 	// The audit log and its key are on a volume of the pod's own (the root filesystem
-	// is read-only; replicas never share a log).
+	// is read-only; replicas never share a log), or in a folder of the pod's own on the
+	// node (the pod's name in the path; the last --audit-dir wins).
+	auditDir := ""
+	for _, a := range args {
+		if d, ok := strings.CutPrefix(a, "--audit-dir="); ok {
+			auditDir = d
+		}
+	}
 	auditVolume := ""
 	for _, m := range p.Containers[0].VolumeMounts {
 		if m.MountPath == "/var/lib/airlock" {
 			auditVolume = m.Name
 		}
 	}
-	if i := slices.IndexFunc(p.Volumes, func(v corev1.Volume) bool { return v.Name == auditVolume }); auditVolume == "" || i < 0 || p.Volumes[i].EmptyDir == nil {
-		t.Errorf("gateway: no emptyDir volume mounted at /var/lib/airlock for the audit log (%v)", p.Containers[0].VolumeMounts)
+	i := slices.IndexFunc(p.Volumes, func(v corev1.Volume) bool { return v.Name == auditVolume })
+	switch {
+	case auditVolume == "" || i < 0:
+		t.Errorf("gateway: no volume mounted at /var/lib/airlock for the audit log (%v)", p.Containers[0].VolumeMounts)
+	case l.gatewayAudit == "" && (p.Volumes[i].EmptyDir == nil || auditDir != "/var/lib/airlock/audit"):
+		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/audit on an emptyDir", auditDir, p.Volumes[i].VolumeSource)
+	case l.gatewayAudit != "" && (p.Volumes[i].HostPath == nil || p.Volumes[i].HostPath.Path != l.gatewayAudit ||
+		auditDir != "/var/lib/airlock/pod-1/audit" || !slices.ContainsFunc(p.Containers[0].Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	})):
+		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/$(POD_NAME)/audit on hostPath %s", auditDir, p.Volumes[i].VolumeSource, l.gatewayAudit)
 	}
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
 	wantType := cmp.Or(l.gatewayService, corev1.ServiceTypeLoadBalancer)
@@ -399,7 +428,7 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
 		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
 		"--dns-local-address=169.254.20.10", "--l7-port=15001", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102",
-		"--cgroup-root=/host/sys/fs/cgroup")
+		"--cgroup-root=/host/sys/fs/cgroup", "--vault-dir=/var/lib/airlock/vault")
 	host := map[string]string{}
 	for _, v := range p.Volumes {
 		if v.HostPath != nil {

@@ -10,6 +10,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/airlockdev/airlock/internal/kubedeploy"
+	"github.com/airlockdev/airlock/internal/kubenode"
 )
 
 // readmeBlocks returns the README's fenced code blocks of language lang.
@@ -132,5 +135,98 @@ func TestReadmeSecretAndSettings(t *testing.T) {
 	slices.Sort(rows)
 	if !slices.Equal(keys, rows) {
 		t.Errorf("README settings table %v, base/settings.env %v", rows, keys)
+	}
+}
+
+// TestReadmeKubeUp: the commands the READMEs give from an empty host to the SDK are the
+// ones the node tests run, so that neither can drift:
+//   - testenv/README.md says `make kube-up` and `make kube-down`; the Makefile's kube-up
+//     recipe runs exactly kubenode.KubeUp (up.sh, then airlock-up.sh), which the node
+//     tests run (kubenode.Start, Node.AirlockUp), and kube-down runs down.sh;
+//   - airlock-up.sh builds the images with the operator README's images.sh (step 1) and
+//     deploys with testenv/deploy (internal/kubedeploy: steps 3 to 5);
+//   - the README's `rollout status` commands (step 4) name exactly the workloads
+//     kubedeploy.WaitRollouts waits for (every Deployment and DaemonSet of the base and
+//     of the testnode overlay);
+//   - the README's SDK snippet (step 6) has the placeholders kubedeploy.SDKSnippet fills
+//     in: `make kube-up` prints it filled in and TestAirlockParityOnNode runs it.
+func TestReadmeKubeUp(t *testing.T) {
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	recipe := func(target string) []string {
+		var out []string
+		in := false
+		for l := range strings.SplitSeq(read("../../Makefile"), "\n") {
+			switch {
+			case strings.HasPrefix(l, target+":"):
+				in = true
+			case in && strings.HasPrefix(l, "\t"):
+				out = append(out, strings.TrimPrefix(strings.TrimSpace(l), "@"))
+			case in:
+				return out
+			}
+		}
+		return out
+	}
+	var want []string
+	for _, s := range kubenode.KubeUp {
+		want = append(want, "deploy/kubernetes/testenv/"+s)
+	}
+	if got := recipe("kube-up"); !slices.Equal(got, want) {
+		t.Errorf("make kube-up runs %q, the node tests run %q (kubenode.KubeUp)", got, want)
+	}
+	if got := recipe("kube-down"); !slices.Equal(got, []string{"deploy/kubernetes/testenv/down.sh"}) {
+		t.Errorf("make kube-down runs %q, the node tests run down.sh", got)
+	}
+	testenvReadme := read("testenv/README.md")
+	for _, cmd := range []string{"make kube-up", "make kube-down"} {
+		if !regexp.MustCompile("(?s)```sh\n[^`]*\\b" + cmd + "\\b").MatchString(testenvReadme) {
+			t.Errorf("testenv/README.md's commands do not start with %q", cmd)
+		}
+	}
+
+	up := read("testenv/airlock-up.sh")
+	sh := strings.Join(readmeBlocks(t, "sh"), "\n")
+	for _, cmd := range []string{"deploy/kubernetes/images.sh", "./deploy/kubernetes/testenv/deploy"} {
+		if !regexp.MustCompile(`(?m)^[^#\n]*` + regexp.QuoteMeta(cmd) + `\b`).MatchString(up) {
+			t.Errorf("airlock-up.sh does not run %s", cmd)
+		}
+	}
+	if !strings.Contains(sh, "deploy/kubernetes/images.sh $REGISTRY") {
+		t.Error("the README's step 1 does not build the images with deploy/kubernetes/images.sh, as airlock-up.sh does")
+	}
+
+	var rollouts []string
+	for _, m := range regexp.MustCompile(`(?m)^kubectl -n airlock-system rollout status (\S+)$`).FindAllStringSubmatch(sh, -1) {
+		rollouts = append(rollouts, m[1])
+	}
+	slices.Sort(rollouts)
+	for _, dir := range []string{"base", "overlays/testnode"} {
+		m := render(t, dir)
+		var workloads []string
+		for _, kind := range []string{"Deployment", "DaemonSet"} {
+			for _, o := range m.ofKind(kind) {
+				workloads = append(workloads, strings.ToLower(kind)+"/"+o.GetName())
+			}
+		}
+		slices.Sort(workloads)
+		if !slices.Equal(rollouts, workloads) {
+			t.Errorf("the README waits for the rollouts of %q, %s has (and kubedeploy waits for) %q", rollouts, dir, workloads)
+		}
+	}
+
+	js, err := kubedeploy.SDKSnippet([]byte(read("README.md")), "10.244.0.1:30880", "k", "airlock/sandbox:kubenode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{`domain: "10.244.0.1:30880"`, `apiKey: "k"`, `image: "airlock/sandbox:kubenode"`, "Sandbox.create("} {
+		if !strings.Contains(js, w) {
+			t.Errorf("the filled-in SDK snippet lacks %s:\n%s", w, js)
+		}
 	}
 }

@@ -17,31 +17,31 @@ import (
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlockdev/airlock/internal/kubedeploy"
 	"github.com/airlockdev/airlock/internal/testenv"
+	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
 )
 
-// The images the testnode overlay runs (deploy/kubernetes/images.sh builds the first two
-// with this tag) and the name the sandbox image gets in the node: not :latest, which
-// kubelet would try to pull.
-const (
-	imageVersion     = "0.1.0"
-	nodeSandboxImage = "airlock/sandbox:kubenode"
-)
+// nodeSandboxImage is the name the sandbox image gets in the node (airlock-up.sh's
+// AIRLOCK_KUBE_SANDBOX_IMAGE): not :latest, which kubelet would try to pull.
+const nodeSandboxImage = "airlock/sandbox:kubenode"
 
-// TestAirlockOnNode deploys Airlock on the node from its own manifests as `make kube-up`
-// does (the testnode overlay through internal/kubedeploy: server-side apply, rollouts of
-// lifecycle's two replicas, the gateway and the egressd DaemonSet), then through the
+// TestAirlockOnNode deploys Airlock on the node from its own manifests by running what
+// `make kube-up` runs (Start: up.sh; AirlockUp: airlock-up.sh, which applies the testnode
+// overlay through internal/kubedeploy: server-side apply, rollouts of lifecycle's two
+// replicas, the gateway and the egressd DaemonSet), then through the
 // lifecycle API's NodePort creates a sandbox pod, runs a command in it through the
 // gateway and execd, checks that the node's egressd enforces its policy from the
 // entrypoint's first instant (an allowed name resolves, another does not, a denied
 // connection is refused at once with EPERM by the socket layer on the pod's cgroup and
-// audited) and deletes it; checks the transparent L7 check (checkL7); then runs the
+// audited) and deletes it; checks the transparent L7 check (checkL7) and a warm pool
+// claim (checkPool) and the Credential Vault (checkVault); then runs the
 // published JS SDK's Kubernetes suite against the NodePorts, and checks the host is
 // clean after down.sh.
 func TestAirlockOnNode(t *testing.T) {
@@ -55,52 +55,29 @@ func TestAirlockOnNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
-	began := time.Now()
-	buildImages(ctx, t)
-	n.ImportImages(t, "airlock/airlock:"+imageVersion, "airlock/execd:"+imageVersion, img+"="+nodeSandboxImage)
-	t.Logf("images built and imported in %s", time.Since(began).Round(100*time.Millisecond))
-
-	began = time.Now()
-	m, err := kubedeploy.Render(filepath.Join(ScriptDir(), "..", "overlays", "testnode"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := kubedeploy.New(n.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Exactly what `make kube-up` runs after up.sh (airlock-up.sh: images.sh, the
+	// imports, the testnode overlay through internal/kubedeploy, the rollouts).
+	tagImage(t, img, nodeSandboxImage)
+	// The Credential Vault check's HTTPS server: its CA, trusted by egressd for
+	// intercepted upstreams in this deployment only (airlock-up.sh's
+	// AIRLOCK_KUBE_UPSTREAM_CA).
+	upstreamCA := trustTestCA(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 40))
 		}
 	})
-	keys, err := d.Deploy(ctx, m, kubedeploy.SystemNamespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, rcancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer rcancel()
-	if err := d.WaitRollouts(rctx, m); err != nil {
-		t.Fatal(err)
-	}
-	api, err := d.NodePortAddr(ctx, kubedeploy.SystemNamespace, "airlock-lifecycle-nodeport")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := d.NodePortAddr(ctx, kubedeploy.SystemNamespace, "airlock-gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("Airlock deployed and rolled out in %s: lifecycle API %s, gateway %s",
-		time.Since(began).Round(100*time.Millisecond), api, gw)
+	a := n.AirlockUp(t, nodeSandboxImage)
+	api, gw := a.API, a.Gateway
 
 	// Two names the cluster DNS answers (headless Services whose EndpointSlices name
 	// TEST-NET-2 addresses, outside every range egressd denies), only one of which the
 	// sandbox's policy allows; and a listener of the test on the node's address, which
-	// the policy allows by CIDR (so the sandbox's NetworkPolicy admits it) but egressd's
-	// always-deny overlay refuses (the overlay's --deny=10.244.0.0/24, and egressd
-	// denies the node's own addresses anyway): only egressd stands between the pod and
-	// it, and its audit log must show the flow denied.
+	// the policy allows by CIDR but egressd's always-deny overlay refuses (the overlay's
+	// --deny=10.244.0.0/24, and egressd denies the node's own addresses anyway): the
+	// sandbox's NetworkPolicy refuses it too (lifecycle's --deny of the same range), but
+	// egressd's socket layer refuses the connect() first, with EPERM, and its audit log
+	// must show the flow denied.
 	ns := n.Namespace(t, "egress")
 	allowedName := dnsName(t, n, ns, "allowed", "198.51.100.7")
 	deniedName := dnsName(t, n, ns, "denied", "198.51.100.8")
@@ -108,11 +85,11 @@ func TestAirlockOnNode(t *testing.T) {
 	policy := fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":%q},{"action":"allow","target":"%s/32"}]}`,
 		allowedName, NodeIP)
 
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + api, APIKey: keys.APIKey})
+	c, err := sdk.New(sdk.Config{BaseURL: "http://" + api, APIKey: a.APIKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	began = time.Now()
+	began := time.Now()
 	// The entrypoint's first act is the denied connection, which must be blocked already:
 	// execd holds the entrypoint until lifecycle releases it, once the node's egressd
 	// reports it enforced. (On this node egressd attaches while the init container still
@@ -218,19 +195,27 @@ func TestAirlockOnNode(t *testing.T) {
 		t.Fatalf("kill: %v", err)
 	}
 	n.Wait(t, "the sandbox's pod to go", 90*time.Second, func() (bool, error) {
-		pods, err := n.Client.CoreV1().Pods("airlock-sandboxes").List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0, err
+		_, err := n.Client.CoreV1().Pods("airlock-sandboxes").Get(ctx, kube.PodName(sb.ID), metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
 	})
 
 	// The transparent L7 check (`l7: sni`), through egressd's proxy on the node-local
 	// resolver address.
 	checkL7(ctx, t, c, allowedName, "198.51.100.7")
 
+	// The warm pool: a held pod claimed with the request's policy enforced before
+	// release.
+	t.Run("pool", func(t *testing.T) { checkPool(ctx, t, n, a.APIKey, allowedName, denied) })
+
+	// The Credential Vault: the API forwarded to the node's egressd, the CA installed by
+	// the trust init container, the credential injected by egressd's L7 proxy.
+	t.Run("vault", func(t *testing.T) { checkVault(ctx, t, n, c, upstreamCA, allowedName, "198.51.100.7") })
+
 	// The published JavaScript SDK's Kubernetes suite, from this host as a user of
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.
 	t.Run("sdk", func(t *testing.T) {
 		out := runSDKSuite(t, "kube.test.mjs", "AIRLOCK_KUBE_DOMAIN="+api, "AIRLOCK_KUBE_GATEWAY="+gw,
-			"AIRLOCK_KUBE_API_KEY="+keys.APIKey, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)
+			"AIRLOCK_KUBE_API_KEY="+a.APIKey, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)
 		var summary []string
 		for l := range strings.SplitSeq(out, "\n") {
 			if strings.HasPrefix(l, "ok ") || strings.HasPrefix(l, "not ok ") || strings.HasPrefix(l, "# ") {
@@ -257,11 +242,18 @@ func TestAirlockOnNode(t *testing.T) {
 // npm ci when the SDK is not installed; it fails t when the suite fails.
 func runSDKSuite(t *testing.T, file string, env ...string) string {
 	t.Helper()
+	dir := filepath.Join(ScriptDir(), "..", "..", "..", "tests", "sdk")
+	return runNode(t, dir, []string{"--test", "--test-concurrency=1", "--test-timeout=600000", file}, env...)
+}
+
+// runNode runs node with args in dir (tests/sdk, after npm ci when the SDK is not
+// installed there) and env added, and returns its output; it fails t when node fails.
+func runNode(t *testing.T, dir string, args []string, env ...string) string {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		testenv.SkipOrFail(t, "node is not installed (make prepare installs it)")
 	}
-	dir := filepath.Join(ScriptDir(), "..", "..", "..", "tests", "sdk")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@alibaba-group", "opensandbox")); err != nil {
 		npm := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
 		npm.Dir = dir
@@ -271,25 +263,24 @@ func runSDKSuite(t *testing.T, file string, env ...string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "--test", "--test-concurrency=1", "--test-timeout=600000", file)
+	cmd := exec.CommandContext(ctx, node, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("tests/sdk/%s failed on the node: %v\n%s", file, err, out)
+		t.Fatalf("node %s in %s failed on the node: %v\n%s", strings.Join(args, " "), dir, err, out)
 	}
 	return string(out)
 }
 
-// buildImages builds the airlock and execd images the manifests name, as the operator
-// README's first step does (deploy/kubernetes/images.sh).
-func buildImages(ctx context.Context, t *testing.T) {
+// tagImage tags the local Docker image img as name (the tag airlock-up.sh imports into
+// the node: not :latest, which kubelet would try to pull) until the test ends.
+func tagImage(t *testing.T, img, name string) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, filepath.Join(ScriptDir(), "..", "images.sh"))
-	cmd.Env = append(os.Environ(), "VERSION="+imageVersion)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("deploy/kubernetes/images.sh: %v\n%s", err, out)
+	if out, err := exec.Command("docker", "tag", img, name).CombinedOutput(); err != nil {
+		t.Fatalf("docker tag %s %s: %v\n%s", img, name, err, out)
 	}
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", name).Run() })
 }
 
 // dnsName creates a headless Service name in ns whose EndpointSlice names addr, and

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -55,6 +56,11 @@ const (
 // StateDir/logs/<component>.log.
 var Components = []string{"containerd", "etcd", "kube-apiserver", "kube-controller-manager",
 	"kube-scheduler", "kubelet", "kube-proxy", "kube-router", "coredns"}
+
+// KubeUp are the scripts `make kube-up` runs, in order (the Makefile's kube-up recipe,
+// which deploy/kubernetes's README test checks against this list): the node (Start) and
+// Airlock on it from its manifests (AirlockUp). Tests run exactly these.
+var KubeUp = []string{"up.sh", "airlock-up.sh"}
 
 // UpTimeout bounds up.sh: a cold build of the pinned binaries included (see README.md).
 const UpTimeout = 35 * time.Minute
@@ -95,7 +101,7 @@ func Start(t testing.TB) *Node {
 	ctx, cancel := context.WithTimeout(context.Background(), UpTimeout)
 	defer cancel()
 	began := time.Now()
-	out, err := n.script(ctx, "up.sh")
+	out, err := n.script(ctx, KubeUp[0])
 	if err != nil {
 		tails := n.LogTails(30)
 		downErr := n.Down()
@@ -139,6 +145,54 @@ func (n *Node) Down() error {
 		n.logf("kubenode: down.sh:\n%s", strings.TrimSpace(out))
 	}
 	return nil
+}
+
+// Airlock is Airlock deployed on the node by AirlockUp: what airlock-up.sh prints.
+type Airlock struct {
+	// API is the lifecycle API's host:port (the NodePort of airlock-lifecycle-nodeport),
+	// the SDK's domain.
+	API string
+	// Gateway is the gateway's host:port (its NodePort), which sandbox endpoints name.
+	Gateway string
+	// APIKey is the OPEN-SANDBOX-API-KEY of the installation.
+	APIKey string
+}
+
+// airlockUpLine matches the lines of airlock-up.sh's banner (deploy/kubernetes/testenv/deploy).
+var airlockUpLine = regexp.MustCompile(`(?m)^  (Lifecycle API|Gateway|OPEN-SANDBOX-API-KEY):\s+(?:http://)?(\S+)`)
+
+// AirlockUp deploys Airlock on the node exactly as `make kube-up` does after up.sh: it
+// runs airlock-up.sh (images built by deploy/kubernetes/images.sh and imported, the
+// testnode overlay applied through internal/kubedeploy, the rollouts waited for) with
+// sandboxImage (a local Docker image, not :latest) as AIRLOCK_KUBE_SANDBOX_IMAGE, and
+// returns the addresses and the API key its banner prints. It fails t when the script
+// fails or a banner line is missing.
+func (n *Node) AirlockUp(t testing.TB, sandboxImage string) Airlock {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	t.Setenv("AIRLOCK_KUBE_SANDBOX_IMAGE", sandboxImage)
+	began := time.Now()
+	out, err := n.script(ctx, KubeUp[1])
+	if err != nil {
+		t.Fatalf("kubenode: %s: %v\n%s", KubeUp[1], err, out)
+	}
+	var a Airlock
+	for _, m := range airlockUpLine.FindAllStringSubmatch(out, -1) {
+		switch m[1] {
+		case "Lifecycle API":
+			a.API = m[2]
+		case "Gateway":
+			a.Gateway = m[2]
+		case "OPEN-SANDBOX-API-KEY":
+			a.APIKey = m[2]
+		}
+	}
+	if a.API == "" || a.Gateway == "" || a.APIKey == "" {
+		t.Fatalf("kubenode: %s printed no lifecycle API, gateway or API key (%+v):\n%s", KubeUp[1], a, out)
+	}
+	t.Logf("kubenode: %s in %s: lifecycle API %s, gateway %s", KubeUp[1], time.Since(began).Round(100*time.Millisecond), a.API, a.Gateway)
+	return a
 }
 
 // ImportImages copies local Docker images into the node's containerd (import-image.sh);

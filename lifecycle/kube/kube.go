@@ -83,6 +83,13 @@ type Config struct {
 	// addresses, where the node redirects a sandbox's checked TCP: the NetworkPolicy
 	// admits TCP to it there. 0: egressd runs no proxy.
 	L7Port uint16
+	// Deny are the ranges no sandbox may reach whatever its policy allows: the cluster's
+	// pods, Services and nodes (egressd's --deny, the same values). The NetworkPolicy
+	// excepts them from each egress ipBlock (a policy CIDR inside one is left out), and
+	// an allow-all policy admits every address but them, so that with the node's egressd
+	// stopped a sandbox still reaches no pod, Service or node. Empty: policy CIDRs and
+	// allow-all are admitted as written.
+	Deny []netip.Prefix
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; empty disables host-path volumes.
 	AllowedHostRoots []string
@@ -289,16 +296,23 @@ func (r *Runtime) removeObjects(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// Pause is not available on Kubernetes (the API has no freezer): an error wrapping
-// lifecycle.ErrNotImplemented (501).
-func (r *Runtime) Pause(context.Context, string) error {
-	return fmt.Errorf("%w: pause is not available on Kubernetes", lifecycle.ErrNotImplemented)
-}
+// ErrPauseUnavailable is what pause and resume answer on Kubernetes (501
+// NOT_IMPLEMENTED, through lifecycle.PauseChecker): a pod cannot be frozen through the
+// Kubernetes API. Its text names the alternatives.
+var ErrPauseUnavailable = fmt.Errorf("%w: pause and resume are not available on Kubernetes (a pod cannot be frozen); "+
+	"instead keep the sandbox running and extend its life (POST /sandboxes/{id}/renew-expiration), "+
+	"or delete it and create it again; pause works with `airlock up` (Docker)", lifecycle.ErrNotImplemented)
 
-// Resume is not available on Kubernetes: an error wrapping lifecycle.ErrNotImplemented.
-func (r *Runtime) Resume(context.Context, string) error {
-	return fmt.Errorf("%w: resume is not available on Kubernetes (pause is not either)", lifecycle.ErrNotImplemented)
-}
+// CanPause implements lifecycle.PauseChecker: always ErrPauseUnavailable, so lifecycle
+// answers pause and resume with 501 before touching the sandbox's state.
+func (r *Runtime) CanPause() error { return ErrPauseUnavailable }
+
+// Pause is not available on Kubernetes: ErrPauseUnavailable (lifecycle asks CanPause
+// first and never calls it).
+func (r *Runtime) Pause(context.Context, string) error { return ErrPauseUnavailable }
+
+// Resume is not available on Kubernetes: ErrPauseUnavailable.
+func (r *Runtime) Resume(context.Context, string) error { return ErrPauseUnavailable }
 
 // Inspect returns the sandbox's view by its ContainerID (the pod name): Pending →
 // created, Running → running (with its addresses and node), Succeeded/Failed or being

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -39,7 +40,9 @@ var kubeDNS = networkingv1.NetworkPolicyPeer{
 //   - egress on UDP and TCP 53 to the DNS addresses (Config.DNS, else kube-dns), and
 //     on TCP Config.L7Port there (egressd's L7 proxy) when set with Config.DNS;
 //   - egress by eg: AllowAll → everything; ByName → every address but NonPublic
-//     (egressd enforces the names); plus exactly eg.CIDRs.
+//     (egressd enforces the names); plus exactly eg.CIDRs; each but Config.Deny
+//     (allowBlock), so that the NetworkPolicy alone keeps a sandbox from the
+//     cluster's pods, Services and nodes when the node's egressd is not running.
 //
 // An empty eg admits no egress but DNS.
 func (r *Runtime) networkPolicy(id string, eg lifecycle.Egress) *networkingv1.NetworkPolicy {
@@ -76,29 +79,60 @@ func (r *Runtime) networkPolicy(id string, eg lifecycle.Egress) *networkingv1.Ne
 		ports = append(ports, networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: &l7})
 	}
 	np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: dnsPeers, Ports: ports})
-	if eg.AllowAll {
+	var peers []networkingv1.NetworkPolicyPeer
+	if eg.AllowAll && len(r.cfg.Deny) == 0 {
 		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{})
 		return np
 	}
-	var peers []networkingv1.NetworkPolicyPeer
-	if eg.ByName {
+	if eg.AllowAll || eg.ByName {
 		for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
-			b := &networkingv1.IPBlock{CIDR: all.String()}
-			for _, p := range NonPublic {
-				if p.Addr().Is4() == all.Addr().Is4() {
-					b.Except = append(b.Except, p.String())
-				}
+			var except []netip.Prefix
+			if eg.ByName {
+				except = NonPublic
 			}
-			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: b})
+			if b := r.allowBlock(all, except); b != nil {
+				peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: b})
+			}
 		}
 	}
 	for _, p := range eg.CIDRs {
-		peers = append(peers, ipBlock(p))
+		if eg.AllowAll {
+			break // inside the blocks above already
+		}
+		if b := r.allowBlock(p, nil); b != nil {
+			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: b})
+		}
 	}
 	if len(peers) > 0 {
 		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers})
 	}
 	return np
+}
+
+// allowBlock is the ipBlock admitting p but the prefixes of except and Config.Deny
+// inside it (of p's family, each once, outermost only), or nil when a deny covers p
+// entirely (a NetworkPolicy's except must lie strictly inside its cidr).
+func (r *Runtime) allowBlock(p netip.Prefix, except []netip.Prefix) *networkingv1.IPBlock {
+	p = p.Masked()
+	var out []netip.Prefix
+	for _, d := range append(slices.Clone(except), r.cfg.Deny...) {
+		d = d.Masked()
+		if d.Addr().Is4() != p.Addr().Is4() {
+			continue
+		}
+		if d.Bits() <= p.Bits() && d.Contains(p.Addr()) {
+			return nil
+		}
+		if p.Contains(d.Addr()) && !slices.ContainsFunc(out, func(o netip.Prefix) bool { return o.Bits() <= d.Bits() && o.Contains(d.Addr()) }) {
+			out = slices.DeleteFunc(out, func(o netip.Prefix) bool { return d.Contains(o.Addr()) && d.Bits() <= o.Bits() })
+			out = append(out, d)
+		}
+	}
+	b := &networkingv1.IPBlock{CIDR: p.String()}
+	for _, d := range out {
+		b.Except = append(b.Except, d.String())
+	}
+	return b
 }
 
 func ipBlock(p netip.Prefix) networkingv1.NetworkPolicyPeer {

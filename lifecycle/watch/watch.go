@@ -152,6 +152,22 @@ func (a Access) ModeFor(port int) AccessMode {
 // before they answer), as airlock up asks its in-process egressd.
 const EnforcedPath = "/v1/enforced/"
 
+// VaultPath is the Credential Vault's node API of egressd on Kubernetes, on the same
+// listener as EnforcedPath and behind the API key (opensandbox.HeaderAPIKey): the
+// vault of a credentialProxy sandbox lives on its node, so lifecycle hands the node's
+// egressd the sandbox's interception CA (PUT VaultPath+"<id>/ca", body VaultCA, 204)
+// before it releases the entrypoint, forwards the egress API's /credential-vault
+// routes (VaultPath+"<id>/credential-vault…", answered as egress-api.yaml says) and
+// removes the vault with the sandbox (DELETE VaultPath+"<id>", 204).
+const VaultPath = "/v1/vault/"
+
+// VaultCA is the body of PUT VaultPath+"<id>/ca": a sandbox's interception CA, the
+// certificate in DER and its key in PKCS #8 DER (base64 in JSON).
+type VaultCA struct {
+	Cert []byte `json:"cert"`
+	Key  []byte `json:"key"`
+}
+
 // Enforced is the body of a 200 from EnforcedPath.
 type Enforced struct {
 	SandboxID string `json:"sandboxId"`

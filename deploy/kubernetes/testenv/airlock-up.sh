@@ -8,7 +8,10 @@
 #
 # Usage: deploy/kubernetes/testenv/airlock-up.sh
 # Environment: AIRLOCK_KUBE_SANDBOX_IMAGE (default airlock/sandbox:0.1.0; `make image`
-# builds it), GO (default go).
+# builds it), GO (default go), AIRLOCK_KUBE_UPSTREAM_CA (optional, for tests: a PEM file
+# on this host, copied into egressd's hostPath folder and named by an extra
+# --upstream-ca-file of egressd, which then trusts it for intercepted upstreams; unset
+# by `make kube-up`).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,4 +31,12 @@ cd "$repo"
 kube_log "building airlock/airlock:$VERSION and airlock/execd:$VERSION"
 VERSION=$VERSION deploy/kubernetes/images.sh >&2
 "$here/import-image.sh" "airlock/airlock:$VERSION" "airlock/execd:$VERSION" "$sandbox"
-"${GO:-go}" run ./deploy/kubernetes/testenv/deploy -kubeconfig "$KUBE_CONFIG" -sandbox-image "$sandbox"
+extra=()
+if [[ -n ${AIRLOCK_KUBE_UPSTREAM_CA:-} ]]; then
+	[[ -f $AIRLOCK_KUBE_UPSTREAM_CA ]] || kube_die "AIRLOCK_KUBE_UPSTREAM_CA: no file $AIRLOCK_KUBE_UPSTREAM_CA"
+	# The testnode overlay's egressd hostPath (/var/lib/airlock in its pod); down.sh
+	# removes it with the node's state.
+	install -D -m 0644 "$AIRLOCK_KUBE_UPSTREAM_CA" "$KUBE_STATE/egressd/upstream-ca.pem"
+	extra=(-upstream-ca-file /var/lib/airlock/upstream-ca.pem)
+fi
+"${GO:-go}" run ./deploy/kubernetes/testenv/deploy -kubeconfig "$KUBE_CONFIG" -sandbox-image "$sandbox" "${extra[@]}"

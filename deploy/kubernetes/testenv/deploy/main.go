@@ -1,9 +1,14 @@
 // Command deploy deploys Airlock on the one-node cluster of up.sh from its own manifests
 // (internal/kubedeploy: kustomize, the API key Secret, server-side apply, rollouts) and
-// prints the addresses and the API key the way `airlock up` does. `make kube-up` runs it
-// through airlock-up.sh, after importing the images.
+// prints the addresses and the API key the way `airlock up` does, then the operator
+// README's SDK snippet filled in with them (kubedeploy.SDKSnippet; the node tests run
+// the same). `make kube-up` runs it
+// through airlock-up.sh, after importing the images. With -upstream-ca-file (airlock-up.sh's
+// AIRLOCK_KUBE_UPSTREAM_CA, which the node tests set; `make kube-up` does not) egressd's
+// DaemonSet also gets --upstream-ca-file naming that path in its pod, so this deployment
+// alone trusts a test's HTTPS upstreams for intercepted (Credential Vault) requests.
 //
-// Usage: go run ./deploy/kubernetes/testenv/deploy [-kubeconfig FILE] [-k DIR] [-timeout D]
+// Usage: go run ./deploy/kubernetes/testenv/deploy [-kubeconfig FILE] [-k DIR] [-sandbox-image IMAGE] [-readme FILE] [-timeout D] [-upstream-ca-file PATH]
 package main
 
 import (
@@ -11,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -22,15 +28,21 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "/var/lib/airlock-kube/kubeconfig", "the cluster's admin kubeconfig")
 	dir := flag.String("k", "deploy/kubernetes/overlays/testnode", "the kustomization to apply")
 	sandboxImage := flag.String("sandbox-image", "airlock/sandbox:0.1.0", "the image the printed SDK example names")
+	readme := flag.String("readme", "deploy/kubernetes/README.md", "the operator README whose SDK snippet is printed, filled in")
 	timeout := flag.Duration("timeout", 5*time.Minute, "how long to wait for the rollouts")
+	upstreamCA := flag.String("upstream-ca-file", "", "a PEM file, as egressd's pod sees it, added to egressd's --upstream-ca-file (empty: none)")
 	flag.Parse()
-	if err := run(*kubeconfig, *dir, *sandboxImage, *timeout); err != nil {
+	if err := run(*kubeconfig, *dir, *sandboxImage, *readme, *upstreamCA, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "deploy:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig, dir, sandboxImage string, timeout time.Duration) error {
+func run(kubeconfig, dir, sandboxImage, readme, upstreamCA string, timeout time.Duration) error {
+	doc, err := os.ReadFile(readme)
+	if err != nil {
+		return err
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
@@ -38,6 +50,11 @@ func run(kubeconfig, dir, sandboxImage string, timeout time.Duration) error {
 	m, err := kubedeploy.Render(dir)
 	if err != nil {
 		return err
+	}
+	if upstreamCA != "" {
+		if err := m.AppendArgs("DaemonSet", "airlock-egressd", "--upstream-ca-file="+upstreamCA); err != nil {
+			return err
+		}
 	}
 	d, err := kubedeploy.New(cfg)
 	if err != nil {
@@ -68,9 +85,14 @@ func run(kubeconfig, dir, sandboxImage string, timeout time.Duration) error {
 	fmt.Fprintf(w, "  Gateway:       http://%s (NodePort; execd, the egress API and SDK clients: http://%s/sandboxes/<id>/proxy/<port>/)\n", gw, gw)
 	fmt.Fprintf(w, "  Egress:        egressd DaemonSet airlock-system/airlock-egressd on the node\n")
 	fmt.Fprintf(w, "  OPEN-SANDBOX-API-KEY: %s\n", keys.APIKey)
-	fmt.Fprintf(w, "\nOpenSandbox SDK (npm install @alibaba-group/opensandbox):\n\n")
-	fmt.Fprintf(w, "  import { Sandbox } from \"@alibaba-group/opensandbox\";\n")
-	fmt.Fprintf(w, "  const sbx = await Sandbox.create({ connectionConfig: { domain: %q, apiKey: %q }, image: %q });\n", api, keys.APIKey, sandboxImage)
-	fmt.Fprintf(w, "  console.log((await sbx.commands.run(\"echo hello from $(hostname)\")).logs.stdout[0].text);\n\n")
+	js, err := kubedeploy.SDKSnippet(doc, api, keys.APIKey, sandboxImage)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nOpenSandbox SDK (npm install @alibaba-group/opensandbox; %s, step 6):\n\n", readme)
+	for l := range strings.SplitSeq(strings.TrimRight(js, "\n"), "\n") {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+	fmt.Fprintln(w)
 	return nil
 }
