@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/execd/execdtest"
 	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 	"github.com/airlockdev/airlock/sdk"
+	"github.com/coder/websocket"
 )
 
 // TestAgentActionsAudited: commands and code run in a real sandbox through the gateway
@@ -156,7 +156,7 @@ func TestAgentActionsAudited(t *testing.T) {
 				t.Errorf("gateway command record: %+v", x)
 			}
 			if x := find("command", "server_proxy", text("command", spCmd)); x["exit_code"] != float64(0) || x["outcome"] != "success" ||
-				x["execution_ms"] == nil {
+				x["execution_ms"] == nil || x["principal"] != principal.ConfiguredAdminID {
 				t.Errorf("server proxy command record: %+v", x)
 			}
 			if x := find("code", "gateway", text("code", gwCode)); x["language"] != "python" || x["outcome"] != "success" {

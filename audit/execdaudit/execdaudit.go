@@ -18,12 +18,12 @@
 package execdaudit
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/audit/record"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // Sink receives the records; audit.Writer is one. Append must not block for long.
@@ -67,21 +67,6 @@ type Info struct {
 	Client    string
 }
 
-type principalKey struct{}
-
-// WithPrincipal returns ctx carrying the principal (an id or name) that made the
-// request, for the records of its agent actions (extra.principal). Only the host's
-// authentication sets it; a header from the client is never taken for it.
-func WithPrincipal(ctx context.Context, principal string) context.Context {
-	return context.WithValue(ctx, principalKey{}, principal)
-}
-
-// PrincipalFrom returns the principal WithPrincipal put in ctx, or "".
-func PrincipalFrom(ctx context.Context) string {
-	p, _ := ctx.Value(principalKey{}).(string)
-	return p
-}
-
 // Start returns the Action of r when r is an agent action, nil otherwise (and for a
 // nil o). path is execd's path of the request (the proxy's prefix removed, not
 // escaped). When an Action is returned, r.Body has been replaced by a reader that
@@ -95,7 +80,7 @@ func (o *Observer) Start(r *http.Request, path string, info Info) *Action {
 		return nil
 	}
 	a := &Action{o: o, op: op, id: id, info: info, start: time.Now(), query: r.URL.Query(),
-		principal: PrincipalFrom(r.Context())}
+		principal: principal.IDFromContext(r.Context())}
 	switch op {
 	case opCommand, opSessionRun, opCode:
 		a.stream = true

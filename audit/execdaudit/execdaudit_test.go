@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockdev/airlock/audit/record"
 	"github.com/airlockdev/airlock/execd"
+	"github.com/airlockdev/airlock/principal"
 )
 
 type sink struct {
@@ -73,7 +74,7 @@ func proxyFront(t *testing.T, cfg Config) (string, *sink, string) {
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// As lifecycle's server proxy: execd answers before the body is all read.
 		_ = http.NewResponseController(w).EnableFullDuplex()
-		r = r.WithContext(WithPrincipal(r.Context(), "alice"))
+		r = r.WithContext(principal.NewContext(r.Context(), principal.Principal{ID: "alice", Role: principal.User}))
 		a := obs.Start(r, r.URL.Path, Info{SandboxID: "sb1", RequestID: "req-1", Client: r.RemoteAddr})
 		if a != nil {
 			w = a.Writer(w)
