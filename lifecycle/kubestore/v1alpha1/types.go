@@ -84,6 +84,14 @@ type SandboxSpec struct {
 	CredentialProxy bool   `json:"credentialProxy,omitempty"`
 	// Pool names the warm pool of a member not yet claimed.
 	Pool string `json:"pool,omitempty"`
+	// Owner is the id of the principal (API key) that created the sandbox; a user
+	// principal reaches only the sandboxes it owns.
+	Owner string `json:"owner,omitempty"`
+	// SnapshotID is the snapshot the sandbox was restored from.
+	SnapshotID string `json:"snapshotId,omitempty"`
+	// SignedURLEpoch is covered by the tag of every signed URL minted for the sandbox;
+	// revoking the sandbox's signed URLs increments it.
+	SignedURLEpoch uint64 `json:"signedUrlEpoch,omitempty"`
 }
 
 // Platform is the OS/architecture constraint.
