@@ -135,7 +135,8 @@ func TestPrincipals(t *testing.T) {
 		{"POST", "/v1/keys", `{"name":"x","role":"user"}`, [4]int{201, 403, 403, 403}},
 		{"POST", "/v1/keys/" + ub.ID + "/rotate", "", [4]int{0, 403, 403, 403}},
 		{"DELETE", "/v1/keys/" + ub.ID, "", [4]int{0, 403, 403, 403}},
-		{"GET", "/v1/snapshots", "", [4]int{501, 501, 501, 501}},
+		{"GET", "/v1/snapshots", "", [4]int{200, 200, 200, 200}},
+		{"POST", "/v1/sandboxes/" + X + "/snapshots", "", [4]int{0, 0, 403, 404}},
 		// The user's own sandbox: everything a user may do.
 		{"GET", "/v1/sandboxes/" + sbA.ID, "", [4]int{200, 200, 200, 200}},
 		{"PATCH", "/v1/sandboxes/" + sbA.ID + "/metadata", `{"k":"v"}`, [4]int{200, 200, 403, 200}},
