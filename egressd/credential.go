@@ -50,6 +50,8 @@ type credentialProxy struct {
 	plainHTTP PlainHTTPMode // Config.VaultPlainHTTP, checked
 	mu        sync.Mutex
 	certs     map[string]*tls.Config // sandbox|host -> leaf; cleared when it grows past maxLeafCache
+	// upstreamTLS verifies upstream certificates: system roots plus UpstreamCAPEM.
+	upstreamTLS *tls.Config
 }
 
 const maxLeafCache = 4096
@@ -73,6 +75,9 @@ type credTarget struct {
 	// policyOnly marks an interception for the HTTP rules alone (no vault binding):
 	// no credential is looked up or audited.
 	policyOnly bool
+	// upstream, set by serve, is this intercepted connection's own upstream transport
+	// (keep-alive): see credentialProxy.upstreamFor.
+	upstream *http.Transport
 }
 
 type credTargetKey struct{}
@@ -92,7 +97,10 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 	cp := &credentialProxy{d: d, certs: map[string]*tls.Config{}, plainHTTP: plain}
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = log.New(io.Discard, "", 0) // goproxy's messages may quote requests
+	cp.upstreamTLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	dialer := &net.Dialer{Timeout: proxyDialTimeout}
+	// gp.Tr serves only a request without its connection's transport (none in serve):
+	// one upstream connection per request, to the original destination.
 	gp.Tr = &http.Transport{
 		// The original destination, never a fresh lookup of the name.
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -102,10 +110,10 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 			}
 			return dialer.DialContext(ctx, "tcp", t.dst.String())
 		},
-		TLSClientConfig:     &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		TLSClientConfig:     cp.upstreamTLS,
 		TLSHandshakeTimeout: proxyDialTimeout,
-		// One upstream connection per request: a pool keyed by name alone would let one
-		// sandbox's request ride another sandbox's connection.
+		// A pool keyed by name alone would let one sandbox's request ride another
+		// sandbox's connection.
 		DisableKeepAlives: true,
 		Proxy:             nil,
 	}
@@ -114,9 +122,15 @@ func newCredentialProxy(d *Daemon) (*credentialProxy, error) {
 	return cp, nil
 }
 
-// inject sets the binding's headers on r, or records that none matched.
-func (cp *credentialProxy) inject(r *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+// inject sets the binding's headers on r, or records that none matched; the request
+// goes upstream on its connection's own transport (credTarget.upstream).
+func (cp *credentialProxy) inject(r *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	t, _ := r.Context().Value(credTargetKey{}).(credTarget)
+	if t.upstream != nil {
+		ctx.RoundTripper = goproxy.RoundTripperFunc(func(q *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+			return t.upstream.RoundTrip(q)
+		})
+	}
 	if t.http != nil || t.policyOnly {
 		if resp := cp.checkRules(r, t); resp != nil || t.policyOnly {
 			return r, resp
@@ -209,10 +223,14 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 		conn = tls.Server(conn, cfg)
 		t.scheme = "https"
 	}
+	t.upstream = cp.upstreamFor(t)
 	done := make(chan struct{})
 	var closeOnce sync.Once
+	var active sync.WaitGroup // handlers still running (a hijacked one outlives StateHijacked)
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			active.Add(1)
+			defer active.Done()
 			if t.http != nil && !cp.streamsChecked(w, r, t) {
 				return
 			}
@@ -230,6 +248,48 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 	}
 	go srv.Serve(&oneConnListener{conn: conn, done: done})
 	<-done
+	// The sandbox's connection is gone: so are its upstream connections, once the
+	// last request (a WebSocket, say) has finished with them.
+	go func() {
+		active.Wait()
+		t.upstream.CloseIdleConnections()
+	}()
+}
+
+// Bounds of one intercepted connection's upstream pool. The sandbox's connection
+// carries one request at a time (HTTP/1.1), so one idle connection is enough; the
+// second absorbs a request that starts while the previous response is being closed.
+const (
+	upstreamIdleConns   = 2
+	upstreamIdleTimeout = 90 * time.Second
+)
+
+// upstreamFor returns the upstream transport of one intercepted connection: keep-alive,
+// so the connection's requests share upstream connections (one TLS handshake instead
+// of one per request), and owned by that connection alone, so an upstream connection
+// never carries two sandboxes' requests, or two client connections', or two names':
+// every request of the connection names t.host (inject and checkRules refuse
+// another Host) and every dial goes to t.dst, the address the sandbox dialled and the
+// policy checked. Upstream TLS is verified per new connection against cp.upstreamTLS
+// for t.host. serve closes its idle connections when the sandbox's connection closes;
+// upstreamIdleTimeout bounds one left idle meanwhile.
+func (cp *credentialProxy) upstreamFor(t credTarget) *http.Transport {
+	dialer := &net.Dialer{Timeout: proxyDialTimeout}
+	dst := t.dst.String()
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if !t.dst.IsValid() {
+				return nil, fmt.Errorf("no destination for this request")
+			}
+			return dialer.DialContext(ctx, "tcp", dst)
+		},
+		TLSClientConfig:     cp.upstreamTLS,
+		TLSHandshakeTimeout: proxyDialTimeout,
+		MaxIdleConns:        upstreamIdleConns,
+		MaxIdleConnsPerHost: upstreamIdleConns,
+		IdleConnTimeout:     upstreamIdleTimeout,
+		Proxy:               nil,
+	}
 }
 
 // leaf returns the TLS config presenting a certificate for host signed by the

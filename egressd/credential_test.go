@@ -33,7 +33,7 @@ const credSecret = "sk-credential-proxy-test-SECRET"
 
 // echoHandler answers with the request's method, path and headers as JSON.
 var echoHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	json.NewEncoder(w).Encode(map[string]any{"method": r.Method, "path": r.URL.Path, "headers": r.Header})
+	json.NewEncoder(w).Encode(map[string]any{"method": r.Method, "path": r.URL.Path, "headers": r.Header, "remote": r.RemoteAddr})
 })
 
 // credRig is a credential proxy in front of one upstream (TLS or not), with a real vault
@@ -47,6 +47,7 @@ type credRig struct {
 	caPool *x509.CertPool
 	host   string       // the bound name
 	hits   atomic.Int32 // requests the upstream saw
+	closed sync.Map     // upstream-side remote address of each closed connection -> true
 	// rules and policyOnly, when set, go into each connection's credTarget (HTTP rules).
 	rules      *policies.HTTPHost
 	policyOnly bool
@@ -59,10 +60,16 @@ func newCredRigFor(t *testing.T, isTLS bool, host string) *credRig {
 	t.Helper()
 	r := &credRig{host: host}
 	h := http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) { r.hits.Add(1); echoHandler(w, q) })
-	up := httptest.NewServer(h)
+	up := httptest.NewUnstartedServer(h)
+	up.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			r.closed.Store(c.RemoteAddr().String(), true)
+		}
+	}
 	if isTLS {
-		up.Close()
-		up = httptest.NewTLSServer(h)
+		up.StartTLS()
+	} else {
+		up.Start()
 	}
 	t.Cleanup(up.Close)
 	port := netip.MustParseAddrPort(up.Listener.Addr().String()).Port() // the original destination's
