@@ -110,6 +110,11 @@ func (b *Builder) Build(ctx context.Context, r Recipe, version string, force boo
 	if err := copyFile("/etc/resolv.conf", filepath.Join(root, "etc/resolv.conf")); err != nil {
 		return Result{}, err
 	}
+	if r.Security != "" {
+		if err := b.addSecurity(ctx, root, r); err != nil {
+			return Result{}, err
+		}
+	}
 	install := append([]string{root, "apt-get", "install", "-y", "--no-install-recommends", "-o", "Acquire::Retries=3"}, r.Packages...)
 	if err := b.runEnv(ctx, chrootEnv, "chroot", install...); err != nil {
 		return Result{}, fmt.Errorf("apt-get install: %w", err)
@@ -147,6 +152,23 @@ func (b *Builder) Build(ctx context.Context, r Recipe, version string, force boo
 
 // chrootEnv is the environment of commands run inside the root.
 var chrootEnv = []string{"DEBIAN_FRONTEND=noninteractive", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root"}
+
+// addSecurity adds r's security archive (<suite>-security main) to root's apt sources,
+// refreshes the package lists and upgrades what debootstrap installed from it, so the
+// install that follows takes the security updates too.
+func (b *Builder) addSecurity(ctx context.Context, root string, r Recipe) error {
+	line := fmt.Sprintf("deb %s %s-security main\n", r.Security, r.Suite)
+	if err := os.WriteFile(filepath.Join(root, "etc/apt/sources.list.d/security.list"), []byte(line), 0o644); err != nil {
+		return err
+	}
+	if err := b.runEnv(ctx, chrootEnv, "chroot", root, "apt-get", "update", "-o", "Acquire::Retries=3"); err != nil {
+		return fmt.Errorf("apt-get update (%s-security): %w", r.Suite, err)
+	}
+	if err := b.runEnv(ctx, chrootEnv, "chroot", root, "apt-get", "upgrade", "-y", "--no-install-recommends", "-o", "Acquire::Retries=3"); err != nil {
+		return fmt.Errorf("apt-get upgrade (%s-security): %w", r.Suite, err)
+	}
+	return nil
+}
 
 // cached reports whether every ref exists with the recipe hash label.
 func (b *Builder) cached(ctx context.Context, refs []string, hash string) (string, bool) {

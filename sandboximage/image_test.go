@@ -173,6 +173,25 @@ ss -ltn | grep -c '127.0.0.1:9223'`
 	if got := strings.Join(strings.Fields(string(out)), " "); got != want {
 		t.Errorf("image contents:\n got %s\nwant %s", got, want)
 	}
+
+	// Chromium's security updates: the image takes bookworm-security, so its chromium is
+	// the newest this host's apt knows when the host has the security archive too.
+	sec, err := exec.CommandContext(ctx, "docker", "run", "--rm", img, "bash", "-c",
+		`cat /etc/apt/sources.list.d/security.list; dpkg-query -W -f='${Version}' chromium`).CombinedOutput()
+	if err != nil || !strings.Contains(string(sec), "bookworm-security") {
+		t.Fatalf("the browser image has no security archive: %v\n%s", err, sec)
+	}
+	policy, err := exec.CommandContext(ctx, "apt-cache", "policy", "chromium").Output()
+	if err != nil || !strings.Contains(string(policy), "-security") {
+		t.Logf("this host's apt has no security archive for chromium (%v); the version is not compared", err)
+		return
+	}
+	for _, l := range strings.Split(string(policy), "\n") {
+		if cand, ok := strings.CutPrefix(strings.TrimSpace(l), "Candidate: "); ok && !strings.HasSuffix(strings.TrimSpace(string(sec)), cand) {
+			t.Errorf("the browser image has chromium %q, this host's apt offers %s (with its security updates)",
+				strings.TrimSpace(string(sec)[strings.LastIndex(string(sec), "\n")+1:]), cand)
+		}
+	}
 }
 
 func TestBrowserRecipe(t *testing.T) {

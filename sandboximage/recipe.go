@@ -67,6 +67,12 @@ type Recipe struct {
 	Suite string `json:"suite"`
 	// Mirror is the Debian mirror URL.
 	Mirror string `json:"mirror"`
+	// Security is the Debian security archive URL (http://deb.debian.org/debian-security);
+	// when set, <Suite>-security is added before the packages are installed and the
+	// whole root is upgraded from it, so the image has the security updates published
+	// up to its build (a cached image keeps those of the day it was built: rebuild to
+	// take newer ones). Empty: the suite's release packages only.
+	Security string `json:"security,omitempty"`
 	// Packages are installed with apt after debootstrap (recommends off).
 	Packages []string `json:"packages"`
 	// Env and Workdir become the image's config.
@@ -176,6 +182,9 @@ func BrowserRecipe() Recipe {
 	r := DefaultRecipe()
 	r.Repository = BrowserRepository
 	r.Packages = append(r.Packages, "chromium", "fonts-liberation", "fonts-dejavu-core", "socat")
+	// A browser parses whatever the sites it visits send: Chromium's security updates
+	// are in bookworm-security, not in bookworm.
+	r.Security = "http://deb.debian.org/debian-security"
 	// /entrypoint is the entrypoint OpenSandbox's Chrome example names.
 	r.Files = map[string]string{BrowserEntrypoint: browserScript,
 		"/entrypoint": "#!/bin/sh\n# OpenSandbox's Chrome example names this entrypoint.\nexec " + BrowserEntrypoint + " \"$@\"\n"}
@@ -213,6 +222,9 @@ func (r Recipe) Validate() error {
 	}
 	if u, err := url.Parse(r.Mirror); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("recipe: invalid mirror %q: want http(s)://host/path", r.Mirror)
+	}
+	if u, err := url.Parse(r.Security); r.Security != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		return fmt.Errorf("recipe: invalid security archive %q: want http(s)://host/path", r.Security)
 	}
 	if len(r.Packages) == 0 {
 		return fmt.Errorf("recipe: no packages")
