@@ -101,7 +101,7 @@ func rewriteFrom(t *testing.T, dir string, seq uint64, key ed25519.PrivateKey) {
 				continue
 			}
 			body := line[:len(line)-1]
-			s := lineSeq(body)
+			s := LineSeq(body)
 			canonical, _, hash, _ := lineParts(body)
 			if s >= seq {
 				if s == seq {

@@ -214,7 +214,7 @@ func recordHashes(dir string, anchors []Anchor) (first, last uint64, hashes map[
 			line, rerr := r.ReadBytes('\n')
 			if len(line) > 0 && line[len(line)-1] == '\n' {
 				body := line[:len(line)-1]
-				seq := lineSeq(body)
+				seq := LineSeq(body)
 				if first == 0 {
 					first = seq
 				}

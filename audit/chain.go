@@ -105,8 +105,9 @@ func lineParts(line []byte) (canonical []byte, prev, hash string, ok bool) {
 	return canonical, prev, hash, true
 }
 
-// lineSeq extracts "seq" from a line without decoding it all; 0 when absent.
-func lineSeq(line []byte) uint64 {
+// LineSeq extracts "seq" from a chain line (one JSON Lines record as the writer wrote
+// it) without decoding it all; 0 when absent.
+func LineSeq(line []byte) uint64 {
 	i := bytes.Index(line, []byte(`,"seq":`))
 	if i < 0 {
 		return 0

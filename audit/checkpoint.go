@@ -191,7 +191,7 @@ func (w *Writer) scanTail(name string, current bool) (*fileState, error) {
 			if !ok {
 				return nil, fmt.Errorf("audit: %s: line %d is not a chained record; run `airlock audit verify`", name, st.records+1)
 			}
-			seq, t := lineSeq(body), lineTime(body)
+			seq, t := LineSeq(body), lineTime(body)
 			if st.records == 0 {
 				st.firstSeq, st.firstTime = seq, t
 			}

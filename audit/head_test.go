@@ -30,7 +30,7 @@ func cutTail(t *testing.T, dir string, seq uint64) {
 		}
 		var keep []byte
 		for _, line := range bytes.SplitAfter(b, []byte("\n")) {
-			if len(line) > 0 && lineSeq(bytes.TrimSuffix(line, []byte("\n"))) < seq {
+			if len(line) > 0 && LineSeq(bytes.TrimSuffix(line, []byte("\n"))) < seq {
 				keep = append(keep, line...)
 			}
 		}

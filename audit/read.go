@@ -26,7 +26,7 @@ type Filter struct {
 
 // match checks a raw line cheaply before decoding.
 func (f Filter) matchLine(line []byte, needle []byte) bool {
-	if f.AfterSeq > 0 && lineSeq(line) <= f.AfterSeq {
+	if f.AfterSeq > 0 && LineSeq(line) <= f.AfterSeq {
 		return false
 	}
 	if needle != nil && !bytes.Contains(line, needle) {

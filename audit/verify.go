@@ -168,7 +168,7 @@ func Verify(dir string, options ...VerifyOptions) (*Report, error) {
 			}
 			h.Write(line)
 			body := line[:len(line)-1]
-			loc.Seq = lineSeq(body)
+			loc.Seq = LineSeq(body)
 			canonical, p, hash, ok := lineParts(body)
 			if !ok {
 				f.Close()

@@ -254,7 +254,7 @@ func (e *Exporter) readSome(target uint64) bool {
 			break
 		}
 		line := data[:i]
-		seq := lineSeq(line)
+		seq := audit.LineSeq(line)
 		if seq > target {
 			return progress // written after target: not ours yet
 		}
@@ -297,21 +297,6 @@ func (e *Exporter) emit(file string, r *audit.Record) {
 	if len(e.buf) >= 1<<20 {
 		e.flush()
 	}
-}
-
-// lineSeq is the "seq" of a chain line; 0 when absent.
-func lineSeq(line []byte) uint64 {
-	i := bytes.Index(line, []byte(`,"seq":`))
-	if i < 0 {
-		return 0
-	}
-	j := i + len(`,"seq":`)
-	k := j
-	for k < len(line) && line[k] >= '0' && line[k] <= '9' {
-		k++
-	}
-	n, _ := strconv.ParseUint(string(line[j:k]), 10, 64)
-	return n
 }
 
 // open makes the OCSF file of the chain file file current, continuing it after its
