@@ -1,13 +1,11 @@
 package docker
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"strings"
-	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
@@ -157,21 +155,7 @@ func (r *Runtime) dropTrust(ctx context.Context, ref string, cfg *container.Conf
 	if len(ca) > 0 {
 		bundle = bytes.TrimSuffix(bundle, ca)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	now := time.Now()
-	for name, content := range map[string][]byte{SystemBundle[1:]: bundle, ExtraCAPath[1:]: nil} {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content)), ModTime: now}); err != nil {
-			return err
-		}
-		if _, err := tw.Write(content); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if _, err := r.cli.CopyToContainer(ctx, cres.ID, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf}); err != nil {
+	if err := r.writeTrustStore(ctx, cres.ID, nil, bundle, nil); err != nil {
 		return fmt.Errorf("docker: restoring the snapshot's trust store: %w", err)
 	}
 	if _, err := r.cli.ContainerCommit(ctx, cres.ID, client.ContainerCommitOptions{

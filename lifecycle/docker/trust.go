@@ -50,15 +50,25 @@ func (r *Runtime) installTrust(ctx context.Context, id string, ca []byte) error 
 	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
 		bundle = append(bundle, '\n')
 	}
+	dirs := []string{"etc/", "etc/ssl/", "etc/ssl/certs/", "usr/", "usr/local/", "usr/local/share/", "usr/local/share/ca-certificates/"}
+	if err := r.writeTrustStore(ctx, id, dirs, append(bundle, ca...), ca); err != nil {
+		return fmt.Errorf("docker: installing the credential proxy CA: %w", err)
+	}
+	return nil
+}
+
+// writeTrustStore writes bundle to SystemBundle and ca to ExtraCAPath (mode 0644) in
+// container id, after creating dirs (tar names, "etc/ssl/", mode 0755) when given.
+func (r *Runtime) writeTrustStore(ctx context.Context, id string, dirs []string, bundle, ca []byte) error {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	now := time.Now()
-	for _, d := range []string{"etc/", "etc/ssl/", "etc/ssl/certs/", "usr/", "usr/local/", "usr/local/share/", "usr/local/share/ca-certificates/"} {
+	for _, d := range dirs {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: now}); err != nil {
 			return err
 		}
 	}
-	for name, content := range map[string][]byte{SystemBundle[1:]: append(bundle, ca...), ExtraCAPath[1:]: ca} {
+	for name, content := range map[string][]byte{SystemBundle[1:]: bundle, ExtraCAPath[1:]: ca} {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content)), ModTime: now}); err != nil {
 			return err
 		}
@@ -69,10 +79,8 @@ func (r *Runtime) installTrust(ctx context.Context, id string, ca []byte) error 
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	if _, err := r.cli.CopyToContainer(ctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf}); err != nil {
-		return fmt.Errorf("docker: installing the credential proxy CA: %w", err)
-	}
-	return nil
+	_, err := r.cli.CopyToContainer(ctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf})
+	return err
 }
 
 // firstFile returns the content of the first regular file in a tar stream.
