@@ -106,12 +106,9 @@ type SnapshotStatus struct {
 
 // Snapshot is the wire form of a snapshot (Snapshot).
 type Snapshot struct {
-	ID        string `json:"id"`
-	SandboxID string `json:"sandboxId"`
-	Name      string `json:"name,omitempty"`
-	// Owner is the id of the principal that took the snapshot (package principal); a
-	// user principal sees, restores and deletes only its own snapshots.
-	Owner     string         `json:"owner,omitempty"`
+	ID        string         `json:"id"`
+	SandboxID string         `json:"sandboxId"`
+	Name      string         `json:"name,omitempty"`
 	Status    SnapshotStatus `json:"status"`
 	CreatedAt time.Time      `json:"createdAt"`
 }
