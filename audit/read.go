@@ -22,6 +22,9 @@ type Filter struct {
 	AfterSeq uint64
 	// Limit caps Query's result (0: no cap).
 	Limit int
+	// FromStart makes Follow begin with the oldest retained record when AfterSeq is 0
+	// (without it, Follow begins at the end of the log).
+	FromStart bool
 }
 
 // match checks a raw line cheaply before decoding.
@@ -176,7 +179,7 @@ func Follow(ctx context.Context, dir string, f Filter, poll time.Duration, fn fu
 	needle := f.needle()
 	var cur string
 	var off int64
-	if f.AfterSeq == 0 { // start at the end
+	if f.AfterSeq == 0 && !f.FromStart { // start at the end
 		files, err := logFiles(dir)
 		if err != nil {
 			return err
