@@ -176,47 +176,15 @@ func Follow(ctx context.Context, dir string, f Filter, poll time.Duration, fn fu
 	if poll <= 0 {
 		poll = 200 * time.Millisecond
 	}
-	needle := f.needle()
-	var cur string
-	var off int64
-	if f.AfterSeq == 0 && !f.FromStart { // start at the end
-		files, err := logFiles(dir)
-		if err != nil {
-			return err
-		}
-		if len(files) > 0 {
-			cur = files[len(files)-1]
-			// start after the last complete line
-			off, _ = scanFile(filepath.Join(dir, cur), 0, func([]byte) error { return nil })
-		}
+	fl, err := NewFollower(dir, f)
+	if err != nil {
+		return err
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		files, err := logFiles(dir)
-		if err != nil {
+		if err := fl.Read(fn); err != nil {
 			return err
-		}
-		for _, name := range files {
-			if name < cur {
-				continue
-			}
-			if name > cur {
-				cur, off = name, 0
-			}
-			off, err = scanFile(filepath.Join(dir, name), off, func(line []byte) error {
-				if !f.matchLine(line, needle) {
-					return nil
-				}
-				var r Record
-				if json.Unmarshal(line, &r) != nil || (f.SandboxID != "" && r.SandboxID != f.SandboxID) {
-					return nil
-				}
-				return fn(r)
-			})
-			if err != nil {
-				return err
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -224,4 +192,64 @@ func Follow(ctx context.Context, dir string, f Filter, poll time.Duration, fn fu
 		case <-t.C:
 		}
 	}
+}
+
+// Follower reads the records appended to a log round by round (Read), following rotation:
+// what Follow polls with, for a reader that decides itself when to read (the OTLP
+// export waits while the writer is busy).
+type Follower struct {
+	dir    string
+	f      Filter
+	needle []byte
+	cur    string // the file being read
+	off    int64  // after its last complete line read
+}
+
+// NewFollower positions a Follower as Follow starts: after the last complete record when
+// f.AfterSeq is 0 and f.FromStart is not set, else at the oldest retained record (the
+// records up to f.AfterSeq are skipped).
+func NewFollower(dir string, f Filter) (*Follower, error) {
+	t := &Follower{dir: dir, f: f, needle: f.needle()}
+	if f.AfterSeq == 0 && !f.FromStart { // start at the end
+		files, err := logFiles(dir)
+		if err != nil {
+			return nil, err
+		}
+		if len(files) > 0 {
+			t.cur = files[len(files)-1]
+			t.off, _ = scanFile(filepath.Join(dir, t.cur), 0, func([]byte) error { return nil })
+		}
+	}
+	return t, nil
+}
+
+// Read calls fn with each record matching the filter written since the previous Read
+// (complete lines only), in seq order. An error of fn stops the round and is returned.
+func (t *Follower) Read(fn func(Record) error) error {
+	files, err := logFiles(t.dir)
+	if err != nil {
+		return err
+	}
+	for _, name := range files {
+		if name < t.cur {
+			continue
+		}
+		if name > t.cur {
+			t.cur, t.off = name, 0
+		}
+		t.off, err = scanFile(filepath.Join(t.dir, name), t.off, func(line []byte) error {
+			if !t.f.matchLine(line, t.needle) {
+				return nil
+			}
+			var r Record
+			if json.Unmarshal(line, &r) != nil || (t.f.SandboxID != "" && r.SandboxID != t.f.SandboxID) {
+				return nil
+			}
+			return fn(r)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

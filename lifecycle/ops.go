@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/principal"
 )
@@ -18,6 +21,16 @@ const createTimeout = 10 * time.Minute
 // the new sandbox in state Pending; it becomes Running once execd answers /ping. On
 // error nothing is left behind.
 func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error) {
+	ctx, span := tracer.Start(ctx, "lifecycle.create")
+	sb, err := s.create(ctx, req)
+	if err == nil {
+		span.SetAttributes(attribute.String(attrSandbox, sb.ID))
+	}
+	endSpan(span, err)
+	return sb, err
+}
+
+func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error) {
 	start := time.Now()
 	v, err := validateCreate(req, s.cfg.Limits)
 	if err != nil {
@@ -145,7 +158,10 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	s.policyEventLocked(rec, "at create")
 	s.mu.Unlock()
 	v.spec.ExecdToken = s.cfg.ExecdKey.Derive(id)
-	inst, err := s.rt.Create(rctx, v.spec)
+	rtctx, rtspan := tracer.Start(rctx, "runtime.create", trace.WithAttributes(attribute.String(attrSandbox, id),
+		attribute.String("airlock.runtime", s.rt.Kind())))
+	inst, err := s.rt.Create(rtctx, v.spec)
+	endSpan(rtspan, err)
 	if err != nil && asked != v.spec.Image && errors.Is(err, ErrImageUnavailable) {
 		err = fmt.Errorf("%w (this server serves %s from the local image %s: images.aliases)", err, asked, v.spec.Image)
 	}
@@ -179,7 +195,7 @@ func (s *Server) Create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	s.metrics.createSeconds.Observe(time.Since(start).Seconds())
 	s.log.Info("sandbox created", "sandbox_id", id, "image", rec.Image, "container_id", short(inst.ContainerID),
 		"address", inst.Address, "create_ms", time.Since(start).Milliseconds())
-	s.awaitReadyAsync(id, rec.Address)
+	s.awaitReadyAsync(trace.SpanContextFromContext(ctx), id, rec.Address)
 	return out, nil
 }
 

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
@@ -24,10 +27,13 @@ const addressInterval = 100 * time.Millisecond
 // (egress enforced) reports true, it polls execd /ping at addr (the container's
 // address on the Airlock network, never a published port), then releases execd's
 // hold (POST /_airlock/release: the user's entrypoint starts now, under the policy)
-// and marks the sandbox Running; Failed after ReadyTimeout. The probe connects only
+// and marks the sandbox Running; Failed after ReadyTimeout, in a lifecycle.ready span
+// (a child of parent, the create's span, when valid). The probe connects only
 // after enforcement, so its replies are a recorded inbound flow, never a denial.
-func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
+func (s *Server) awaitReadyAsync(parent trace.SpanContext, id string, addr netip.Addr) {
 	s.wg.Go(func() {
+		span := readySpan(parent, id)
+		defer span.End()
 		deadline := time.Now().Add(s.cfg.ReadyTimeout)
 		gated := s.cfg.ReadyGate == nil
 		var releaseErr error
@@ -42,12 +48,14 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 			}
 			if base != "" && !gated {
 				if gated = s.cfg.ReadyGate(id); gated {
+					span.AddEvent("egress.enforced")
 					s.noteEgressAttached(id)
 				}
 			}
 			if base != "" && gated && s.pingOnce(base+"/ping") {
 				if releaseErr = s.release(id, base+opensandbox.ReleasePath); releaseErr == nil {
 					s.noteReleased(id)
+					span.AddEvent("execd.released")
 					s.markReady(id, opensandbox.Running, "ready", "execd answers")
 					return
 				}
@@ -63,6 +71,7 @@ func (s *Server) awaitReadyAsync(id string, addr netip.Addr) {
 					msg = "execd did not start the entrypoint: " + releaseErr.Error()
 				}
 				s.markReady(id, opensandbox.Failed, "ready_timeout", msg)
+				span.SetStatus(codes.Error, msg)
 				return
 			}
 			wait := pingInterval
@@ -245,7 +254,7 @@ func (s *Server) reconcile(ctx context.Context) error {
 		case PhaseRunning:
 			switch st {
 			case opensandbox.Pending:
-				s.awaitReadyAsync(rec.ID, in.Address)
+				s.awaitReadyAsync(trace.SpanContext{}, rec.ID, in.Address)
 			case opensandbox.Pausing, opensandbox.Resuming, opensandbox.Paused:
 				_ = s.setStatusLocked(rec, opensandbox.Running, "reconciled", "the container is running")
 				continue

@@ -123,6 +123,8 @@ type Config struct {
 	Policies PoliciesConfig `yaml:"policies"`
 	// Vault configures the Credential Vault's injection (egressd/vault/README.md).
 	Vault VaultConfig `yaml:"vault"`
+	// Telemetry is OpenTelemetry export (OTLP logs, metrics, traces); off by default.
+	Telemetry TelemetryConfig `yaml:"telemetry"`
 }
 
 // VaultConfig is the vault section of airlock.yaml.

@@ -80,6 +80,7 @@ type Stack struct {
 	Library    *library.Library
 	egress     atomic.Pointer[egressd.Daemon] // for the ready gate (set once egressd runs)
 	http       *http.Server
+	telemetry  *telemetry // OTLP exports; nil when off
 	components []component
 	started    []component
 }
@@ -96,6 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Stack, error) {
 	s.components = []component{
 		{name: "store", start: s.startStore, stop: func(context.Context) error { return s.Store.Close() }},
 		{name: "audit", start: s.startAudit, stop: func(context.Context) error { return s.Audit.Close() }},
+		{name: "telemetry", start: s.startTelemetry, stop: s.stopTelemetry},
 		{name: "policies", start: s.startPolicies, stop: s.stopPolicies},
 		{name: "docker", start: s.startDocker, stop: func(context.Context) error { return s.Docker.Close() }},
 		{name: "lifecycle", start: s.startLifecycle, stop: func(context.Context) error { return s.Lifecycle.Close() }},
@@ -312,6 +314,7 @@ func (s *Stack) startAPI(context.Context) error {
 	if err != nil {
 		return err
 	}
+	h = s.traceAPI(h)
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return err

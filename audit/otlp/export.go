@@ -66,10 +66,16 @@ type Config struct {
 	Host string
 	// BatchSize is the most log records per export; default 512.
 	BatchSize int
-	// FlushInterval is how long a partial batch waits; default 1s.
-	FlushInterval time.Duration
 	// Poll is how often the chain is read for new records; default 200ms.
 	Poll time.Duration
+	// Progress is the writer's count of written records (audit.Writer.Written). With
+	// it the exporter yields to the writer, as the OCSF export does: it reads once the
+	// writer has written nothing for Quiet (default 250ms) or, under a sustained
+	// stream, every MaxLag (default 2s), so a burst is written at full speed and
+	// exported right after. nil: it reads every Poll.
+	Progress func() uint64
+	// Quiet and MaxLag: see Progress.
+	Quiet, MaxLag time.Duration
 	// RetryMax caps the backoff between failed exports; default 30s.
 	RetryMax time.Duration
 	// Logger receives export errors; default slog.Default().
@@ -109,8 +115,14 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 512
 	}
-	if cfg.FlushInterval <= 0 {
-		cfg.FlushInterval = time.Second
+	if cfg.Poll <= 0 {
+		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.Quiet <= 0 {
+		cfg.Quiet = 250 * time.Millisecond
+	}
+	if cfg.MaxLag <= 0 {
+		cfg.MaxLag = 2 * time.Second
 	}
 	if cfg.RetryMax <= 0 {
 		cfg.RetryMax = 30 * time.Second
@@ -170,42 +182,48 @@ func (e *Exporter) Close() error {
 
 func (e *Exporter) run(ctx context.Context, from uint64) {
 	defer close(e.done)
-	recs := make(chan audit.Record, e.cfg.BatchSize)
-	followDone := make(chan error, 1)
-	go func() {
-		followDone <- audit.Follow(ctx, e.cfg.ChainDir, audit.Filter{AfterSeq: from, FromStart: true}, e.cfg.Poll,
-			func(r audit.Record) error {
-				select {
-				case recs <- r:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			})
-	}()
-	flush := time.NewTicker(e.cfg.FlushInterval)
-	defer flush.Stop()
-	var last uint64 // seq of the newest record in the batch
+	fl, err := audit.NewFollower(e.cfg.ChainDir, audit.Filter{AfterSeq: from, FromStart: true})
+	if err != nil {
+		e.cfg.Logger.Error("otlp: reading the audit log", "err", err)
+		return
+	}
+	tick := time.NewTicker(e.cfg.Poll)
+	defer tick.Stop()
+	var last uint64 // seq of the newest record taken
+	var progress uint64
+	var changed, read time.Time
 	for {
 		select {
-		case r := <-recs:
+		case <-ctx.Done():
+			if last > e.exported.Load() {
+				e.export(context.Background(), last, true)
+			}
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		if p := e.cfg.Progress; p != nil {
+			if v := p(); v != progress {
+				progress, changed = v, now
+			}
+			if now.Sub(changed) < e.cfg.Quiet && now.Sub(read) < e.cfg.MaxLag {
+				continue // the writer is busy: yield to it
+			}
+		}
+		read = now
+		err := fl.Read(func(r audit.Record) error {
 			e.take(ctx, &r)
 			last = r.Seq
 			if e.batch.len() >= e.cfg.BatchSize {
 				e.export(ctx, last, false)
 			}
-		case <-flush.C:
-			if last > e.exported.Load() {
-				e.export(ctx, last, false)
-			}
-		case err := <-followDone:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				e.cfg.Logger.Error("otlp: reading the audit log", "err", err)
-			}
-			if last > e.exported.Load() {
-				e.export(context.Background(), last, true)
-			}
-			return
+			return ctx.Err()
+		})
+		if err != nil && ctx.Err() == nil {
+			e.cfg.Logger.Error("otlp: reading the audit log", "err", err)
+		}
+		if last > e.exported.Load() && ctx.Err() == nil {
+			e.export(ctx, last, false)
 		}
 	}
 }

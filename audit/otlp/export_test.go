@@ -113,7 +113,7 @@ func TestLogsEqualTheChain(t *testing.T) {
 	write(t, dir, sample(time.Now()))
 	col := otlptest.Start(t)
 	ex, err := otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), Host: "h",
-		FlushInterval: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
+		Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,8 +149,7 @@ func TestNothingLostWhileTheReceiverIsDown(t *testing.T) {
 	}
 	dead := "http://" + l.Addr().String()
 	l.Close()
-	ex, err := otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, dead), FlushInterval: 20 * time.Millisecond,
-		Poll: 20 * time.Millisecond})
+	ex, err := otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, dead), Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +162,7 @@ func TestNothingLostWhileTheReceiverIsDown(t *testing.T) {
 		t.Fatalf("position file %q after failed exports", b)
 	}
 	col := otlptest.Start(t)
-	ex, err = otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), FlushInterval: 20 * time.Millisecond,
-		Poll: 20 * time.Millisecond})
+	ex, err = otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +172,7 @@ func TestNothingLostWhileTheReceiverIsDown(t *testing.T) {
 	waitFor(t, "the position", func() bool { return ex.Exported() == 6 })
 	ex.Close()
 	// A third start finds the position and sends nothing again.
-	ex, err = otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), FlushInterval: 20 * time.Millisecond,
-		Poll: 20 * time.Millisecond})
+	ex, err = otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,107 @@
+package otlp_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/ocsf"
+	"github.com/airlockdev/airlock/audit/otlp"
+	"github.com/airlockdev/airlock/internal/benchreport"
+	"github.com/airlockdev/airlock/internal/otlptest"
+	"github.com/airlockdev/airlock/internal/testenv"
+)
+
+// TestBenchAuditExport measures the writer's durable record throughput (TryAppend from
+// 4 goroutines until the last record is fsync'd) with every export off and with the
+// OCSF files and the OTLP logs and metrics (to the collector's receiver, in process)
+// on, alternating, 5 runs each (issue 26's target: ≥ 0.9×, on the best run of each
+// side; the median ratio beside it). It also prints how long the OTLP export took to
+// deliver every record after the first Append.
+func TestBenchAuditExport(t *testing.T) {
+	testenv.NeedBench(t)
+	const n, workers, runs = 100_000, 4, 5
+	recs := sample(time.Now())[:3]
+	col := otlptest.Start(t)
+	run := func(export bool) (durable float64, delivered time.Duration) {
+		dir := t.TempDir()
+		cfg := audit.Config{Dir: dir, QueueSize: 1 << 16}
+		var ex *otlp.Exporter
+		var mp *sdkmetric.MeterProvider
+		if export {
+			oc, err := ocsf.New(ocsf.Config{ChainDir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Sink = oc
+			mex, err := otlpmetrichttp.New(context.Background(), otlpmetrichttp.WithEndpointURL(col.Endpoint+"/v1/metrics"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mex)))
+		}
+		w, err := audit.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if export {
+			if ex, err = otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), Meter: mp, Progress: w.Written}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var i atomic.Uint64
+		start := time.Now()
+		name := fmt.Sprintf("append durable, OCSF + OTLP export %v", map[bool]string{true: "on", false: "off"}[export])
+		d, err := benchreport.MeasureParallel(name, workers, n, func() error {
+			r := recs[i.Add(1)%uint64(len(recs))]
+			r.Time = time.Now()
+			for !w.TryAppend(r) {
+				time.Sleep(50 * time.Microsecond)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for w.Synced() < uint64(n) {
+			time.Sleep(time.Millisecond)
+		}
+		d.Wall = time.Since(start)
+		benchreport.Print("audit", d)
+		if ex != nil {
+			for ex.Exported() < uint64(n) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			delivered = time.Since(start)
+			ex.Close()
+			mp.Shutdown(context.Background())
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return d.Rate(), delivered
+	}
+	var off, on []float64
+	var delivered []time.Duration
+	for range runs {
+		r, _ := run(false)
+		off = append(off, r)
+		r, c := run(true)
+		on = append(on, r)
+		delivered = append(delivered, c)
+	}
+	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+	slices.Sort(delivered)
+	benchreport.Value("audit", "OTLP export complete", "%d records delivered to the collector in %s (median, from the first Append)",
+		n, delivered[len(delivered)/2].Round(time.Millisecond))
+	benchreport.Ratio("audit", "durable records/s with OCSF + OTLP export on / off (median of runs)", median(on)/median(off), "", 0)
+	benchreport.Ratio("audit", "durable records/s with OCSF + OTLP export on / off (best runs)", slices.Max(on)/slices.Max(off), "≥", 0.9)
+}
