@@ -11,7 +11,8 @@ import (
 )
 
 // The metrics derived from the audit records, named as OpenSandbox's OSEP-0010
-// (oseps/0010-opentelemetry-instrumentation.md §1) where it names them. Their
+// (OpenSandbox repository, oseps, OSEP-0010 "OpenTelemetry Metrics and Logs", §1)
+// where it names them. Their
 // attributes are bounded enums (source, action, method, status code, operation):
 // never a host name, address, path or sandbox id.
 const (
