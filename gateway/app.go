@@ -81,6 +81,10 @@ type App struct {
 	APIKeySHA256 string `json:"api_key_sha256,omitempty"`
 	APIKey       string `json:"api_key,omitempty"`
 
+	// PrincipalKeys admits lifecycle's other API keys by their principal's role,
+	// looked up at lifecycle (PrincipalKeysConfig); nil: only the key above.
+	PrincipalKeys *PrincipalKeysConfig `json:"principal_keys,omitempty"`
+
 	// ExecdKey is lifecycle's execd key ("base64:…" or "hex:…", package
 	// internal/execdtoken; placeholders such as {env.AIRLOCK_EXECD_KEY} work): the
 	// gateway derives each sandbox's execd token from it, sends the token to execd (port
@@ -139,14 +143,16 @@ type App struct {
 	upstream *upstreamConns
 	keys     *signedurl.Keyring
 	apiKey   *accesstoken.Digest
-	execdKey execdtoken.Key
-	domains  []string
-	maxConns int
-	certs    *certHosts
-	watcher  *watch.Client
-	renewer  *renewer
-	metrics  *metrics
-	audit    AuditSink
+	// principals looks up other API keys (PrincipalKeys); nil: none admitted.
+	principals *principalKeys
+	execdKey   execdtoken.Key
+	domains    []string
+	maxConns   int
+	certs      *certHosts
+	watcher    *watch.Client
+	renewer    *renewer
+	metrics    *metrics
+	audit      AuditSink
 	// agentAudit records agent actions through execd; nil: none.
 	agentAudit *execdaudit.Observer
 	log        *slog.Logger
@@ -258,6 +264,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("airlock: api_key_sha256: %w", err)
 		}
 		a.apiKey = &d
+	}
+
+	if pk := a.PrincipalKeys; pk != nil {
+		if pk.URL == "" {
+			return errors.New("airlock: principal_keys.url is empty (lifecycle's /v1/keys/self)")
+		}
+		a.principals = newPrincipalKeys(pk)
 	}
 
 	if k := repl.ReplaceKnown(a.ExecdKey, ""); k != "" {

@@ -65,6 +65,9 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 		}
 		rec.Rule = "access:" + string(dec.mode)
 	}
+	if c := dec.caller; c != nil && c.known {
+		rec.Extra["principal"] = c.p.ID // who, never the key
+	}
 	if dec.err != nil {
 		rec.Action = "deny"
 		rec.Reason = dec.reason

@@ -13,6 +13,7 @@ import (
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/principal"
 )
 
 // strippedHeaders never reach a sandbox: they carry routing and credentials for the
@@ -30,7 +31,10 @@ type decision struct {
 	token  *accesstoken.Digest // SHA-256 of the sandbox's access token, nil when none
 	mode   watch.AccessMode
 	dial   string // upstream host:port
-	access string // how the request was admitted: public, token, signed, api_key
+	access string // how the request was admitted: public, token, signed, api_key, principal_key
+	// caller is the principal of another API key the request carries (looked up before
+	// decide, which performs no I/O); nil when none was looked up.
+	caller *keyCaller
 
 	err        error
 	reason     string
@@ -50,7 +54,18 @@ type decider struct {
 	synced func() bool
 }
 
-func (d *decider) decide(r *http.Request, now time.Time) decision {
+// keyCaller is the lookup of an API key other than the configured one
+// (principalKeys.lookup): its principal, whether lifecycle knows it, or why it could not
+// be checked.
+type keyCaller struct {
+	p     principal.Principal
+	known bool
+	err   error
+}
+
+// decide routes r and admits it; caller is the principal of r's API key when it is not
+// the configured one (nil: none looked up).
+func (d *decider) decide(r *http.Request, now time.Time, caller *keyCaller) decision {
 	var buf [route.MaxCandidates]route.Candidate
 	_, hasSandbox := r.Header[opensandbox.HeaderSandbox]
 	_, hasPort := r.Header[opensandbox.HeaderPort]
@@ -117,6 +132,7 @@ func (d *decider) decide(r *http.Request, now time.Time) decision {
 	if sb.ExpiresAt != nil && now.After(*sb.ExpiresAt) {
 		return dec.deny(ErrGone, fmt.Sprintf("sandbox %s expired at %s", sb.ID, sb.ExpiresAt.UTC().Format(time.RFC3339)))
 	}
+	dec.caller = caller
 	if err, reason := d.admit(&dec, r.Header, now); err != nil {
 		return dec.deny(err, reason)
 	}
@@ -161,6 +177,11 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		dec.access = "api_key"
 		return nil, ""
 	}
+	if keyPresent && dec.mode == watch.Token && dec.caller != nil {
+		if err, reason := admitPrincipal(dec); err != nil || dec.access != "" {
+			return err, reason
+		}
+	}
 	tok, tokPresent := accesstoken.Token(h)
 	if tokPresent {
 		if !dec.token.Matches(tok) {
@@ -203,5 +224,27 @@ func (d *decider) admit(dec *decision, h http.Header, now time.Time) (error, str
 		}
 	}
 	dec.access = "signed"
+	return nil, ""
+}
+
+// admitPrincipal decides a token port for another API key's principal (lifecycle's
+// roles, package principal): admin and operator keys use every sandbox, a user key the
+// sandboxes it created (another's is "not found", as lifecycle answers it), an auditor
+// key none. A key lifecycle does not know falls through to the other credentials (nil
+// error, access unset); one that could not be checked is refused for now.
+func admitPrincipal(dec *decision) (error, string) {
+	c := dec.caller
+	switch {
+	case c.err != nil:
+		dec.retryAfter = 1
+		return ErrNotReady, "the API key could not be checked with lifecycle; retry"
+	case !c.known:
+		return nil, ""
+	case !c.p.Role.Allows(principal.UseSandbox):
+		return ErrForbidden, fmt.Sprintf("an API key with role %s may not use sandboxes", c.p.Role)
+	case !c.p.Role.OwnsAll() && dec.sb.Owner != c.p.ID:
+		return ErrNotFound, fmt.Sprintf("sandbox %s not found", dec.sb.ID)
+	}
+	dec.access = "principal_key"
 	return nil, ""
 }

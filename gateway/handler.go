@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/airlockdev/airlock/audit/execdaudit"
+	"github.com/airlockdev/airlock/gateway/accesstoken"
 	"github.com/airlockdev/airlock/internal/pathform"
 	"github.com/airlockdev/airlock/opensandbox"
 )
@@ -144,7 +145,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	r.Header[opensandbox.HeaderRequestID] = rid
 	client := clientAddr(r)
 
-	dec := h.dec.decide(r, start)
+	dec := h.dec.decide(r, start, h.caller(r, start))
 	if dec.err == nil && dec.cand.Prefix != "" && pathform.Refuse(r) {
 		// Path forms share one origin: a service worker there would control every sandbox.
 		dec = dec.deny(ErrForbidden, pathform.RefuseReason)
@@ -327,3 +328,17 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// caller looks up the principal of the request's API key when it is not the configured
+// one and the app admits other keys (App.PrincipalKeys); nil otherwise.
+func (h *Handler) caller(r *http.Request, now time.Time) *keyCaller {
+	if h.app.principals == nil {
+		return nil
+	}
+	key, ok := accesstoken.APIKey(r.Header)
+	if !ok || key == "" || h.dec.apiKey.Matches(key) {
+		return nil
+	}
+	p, known, err := h.app.principals.lookup(r.Context(), key, now)
+	return &keyCaller{p: p, known: known, err: err}
+}

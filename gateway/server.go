@@ -77,6 +77,9 @@ type Config struct {
 	// are admitted on token ports (App.APIKeySHA256). Only the digest enters the gateway's
 	// configuration, so no dump or log of it holds the key. Empty: the key admits nothing.
 	APIKeySHA256 string
+	// PrincipalKeysURL is lifecycle's GET /v1/keys/self: other API keys are admitted
+	// by their principal's role (App.PrincipalKeys). Empty: only APIKeySHA256.
+	PrincipalKeysURL string
 	// ExecdKey is lifecycle's execd key (App.ExecdKey): the gateway derives each
 	// sandbox's execd token from it. Empty: execd tokens admit nothing here.
 	ExecdKey execdtoken.Key
@@ -207,6 +210,9 @@ func (s *Server) appConfig() App {
 	}
 	if c.WatchURL != "" {
 		app.Watch = &WatchConfig{URL: c.WatchURL, Headers: c.WatchHeader}
+	}
+	if c.PrincipalKeysURL != "" {
+		app.PrincipalKeys = &PrincipalKeysConfig{URL: c.PrincipalKeysURL}
 	}
 	if len(c.ExecdKey) > 0 {
 		app.ExecdKey = c.ExecdKey.String()

@@ -81,6 +81,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		CredentialProxy: rec.CredentialProxy,
 		Access:          s.rules.watchAccess(rec),
 		Pool:            rec.Pool,
+		Owner:           rec.Owner,
 	}
 	doc, v := s.lib.effective(rec)
 	w.Policy, w.PolicyVersion = append(json.RawMessage(nil), doc...), v

@@ -66,6 +66,7 @@ func (s *Stack) startGateway(context.Context) error {
 	g.SigningKeys = []signedurl.Key{key}
 	g.ExecdKey = s.execdKey
 	g.RenewURL = api + "/v1/sandboxes/{id}/renew-expiration"
+	g.KeysURL = api + "/v1/keys/self"
 	g.EgressAPI, g.EgressAPIKey = loopbackAddr(s.Addr), s.gatewayKey
 	g.DataDir = filepath.Join(s.cfg.StateDir, "caddy")
 	g.AuditWriter, g.Registry, g.Log = s.Audit, s.registry, s.log.With("component", "gateway")

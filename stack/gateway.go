@@ -100,6 +100,10 @@ type GatewayConfig struct {
 	ActiveKey string         `yaml:"-"`
 	// RenewURL is lifecycle's renew-on-access endpoint with "{id}"; empty: off.
 	RenewURL string `yaml:"-"`
+	// KeysURL is lifecycle's GET /v1/keys/self: the gateway admits lifecycle's other
+	// API keys by their principal's role (gateway.PrincipalKeysConfig), unless
+	// RefuseAPIKey. Empty: only APIKey.
+	KeysURL string `yaml:"-"`
 	// EgressAPI is lifecycle's host:port that answers sandbox port 18080 (the
 	// OpenSandbox egress API), sent EgressAPIKey (default APIKey) as
 	// OPEN-SANDBOX-API-KEY; empty: port 18080 is proxied to the sandbox.
@@ -235,6 +239,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		// gateway keeps only its SHA-256.
 		if !cfg.RefuseAPIKey {
 			gc.APIKeySHA256 = accesstoken.Sum(cfg.APIKey).String()
+			gc.PrincipalKeysURL = cfg.KeysURL
 		}
 	}
 	if k := cmp.Or(cfg.EgressAPIKey, cfg.APIKey); k != "" {

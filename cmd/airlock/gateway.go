@@ -116,6 +116,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&gf.execdKey, "execd-key", "", "lifecycle's execd key, base64:<secret> or hex:<secret>: the gateway derives each sandbox's execd token from it, sends it to port 44772 and accepts it in X-EXECD-ACCESS-TOKEN (default $AIRLOCK_EXECD_KEY, else derived from the API key as airlock lifecycle does)")
 	f.StringVar(&c.ActiveKey, "active-key", c.ActiveKey, "id of the key that mints (default: the first)")
 	f.IntVar(&c.MaxConnsPerSandbox, "max-conns-per-sandbox", c.MaxConnsPerSandbox, "requests and streams in flight per sandbox (negative: no cap); airlock.yaml gateway.maxConnsPerSandbox")
+	f.StringVar(&c.KeysURL, "keys-url", c.KeysURL, "lifecycle's key lookup, e.g. http://127.0.0.1:8080/v1/keys/self: other API keys are admitted on token ports by their principal's role (admin and operator: every sandbox; user: its own; auditor: none); empty: only --api-key")
 	f.StringVar(&c.RenewURL, "renew-url", c.RenewURL, "renew-on-access endpoint with {id}, e.g. http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration (empty: off)")
 	f.StringVar(&c.EgressAPI, "egress-api", c.EgressAPI, "lifecycle host:port that answers sandbox port 18080 (the OpenSandbox egress API /policy), e.g. 127.0.0.1:8080 (empty: port 18080 is proxied to the sandbox)")
 	f.StringVar(&c.TLS, "tls", c.TLS, "TLS mode: \"\" (plain HTTP and h2c) or \"internal\" (local CA for *.<base domain>); airlock.yaml gateway.tls")

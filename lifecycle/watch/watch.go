@@ -87,6 +87,10 @@ type Sandbox struct {
 	// (deny-all) policy, the gateway gives it no route. A claim publishes the sandbox
 	// again without it.
 	Pool string `json:"pool,omitempty"`
+	// Owner is the id of the principal whose key created the sandbox (package
+	// principal); empty for sandboxes made before principals. The gateway admits a
+	// `user` key only on sandboxes it owns.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Runtime locates a sandbox on its node.
