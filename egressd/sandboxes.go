@@ -161,6 +161,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 		d.metrics.updates.Inc()
 		d.log.Info("policy updated", "sandbox_id", s.ID, "policy_version", s.PolicyVersion)
 	default:
+		span := attachSpan(s)
 		ifindex, ifname, err := sandboxVeth(s.Runtime, s.Address)
 		if err == nil {
 			err = d.dp.Attach(datapath.Spec{
@@ -168,6 +169,7 @@ func (d *Daemon) apply(s watch.Sandbox) {
 				Resolvers: []netip.Addr{d.resolver}, Policy: c.policy, Cgroup: d.sandboxCgroup(s.Runtime),
 			})
 		}
+		endAttachSpan(span, err, string(d.dp.Backend()))
 		if err != nil {
 			if old == nil || old.attached {
 				d.log.Error("attach failed; retrying", "sandbox_id", s.ID, "err", err)

@@ -115,6 +115,7 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		RenewOnAccess:   v.renewOnAccess,
 		CredentialProxy: v.credentialProxy,
 		Owner:           principal.IDFromContext(ctx),
+		traceParent:     traceParent(ctx),
 	}
 	if snap != nil {
 		rec.SnapshotID = snap.ID

@@ -82,6 +82,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		Access:          s.rules.watchAccess(rec),
 		Pool:            rec.Pool,
 		Owner:           rec.Owner,
+		TraceParent:     rec.traceParent,
 	}
 	doc, v := s.lib.effective(rec)
 	w.Policy, w.PolicyVersion = append(json.RawMessage(nil), doc...), v

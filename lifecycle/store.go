@@ -110,6 +110,10 @@ type record struct {
 	// principals existed, which only roles seeing every sandbox reach. Answers carry
 	// it as airlock.createdBy (SandboxExtension).
 	Owner string `json:"owner,omitempty"`
+	// traceParent is the W3C traceparent of the create that made the sandbox, for the
+	// data plane's spans of its first attach (watch.Sandbox.TraceParent); in memory
+	// only, empty when traces are off or after a restart.
+	traceParent string
 }
 
 const historyLen = 16

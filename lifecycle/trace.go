@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -36,4 +37,16 @@ func readySpan(parent trace.SpanContext, id string) trace.Span {
 	}
 	_, span := tracer.Start(ctx, "lifecycle.ready", trace.WithAttributes(attribute.String(attrSandbox, id)))
 	return span
+}
+
+// traceParent is the W3C traceparent of ctx's span ("" when it is not sampled, as when
+// traces are off).
+func traceParent(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsSampled() {
+		return ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c["traceparent"]
 }

@@ -19,15 +19,15 @@ import (
 // OTLP receiver (the collector's otlpreceiver, in process) creates a sandbox and runs a
 // command; the collector receives the chain's records as log records (every seq the
 // chain holds, with its hash), the derived and airlock_* metrics, and one trace with
-// the create's spans (lifecycle.create → runtime.create, lifecycle.ready with the
-// egress.enforced and execd.released events) under the API's server span.
+// the create's spans under the API's server span: lifecycle.create → runtime.create,
+// egressd.attach (egressd, through the watch stream's traceparent) and lifecycle.ready
+// with the egress.enforced and execd.released events.
 func TestTelemetryOTLP(t *testing.T) {
 	img := testenv.NeedSandboxImage(t)
 	col := otlptest.Start(t)
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	s, c := startTestStack(t, func(cfg *Config) {
-		cfg.Egress.Disabled = true
 		cfg.Telemetry.OTLP.Endpoint = col.Endpoint
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -122,14 +122,15 @@ func TestTelemetryOTLP(t *testing.T) {
 		rt, ok2 := spans["runtime.create"]
 		ready, ok3 := spans["lifecycle.ready"]
 		api, ok4 := spans["airlock.api POST"]
-		if !ok1 || !ok2 || !ok3 || !ok4 {
+		attach, ok5 := spans["egressd.attach"]
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 			return false
 		}
 		events := map[string]bool{}
 		for _, e := range ready.Events().All() {
 			events[e.Name()] = true
 		}
-		if !events["execd.released"] {
+		if !events["execd.released"] || !events["egress.enforced"] || attach.ParentSpanID() != create.SpanID() {
 			return false
 		}
 		return rt.ParentSpanID() == create.SpanID() && ready.ParentSpanID() == create.SpanID() &&

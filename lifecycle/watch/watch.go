@@ -91,6 +91,10 @@ type Sandbox struct {
 	// principal); empty for sandboxes made before principals. The gateway admits a
 	// `user` key only on sandboxes it owns.
 	Owner string `json:"owner,omitempty"`
+	// TraceParent is the W3C traceparent (Trace Context, §3.2) of the create that made
+	// the sandbox when lifecycle exports traces: egressd's attach span joins that trace.
+	// Empty otherwise.
+	TraceParent string `json:"traceParent,omitempty"`
 }
 
 // Runtime locates a sandbox on its node.
