@@ -124,3 +124,63 @@ export async function killSuite(connectionConfig, run) {
     // the server is gone
   }
 }
+
+// External-server mode: the suites run against an Airlock installation that is already
+// up (Airlock deployed on Kubernetes by its manifests: internal/kubenode's
+// TestSDKSuitesOnNode runs them so) instead of starting `airlock up` and a loopback
+// fake resolver of their own. It is on when AIRLOCK_SDK_LIFECYCLE is set:
+//   AIRLOCK_SDK_LIFECYCLE  host:port of the lifecycle API (the SDK's domain)
+//   AIRLOCK_SDK_GATEWAY    host:port of the gateway, which sandbox endpoints name
+//   AIRLOCK_SDK_API_KEY    the installation's OPEN-SANDBOX-API-KEY
+//   AIRLOCK_SDK_RUNTIME    "kubernetes" or "docker" (default): which tests can run
+//                          (dockerOnly)
+//   AIRLOCK_SDK_NAMES      JSON object: each fake name of the suites ("allowed.test") to
+//                          the name the installation's resolver answers with the same
+//                          address (on the node: a headless Service of the cluster DNS,
+//                          "allowed.<ns>.svc.cluster.local" → 203.0.113.10); pods reach
+//                          the fake internet only through it (fakeName)
+//   AIRLOCK_SDK_RESOURCE   JSON resource limits of every sandbox the suites create
+//                          ({"cpu":"250m","memory":"512Mi"}: the node is small); unset:
+//                          the SDK's default (1 CPU, 2 GiB)
+//   AIRLOCK_SDK_POOL       JSON warm pool to claim from: {"name", "size", "image",
+//                          "resource", "domain"} (domain: the lifecycle replica holding
+//                          the pool, the Lease holder on Kubernetes); unset: no pool test
+// EXTERNAL is null when the suites start their own server.
+export const EXTERNAL = externalServer(process.env);
+
+// externalServer reads the external-server mode from env (see EXTERNAL); it throws when
+// AIRLOCK_SDK_LIFECYCLE is set without the gateway or the key, or a JSON value is invalid.
+export function externalServer(env) {
+  if (!env.AIRLOCK_SDK_LIFECYCLE) return null;
+  if (!env.AIRLOCK_SDK_GATEWAY || !env.AIRLOCK_SDK_API_KEY) {
+    throw new Error("AIRLOCK_SDK_LIFECYCLE needs AIRLOCK_SDK_GATEWAY and AIRLOCK_SDK_API_KEY");
+  }
+  const json = (name) => (env[name] ? JSON.parse(env[name]) : undefined);
+  return {
+    domain: env.AIRLOCK_SDK_LIFECYCLE,
+    gateway: env.AIRLOCK_SDK_GATEWAY,
+    apiKey: env.AIRLOCK_SDK_API_KEY,
+    runtime: env.AIRLOCK_SDK_RUNTIME ?? "docker",
+    names: json("AIRLOCK_SDK_NAMES") ?? {},
+    resource: json("AIRLOCK_SDK_RESOURCE"),
+    pool: json("AIRLOCK_SDK_POOL"),
+  };
+}
+
+// fakeName is the name under which sandboxes resolve the suites' fake name: itself
+// with a server of the suite's own, the mapped name in external-server mode.
+export function fakeName(name) {
+  return EXTERNAL?.names[name] ?? name;
+}
+
+// dockerOnly is the options of a test that needs the Docker runtime: in external-server
+// mode against Kubernetes the test is skipped with why printed (node:test's SKIP);
+// otherwise it runs. Nothing is skipped when the suite starts its own `airlock up`.
+export function dockerOnly(why) {
+  if (EXTERNAL && EXTERNAL.runtime !== "docker") {
+    const reason = `Docker only (${EXTERNAL.runtime}): ${why}`;
+    console.log(`# skipped in external-server mode: ${reason}`);
+    return { skip: reason };
+  }
+  return {};
+}
