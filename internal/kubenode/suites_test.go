@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,10 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     whose warm-pool claim goes to the leading replica's pool (the testnode overlay's)
 //     and whose pause/resume is skipped as Docker only, with the reason printed;
 //   - bypass: egressd's bypass suite from a real pod (checkBypass);
+//   - vault: vault.test.mjs, its echo servers on this host at addresses of the node's
+//     bridge, their certificates from a CA this deployment's egressd trusts
+//     (AIRLOCK_KUBE_UPSTREAM_CA), the secrets searched for in the node's egressd
+//     folder and the records read from its audit log;
 //   - codeinterpreter: codeinterpreter.test.mjs on the code-interpreter image imported
 //     into the node.
 func TestSDKSuitesOnNode(t *testing.T) {
@@ -42,6 +48,10 @@ func TestSDKSuitesOnNode(t *testing.T) {
 	img := testenv.NeedSandboxImage(t)
 	n := Start(t)
 	tagImage(t, img, nodeSandboxImage)
+	// vault.test.mjs's upstream CA, which this deployment's egressd trusts for
+	// intercepted upstreams (airlock-up.sh's AIRLOCK_KUBE_UPSTREAM_CA).
+	caCert, caKey := sdkUpstreamCA(t)
+	t.Setenv("AIRLOCK_KUBE_UPSTREAM_CA", caCert)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 40))
@@ -60,6 +70,8 @@ func TestSDKSuitesOnNode(t *testing.T) {
 	names := map[string]string{
 		"allowed.test": dnsName(t, n, ns, "allowed", "203.0.113.10"),
 		"denied.test":  dnsName(t, n, ns, "denied", "203.0.113.20"),
+		"echo.test":    dnsName(t, n, ns, "echo", "203.0.113.180"),
+		"plain.test":   dnsName(t, n, ns, "plain", "203.0.113.180"),
 	}
 	namesJSON, _ := json.Marshal(names)
 	external := []string{"AIRLOCK_SDK_LIFECYCLE=" + a.API, "AIRLOCK_SDK_GATEWAY=" + a.Gateway,
@@ -73,6 +85,14 @@ func TestSDKSuitesOnNode(t *testing.T) {
 		t.Logf("tests/sdk/sdk.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("bypass", func(t *testing.T) { checkBypass(ctx, t, n, c) })
+	t.Run("vault", func(t *testing.T) {
+		out := runSDKSuite(t, "vault.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource,
+			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage, "AIRLOCK_SDK_UPSTREAM_DEV="+Bridge,
+			"AIRLOCK_SDK_UPSTREAM_CA="+caCert, "AIRLOCK_SDK_UPSTREAM_CA_KEY="+caKey,
+			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
+			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))...)
+		t.Logf("tests/sdk/vault.test.mjs on the node:\n%s", suiteSummary(out))
+	})
 	t.Run("codeinterpreter", func(t *testing.T) {
 		ci := testenv.NeedCodeInterpreterImage(t)
 		n.ImportImages(t, ci+"="+nodeCodeInterpreterImage)
@@ -80,6 +100,21 @@ func TestSDKSuitesOnNode(t *testing.T) {
 			`AIRLOCK_SDK_RESOURCE={"cpu":"1","memory":"1536Mi"}`, "AIRLOCK_TEST_CI_IMAGE="+nodeCodeInterpreterImage)...)
 		t.Logf("tests/sdk/codeinterpreter.test.mjs on the node:\n%s", suiteSummary(out))
 	})
+}
+
+// sdkUpstreamCA writes the CA of vault.test.mjs's upstream servers (named
+// airlock-sdk-test-ca, as the suite's own) with openssl into a folder of t and returns
+// the certificate's and the key's PEM files.
+func sdkUpstreamCA(t *testing.T) (cert, key string) {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key = filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	out, err := exec.Command("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+		"-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=airlock-sdk-test-ca").CombinedOutput()
+	if err != nil {
+		t.Fatalf("openssl: %v\n%s", err, out)
+	}
+	return cert, key
 }
 
 // leaderAddr is the pod address and port of the leading lifecycle replica (the
