@@ -3,7 +3,9 @@ package kubenode
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,10 +17,14 @@ import (
 )
 
 // bypassCIDR is the range the bypass sandbox's policy allows by address: the rogue
-// resolver and DoT server addresses lie inside it, so only egressd's DNS rules (not the
-// policy's default deny) can refuse them. Nothing listens there: a flow egressd let
-// through would time out instead of failing at once.
+// resolver and DoT server (bypassRogue) lie inside it, so only egressd's DNS rules (not
+// the policy's default deny) can refuse them.
 const bypassCIDR = "198.51.100.0/24"
+
+// bypassRogue is the rogue servers' address, put on the node's bridge by checkBypass:
+// they answer on TCP 53, 853 and 8080 and UDP 53, so a flow egressd let through would
+// succeed ("ok"), and TCP 8080 (no DNS port) shows the address itself is allowed.
+const bypassRogue = "198.51.100.10"
 
 // bypass is one attempt of egressd's bypass suite (egressd/egressd_linux_test.go,
 // "bypass attempts are blocked and audited") from a pod: what, the protocol and the
@@ -45,6 +51,8 @@ func checkBypass(ctx context.Context, t *testing.T, n *Node, c *sdk.Client) {
 	rebind := dnsName(t, n, ns, "rebind", "10.0.0.1") // a private answer for a public name
 	policy := fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":%q},{"action":"allow","target":%q},{"action":"allow","target":%q}]}`,
 		allowed, rebind, bypassCIDR)
+	rogue := netip.MustParseAddr(bypassRogue)
+	serveRogue(t, rogue)
 	id := runningSandbox(ctx, t, c, policy, "tail", "-f", "/dev/null")
 	run := func(cmd string) string { return runIn(ctx, t, c, id, cmd) }
 	resolver := run(`awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf`)
@@ -55,7 +63,10 @@ func checkBypass(ctx context.Context, t *testing.T, n *Node, c *sdk.Client) {
 		t.Fatalf("the allowed name %s resolves to %q through egressd (%s), want 198.51.100.7", allowed, got, resolver)
 	}
 
-	rogue := netip.MustParseAddr("198.51.100.10")
+	// The control: the rogue address on a port that is no DNS port is reachable.
+	if got := podAttempt(ctx, t, c, id, "tcp", rogue, 8080); got != "ok" {
+		t.Fatalf("tcp %s:8080 (allowed by the policy's CIDR) from the pod: %s, want ok", rogue, got)
+	}
 	classes := []bypass{
 		{"UDP query to another resolver", "udp", rogue, 53, "dns_not_resolver"},
 		{"TCP 53 to another resolver", "tcp", rogue, 53, ""},
@@ -155,6 +166,47 @@ print('sent')"`); got != "sent" {
 		t.Errorf("no DNS deny record of the TXT query among %d records", len(recs))
 	}
 	t.Logf("bypass: %d audit records of sandbox %s, one deny per denied flow", len(recs), id)
+}
+
+// serveRogue puts addr on the node's bridge and accepts TCP connections on its ports 53,
+// 853 and 8080 and answers UDP datagrams on port 53 until t ends.
+func serveRogue(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	if out, err := exec.Command("ip", "addr", "add", addr.String()+"/32", "dev", Bridge).CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add %s dev %s: %v: %s", addr, Bridge, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", addr.String()+"/32", "dev", Bridge).Run() })
+	for _, port := range []string{"53", "853", "8080"} {
+		l, err := net.Listen("tcp4", net.JoinHostPort(addr.String(), port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+	}
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(addr.String(), "53"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:n], from)
+		}
+	}()
 }
 
 // denials are the eBPF deny records among recs of the flow proto dst:port.
