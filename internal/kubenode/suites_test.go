@@ -41,8 +41,14 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     bridge, their certificates from a CA this deployment's egressd trusts
 //     (AIRLOCK_KUBE_UPSTREAM_CA), the secrets searched for in the node's egressd
 //     folder and the records read from its audit log;
+//   - keys: keys.test.mjs (user keys made through /v1/keys, kept in the cluster store
+//     that both lifecycle replicas read);
+//   - snapshot: snapshot.test.mjs, whose tests are Docker only (skipped, the reason
+//     printed) but for the check that every snapshot route answers 501;
 //   - codeinterpreter: codeinterpreter.test.mjs on the code-interpreter image imported
 //     into the node.
+//
+// browser.test.mjs does not run here (see deploy/kubernetes/testenv/README.md).
 func TestSDKSuitesOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -92,6 +98,14 @@ func TestSDKSuitesOnNode(t *testing.T) {
 			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
 			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))...)
 		t.Logf("tests/sdk/vault.test.mjs on the node:\n%s", suiteSummary(out))
+	})
+	t.Run("keys", func(t *testing.T) {
+		out := runSDKSuite(t, "keys.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)...)
+		t.Logf("tests/sdk/keys.test.mjs on the node:\n%s", suiteSummary(out))
+	})
+	t.Run("snapshot", func(t *testing.T) {
+		out := runSDKSuite(t, "snapshot.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)...)
+		t.Logf("tests/sdk/snapshot.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("codeinterpreter", func(t *testing.T) {
 		ci := testenv.NeedCodeInterpreterImage(t)

@@ -1,14 +1,26 @@
 // The published OpenSandbox JavaScript SDK, unchanged, with a `user` key made through
 // Airlock's key API (/v1/keys) on a real `airlock up`: the user creates a sandbox and
 // runs a command in it; another user's key sees none of it (404, empty list); the
-// first admin (the key airlock up printed) sees it, created by the user.
+// first admin (the key airlock up printed) sees it, created by the user. In the
+// harness's external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against
+// an installation already up, whose key is the first admin's (on Kubernetes the keys
+// live in the cluster store, shared by the lifecycle replicas).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxManager } from "@alibaba-group/opensandbox";
-import { dockerSection, fakeResolver, freePort, killSuite, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  dockerSection,
+  EXTERNAL,
+  fakeResolver,
+  freePort,
+  killSuite,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
@@ -30,6 +42,10 @@ async function newKey(name, role) {
 }
 
 before(async () => {
+  if (EXTERNAL) {
+    ({ domain, gateway, apiKey: adminKey } = EXTERNAL);
+    return;
+  }
   assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-sdk-keys-"));
   domain = `127.0.0.1:${await freePort()}`;
@@ -50,6 +66,10 @@ before(async () => {
 });
 
 after(async () => {
+  if (EXTERNAL) {
+    await killSuite(config(adminKey), RUN);
+    return;
+  }
   if (server && server.exitCode === null) {
     await killSuite(config(adminKey), RUN);
     await stopServer(server);
@@ -61,13 +81,14 @@ after(async () => {
 });
 
 test("a user key works with the unchanged SDK, on its own sandboxes only", async () => {
-  const alice = await newKey("alice", "user");
-  const bob = await newKey("bob", "user");
+  const alice = await newKey(`alice-${RUN}`, "user");
+  const bob = await newKey(`bob-${RUN}`, "user");
   assert.match(alice.key, /^ak_/);
 
   const sbx = await Sandbox.create({
     connectionConfig: config(alice.key),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     metadata: { suite: RUN },
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
