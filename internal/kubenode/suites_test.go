@@ -48,7 +48,8 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //   - codeinterpreter: codeinterpreter.test.mjs on the code-interpreter image imported
 //     into the node.
 //
-// browser.test.mjs does not run here (see deploy/kubernetes/testenv/README.md).
+// browser.test.mjs has the external-server mode too but fails on the node: see
+// deploy/kubernetes/testenv/README.md.
 func TestSDKSuitesOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
