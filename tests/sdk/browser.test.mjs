@@ -4,16 +4,31 @@
 // against a real `airlock up`. The web: a container of this test (airlock/sandbox running
 // a small Python server, no Docker network: a veth from the host into its namespace
 // carries half of TEST-NET-2) serving two sites by name through the test's fake
-// resolver; the sandbox's policy allows both and nothing else.
+// resolver; the sandbox's policy allows both and nothing else. In the harness's
+// external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an
+// installation already up (Airlock on the one-node Kubernetes cluster): the web is a
+// Python server on this host at addresses of the interface the sandboxes reach
+// (AIRLOCK_SDK_UPSTREAM_DEV), its names the installation's resolver answers (fakeName),
+// and the records come from the installation's audit log (auditRecords).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox } from "@alibaba-group/opensandbox";
 import { chromium } from "playwright-core";
-import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  auditRecords,
+  dockerSection,
+  EXTERNAL,
+  fakeName,
+  fakeResolver,
+  freePort,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_BROWSER_IMAGE ?? "airlock/browser:latest";
@@ -30,6 +45,10 @@ const HOST_IP = "198.51.100.129";
 const SITE_A = "198.51.100.140";
 const SITE_B = "198.51.100.141";
 const DENIED = "198.51.100.150";
+// The sites' names as sandboxes resolve them.
+const NAME_A = fakeName("site-a.test");
+const NAME_B = fakeName("site-b.test");
+const NAME_DENIED = fakeName("denied.test");
 
 let dir;
 let server;
@@ -39,6 +58,8 @@ let gateway;
 let resolver;
 let sbx;
 let browser;
+let webProc; // the web server on this host (external-server mode)
+let webOut = "";
 
 function sh(cmd, args) {
   return execFileSync(cmd, args, { stdio: ["ignore", "pipe", "pipe"] }).toString();
@@ -54,7 +75,7 @@ function web() {
   writeFileSync(`${dir}/server.py`, `
 import http.server, socketserver, threading, time
 PAGES = {
-    "${SITE_A}": "<html><head><title>Airlock site A</title></head><body><h1>A</h1><a id=next href='http://site-b.test/'>to B</a></body></html>",
+    "${SITE_A}": "<html><head><title>Airlock site A</title></head><body><h1>A</h1><a id=next href='http://${NAME_B}/'>to B</a></body></html>",
     "${SITE_B}": "<html><head><title>Airlock site B</title></head><body><h1>B</h1></body></html>",
 }
 class H(http.server.BaseHTTPRequestHandler):
@@ -78,6 +99,14 @@ for ip in PAGES:
 print("listening", flush=True)
 threading.Event().wait()
 `);
+  if (EXTERNAL) {
+    // On this host, at addresses of the interface the sandboxes reach.
+    for (const ip of [SITE_A, SITE_B]) sh("ip", ["addr", "add", `${ip}/32`, "dev", EXTERNAL.upstreamDev]);
+    webProc = spawn("python3", [`${dir}/server.py`], { stdio: ["ignore", "pipe", "pipe"] });
+    webProc.stdout.on("data", (d) => (webOut += d));
+    webProc.stderr.on("data", (d) => (webOut += d));
+    return;
+  }
   const name = `${PREFIX}web`;
   sh("docker", ["run", "-d", "--name", name, "--network", "none", "-v", `${dir}/server.py:/srv/server.py:ro`,
     WEB_IMAGE, "python3", "/srv/server.py"]);
@@ -94,6 +123,11 @@ threading.Event().wait()
 }
 
 async function webReady() {
+  if (EXTERNAL) {
+    for (let i = 0; i < 100 && !webOut.includes("listening"); i++) await new Promise((r) => setTimeout(r, 100));
+    if (!webOut.includes("listening")) throw new Error(`web server not listening: ${webOut}`);
+    return;
+  }
   for (let i = 0; i < 100; i++) {
     if (sh("docker", ["logs", `${PREFIX}web`]).includes("listening")) return;
     await new Promise((r) => setTimeout(r, 100));
@@ -102,12 +136,16 @@ async function webReady() {
 }
 
 before(async () => {
-  assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
+  assert.ok(BIN || EXTERNAL, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   dir = mkdtempSync(path.join(os.tmpdir(), "airlock-browser-"));
-  removeContainers(PREFIX);
+  if (!EXTERNAL) removeContainers(PREFIX);
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   web();
   await webReady();
+  if (EXTERNAL) {
+    ({ domain, gateway, apiKey } = EXTERNAL);
+    return;
+  }
   resolver = await fakeResolver({
     "site-a.test": SITE_A.split(".").map(Number),
     "site-b.test": SITE_B.split(".").map(Number),
@@ -134,8 +172,15 @@ after(async () => {
   // Disconnect (bounded: the sandbox and its Chromium go with the kill below).
   if (browser) await Promise.race([browser.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000))]);
   if (sbx) await sbx.kill().catch(() => {});
-  await stopServer(server);
-  removeContainers(PREFIX);
+  if (server) await stopServer(server);
+  if (webProc) webProc.kill();
+  if (EXTERNAL) {
+    for (const ip of [SITE_A, SITE_B]) {
+      try { sh("ip", ["addr", "del", `${ip}/32`, "dev", EXTERNAL.upstreamDev]); } catch {}
+    }
+  } else {
+    removeContainers(PREFIX);
+  }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   if (resolver) resolver.close();
   rmSync(`/sys/fs/bpf/airlock-browsertest-${process.pid}`, { recursive: true, force: true });
@@ -147,11 +192,12 @@ test(`[${MODE}] a browser sandbox's DevTools endpoint needs the sandbox's creden
   sbx = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     entrypoint: ["/opt/airlock/browser.sh"],
     metadata: { suite: RUN },
     networkPolicy: {
       defaultAction: "deny",
-      egress: [{ action: "allow", target: "site-a.test" }, { action: "allow", target: "site-b.test" }],
+      egress: [{ action: "allow", target: NAME_A }, { action: "allow", target: NAME_B }],
     },
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
@@ -222,15 +268,15 @@ test(`[${MODE}] Playwright drives the sandbox's Chromium over CDP through the ga
   browser = await chromium.connectOverCDP(`http://${ep.endpoint}`, { headers: ep.headers, timeout: 30_000 });
   const context = browser.contexts()[0] ?? (await browser.newContext());
   const page = await context.newPage();
-  await page.goto("http://site-a.test/", { timeout: 15_000 });
+  await page.goto(`http://${NAME_A}/`, { timeout: 15_000 });
   assert.equal(await page.title(), "Airlock site A");
   const shot = await page.screenshot();
   assert.ok(shot.length > 1000 && shot.subarray(1, 4).toString() === "PNG", `a PNG screenshot (${shot.length} bytes)`);
-  await Promise.all([page.waitForURL("http://site-b.test/", { timeout: 15_000 }), page.click("#next")]);
+  await Promise.all([page.waitForURL(`http://${NAME_B}/`, { timeout: 15_000 }), page.click("#next")]);
   assert.equal(await page.title(), "Airlock site B");
 
   const t0 = Date.now();
-  const err = await page.goto("http://denied.test/", { timeout: 5_000 }).then(() => null, (e) => e);
+  const err = await page.goto(`http://${NAME_DENIED}/`, { timeout: 5_000 }).then(() => null, (e) => e);
   const took = Date.now() - t0;
   assert.match(String(err?.message), /net::ERR_NAME_NOT_RESOLVED/, "the denied name does not resolve");
   console.log(`# denied navigation failed in ${took} ms (${String(err.message).split("\n")[0]})`);
@@ -250,15 +296,13 @@ test(`[${MODE}] Playwright drives the sandbox's Chromium over CDP through the ga
     records.some((r) => r.action === action && (r.dst_host ?? "").replace(/\.$/, "") === host);
   let records = [];
   for (let i = 0; i < 50; i++) {
-    const res = await fetch(`http://${domain}/v1/sandboxes/${sbx.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
-    assert.equal(res.status, 200);
-    records = (await res.json()).records;
-    if (seen(records, "allow", "site-a.test") && seen(records, "allow", "site-b.test") && seen(records, "deny", "denied.test")) break;
+    records = await auditRecords(domain, apiKey, sbx.id);
+    if (seen(records, "allow", NAME_A) && seen(records, "allow", NAME_B) && seen(records, "deny", NAME_DENIED)) break;
     await new Promise((r) => setTimeout(r, 100));
   }
   const triples = [...new Set(records.map((r) => `${r.source} ${r.action} ${r.dst_host ?? ""}`))];
   console.log(`# audit: ${triples.join("; ")}`);
-  assert.ok(seen(records, "allow", "site-a.test"), "site-a.test allowed on record");
-  assert.ok(seen(records, "allow", "site-b.test"), "site-b.test allowed on record");
-  assert.ok(seen(records, "deny", "denied.test"), "denied.test denied on record");
+  assert.ok(seen(records, "allow", NAME_A), `${NAME_A} allowed on record`);
+  assert.ok(seen(records, "allow", NAME_B), `${NAME_B} allowed on record`);
+  assert.ok(seen(records, "deny", NAME_DENIED), `${NAME_DENIED} denied on record`);
 });

@@ -2,7 +2,10 @@
 // a sandbox of the image the SDKs name by default (opensandbox/code-interpreter:latest,
 // which airlock up's image alias maps to airlock/code-interpreter:latest), its commands
 // and files, and per language a context that keeps state, reports errors, is interrupted
-// and streams its output. The server runs on loopback with a temporary state directory.
+// and streams its output. The server runs on loopback with a temporary state directory;
+// in the harness's external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) the
+// suite uses an installation already up instead (Airlock on the one-node Kubernetes
+// cluster, which has no image aliases: AIRLOCK_TEST_CI_IMAGE names the imported image).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -10,7 +13,16 @@ import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox } from "@alibaba-group/opensandbox";
 import { CodeInterpreter, SupportedLanguage } from "./codeinterpreter.mjs";
-import { dockerSection, fakeResolver, freePort, killSuite, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  dockerSection,
+  EXTERNAL,
+  fakeResolver,
+  freePort,
+  killSuite,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_CI_IMAGE ?? "opensandbox/code-interpreter:latest";
@@ -30,6 +42,10 @@ function config() {
 }
 
 before(async () => {
+  if (EXTERNAL) {
+    ({ domain, apiKey } = EXTERNAL);
+    return;
+  }
   assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-ci-"));
   domain = `127.0.0.1:${await freePort()}`;
@@ -50,6 +66,10 @@ before(async () => {
 });
 
 after(async () => {
+  if (EXTERNAL) {
+    await killSuite(config(), RUN);
+    return;
+  }
   if (server && server.exitCode === null) {
     await killSuite(config(), RUN);
     await stopServer(server);
@@ -64,6 +84,7 @@ test("a code-interpreter sandbox from the SDKs' default image name", async () =>
   sbx = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     entrypoint: ["/opt/code-interpreter/code-interpreter.sh"],
     metadata: { suite: RUN },
     timeoutSeconds: 900,

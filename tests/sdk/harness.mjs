@@ -4,7 +4,9 @@
 import { execFileSync, spawn } from "node:child_process";
 import { SandboxManager } from "@alibaba-group/opensandbox";
 import dgram from "node:dgram";
+import { readdirSync, readFileSync } from "node:fs";
 import net from "node:net";
+import path from "node:path";
 
 // fakeResolver is the upstream DNS server egressd forwards to, on loopback: an A record
 // for each name of names ({"allowed.test": [203, 0, 113, 10]}), NXDOMAIN for every other
@@ -123,4 +125,112 @@ export async function killSuite(connectionConfig, run) {
   } catch {
     // the server is gone
   }
+}
+
+// External-server mode: the suites run against an Airlock installation that is already
+// up (Airlock deployed on Kubernetes by its manifests: internal/kubenode's
+// TestSDKSuitesOnNode runs them so) instead of starting `airlock up` and a loopback
+// fake resolver of their own. It is on when AIRLOCK_SDK_LIFECYCLE is set:
+//   AIRLOCK_SDK_LIFECYCLE  host:port of the lifecycle API (the SDK's domain)
+//   AIRLOCK_SDK_GATEWAY    host:port of the gateway, which sandbox endpoints name
+//   AIRLOCK_SDK_API_KEY    the installation's OPEN-SANDBOX-API-KEY
+//   AIRLOCK_SDK_RUNTIME    "kubernetes" or "docker" (default): which tests can run
+//                          (dockerOnly)
+//   AIRLOCK_SDK_NAMES      JSON object: each fake name of the suites ("allowed.test") to
+//                          the name the installation's resolver answers with the same
+//                          address (on the node: a headless Service of the cluster DNS,
+//                          "allowed.<ns>.svc.cluster.local" → 203.0.113.10); pods reach
+//                          the fake internet only through it (fakeName)
+//   AIRLOCK_SDK_RESOURCE   JSON resource limits of every sandbox the suites create
+//                          ({"cpu":"250m","memory":"512Mi"}: the node is small); unset:
+//                          the SDK's default (1 CPU, 2 GiB)
+//   AIRLOCK_SDK_POOL       JSON warm pool to claim from: {"name", "size", "image",
+//                          "resource", "domain"} (domain: the lifecycle replica holding
+//                          the pool, the Lease holder on Kubernetes); unset: no pool test
+//   AIRLOCK_SDK_UPSTREAM_DEV  the host interface whose addresses sandboxes reach (the
+//                          node's bridge): the vault suite puts its upstream servers'
+//                          addresses there (/32) instead of a network namespace it routes
+//   AIRLOCK_SDK_UPSTREAM_CA, AIRLOCK_SDK_UPSTREAM_CA_KEY  PEM files of the CA that the
+//                          installation trusts for intercepted upstreams; the vault
+//                          suite signs its servers' certificates with it
+//   AIRLOCK_SDK_STATE_DIR  the installation's state on this host that the vault suite
+//                          searches for secrets (the node's egressd folder)
+//   AIRLOCK_SDK_AUDIT_DIR  the audit log the sandboxes' records are read from
+//                          (auditRecords) when the lifecycle API serves none
+// EXTERNAL is null when the suites start their own server.
+export const EXTERNAL = externalServer(process.env);
+
+// externalServer reads the external-server mode from env (see EXTERNAL); it throws when
+// AIRLOCK_SDK_LIFECYCLE is set without the gateway or the key, or a JSON value is invalid.
+export function externalServer(env) {
+  if (!env.AIRLOCK_SDK_LIFECYCLE) return null;
+  if (!env.AIRLOCK_SDK_GATEWAY || !env.AIRLOCK_SDK_API_KEY) {
+    throw new Error("AIRLOCK_SDK_LIFECYCLE needs AIRLOCK_SDK_GATEWAY and AIRLOCK_SDK_API_KEY");
+  }
+  const json = (name) => (env[name] ? JSON.parse(env[name]) : undefined);
+  return {
+    domain: env.AIRLOCK_SDK_LIFECYCLE,
+    gateway: env.AIRLOCK_SDK_GATEWAY,
+    apiKey: env.AIRLOCK_SDK_API_KEY,
+    runtime: env.AIRLOCK_SDK_RUNTIME ?? "docker",
+    names: json("AIRLOCK_SDK_NAMES") ?? {},
+    resource: json("AIRLOCK_SDK_RESOURCE"),
+    pool: json("AIRLOCK_SDK_POOL"),
+    upstreamDev: env.AIRLOCK_SDK_UPSTREAM_DEV,
+    upstreamCA: env.AIRLOCK_SDK_UPSTREAM_CA,
+    upstreamCAKey: env.AIRLOCK_SDK_UPSTREAM_CA_KEY,
+    stateDir: env.AIRLOCK_SDK_STATE_DIR,
+    auditDir: env.AIRLOCK_SDK_AUDIT_DIR,
+  };
+}
+
+// fakeName is the name under which sandboxes resolve the suites' fake name: itself
+// with a server of the suite's own, the mapped name in external-server mode.
+export function fakeName(name) {
+  return EXTERNAL?.names[name] ?? name;
+}
+
+// dockerOnly is the options of a test that needs the Docker runtime: in external-server
+// mode against Kubernetes the test is skipped with why printed (node:test's SKIP);
+// otherwise it runs. Nothing is skipped when the suite starts its own `airlock up`.
+export function dockerOnly(why) {
+  if (EXTERNAL && EXTERNAL.runtime !== "docker") {
+    const reason = `Docker only (${EXTERNAL.runtime}): ${why}`;
+    console.log(`# skipped in external-server mode: ${reason}`);
+    return { skip: reason };
+  }
+  return {};
+}
+
+// ownServerOnly is the options of a test that restarts, reconfigures or reads the
+// private files of the suite's own `airlock up`: in external-server mode it is skipped
+// with why printed; otherwise it runs.
+export function ownServerOnly(why) {
+  if (EXTERNAL) {
+    const reason = `needs the suite's own airlock up: ${why}`;
+    console.log(`# skipped in external-server mode: ${reason}`);
+    return { skip: reason };
+  }
+  return {};
+}
+
+// auditRecords returns sandbox id's audit records: from the audit log's files on this
+// host in external-server mode with AIRLOCK_SDK_AUDIT_DIR set (every *.jsonl file, as
+// egressd writes them), otherwise from GET /v1/sandboxes/{id}/audit of domain.
+export async function auditRecords(domain, apiKey, id) {
+  if (EXTERNAL?.auditDir) {
+    const recs = [];
+    for (const f of readdirSync(EXTERNAL.auditDir).filter((f) => f.endsWith(".jsonl")).sort()) {
+      for (const l of readFileSync(path.join(EXTERNAL.auditDir, f), "utf8").split("\n")) {
+        if (!l.startsWith("{")) continue;
+        const r = JSON.parse(l);
+        if (r.sandbox_id === id) recs.push(r);
+      }
+    }
+    return recs;
+  }
+  const res = await fetch(`http://${domain}/v1/sandboxes/${id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
+  const body = await res.text();
+  if (res.status !== 200) throw new Error(`GET /v1/sandboxes/${id}/audit: ${res.status} ${body}`);
+  return JSON.parse(body).records ?? JSON.parse(body);
 }

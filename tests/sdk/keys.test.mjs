@@ -1,14 +1,27 @@
 // The published OpenSandbox JavaScript SDK, unchanged, with a `user` key made through
 // Airlock's key API (/v1/keys) on a real `airlock up`: the user creates a sandbox and
 // runs a command in it; another user's key sees none of it (404, empty list); the
-// first admin (the key airlock up printed) sees it, created by the user.
+// first admin (the key airlock up printed) sees it, created by the user. In the
+// harness's external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against
+// an installation already up, whose key is the first admin's (on Kubernetes the keys
+// live in the cluster store, shared by the lifecycle replicas).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxManager } from "@alibaba-group/opensandbox";
-import { dockerSection, fakeResolver, freePort, killSuite, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  dockerSection,
+  EXTERNAL,
+  fakeResolver,
+  ownServerOnly,
+  freePort,
+  killSuite,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
@@ -30,6 +43,10 @@ async function newKey(name, role) {
 }
 
 before(async () => {
+  if (EXTERNAL) {
+    ({ domain, gateway, apiKey: adminKey } = EXTERNAL);
+    return;
+  }
   assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-sdk-keys-"));
   domain = `127.0.0.1:${await freePort()}`;
@@ -50,6 +67,10 @@ before(async () => {
 });
 
 after(async () => {
+  if (EXTERNAL) {
+    await killSuite(config(adminKey), RUN);
+    return;
+  }
   if (server && server.exitCode === null) {
     await killSuite(config(adminKey), RUN);
     await stopServer(server);
@@ -60,14 +81,18 @@ after(async () => {
   if (resolver) resolver.close();
 });
 
+// Alice's and Bob's keys and Alice's sandbox, shared by the tests below in order.
+let alice, bob, sbx;
+
 test("a user key works with the unchanged SDK, on its own sandboxes only", async () => {
-  const alice = await newKey("alice", "user");
-  const bob = await newKey("bob", "user");
+  alice = await newKey(`alice-${RUN}`, "user");
+  bob = await newKey(`bob-${RUN}`, "user");
   assert.match(alice.key, /^ak_/);
 
-  const sbx = await Sandbox.create({
+  sbx = await Sandbox.create({
     connectionConfig: config(alice.key),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     metadata: { suite: RUN },
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
@@ -96,6 +121,13 @@ test("a user key works with the unchanged SDK, on its own sandboxes only", async
   assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } })).status, 401);
   assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: ep.headers })).status, 200);
 
+  // The admin sees the sandbox and who created it.
+  const info = await (await fetch(`http://${domain}/v1/sandboxes/${sbx.id}`, { headers: { "OPEN-SANDBOX-API-KEY": adminKey } })).json();
+  assert.equal(info.airlock?.createdBy, alice.id);
+});
+
+test("the console: a user key signs in and is refused the audit log and others' sandboxes",
+  ownServerOnly("the operator console is part of airlock up; airlock lifecycle (Kubernetes) serves none"), async () => {
   // The console: Bob signs in with his key, sees his role, and is refused the audit log
   // and Alice's sandbox.
   const login = await fetch(`http://${domain}/console/login`, {
@@ -112,14 +144,17 @@ test("a user key works with the unchanged SDK, on its own sandboxes only", async
   assert.equal((await fetch(`http://${domain}/console/api/audit`, { headers: { Cookie: cookie } })).status, 403);
   assert.equal((await fetch(`http://${domain}/console/api/v1/sandboxes/${sbx.id}`, { headers: { Cookie: cookie } })).status, 404);
   assert.equal((await fetch(`http://${domain}/console/api/v1/keys`, { headers: { Cookie: cookie } })).status, 403);
+});
 
-  // The admin sees the sandbox and who created it.
-  const info = await (await fetch(`http://${domain}/v1/sandboxes/${sbx.id}`, { headers: { "OPEN-SANDBOX-API-KEY": adminKey } })).json();
-  assert.equal(info.airlock?.createdBy, alice.id);
-
+test("a revoked user key is refused", async () => {
   // Revoked: the SDK is refused within a second.
   const rv = await fetch(`http://${domain}/v1/keys/${alice.id}`, { method: "DELETE", headers: { "OPEN-SANDBOX-API-KEY": adminKey } });
   assert.equal(rv.status, 204);
-  await assert.rejects(SandboxManager.create({ connectionConfig: config(alice.key) }).listSandboxInfos({}));
+  // Another lifecycle replica sharing the key store (Kubernetes) re-reads it every
+  // 500 ms: from a second after the revocation, every replica refuses the key.
+  if (EXTERNAL) await new Promise((r) => setTimeout(r, 1000));
+  for (let i = 0; i < (EXTERNAL ? 4 : 1); i++) {
+    await assert.rejects(SandboxManager.create({ connectionConfig: config(alice.key) }).listSandboxInfos({}));
+  }
   await sbx.kill().catch(() => {}); // refused now; the admin's cleanup removes it
 });

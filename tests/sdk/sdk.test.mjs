@@ -1,7 +1,12 @@
 // The published OpenSandbox JavaScript SDK (@alibaba-group/opensandbox, pinned in
 // package-lock.json) driving a real `airlock up` on this host. The test starts the
 // server itself ($AIRLOCK_BIN up) on a free port with a temporary state directory and
-// stops it at the end; when the server cannot start, the suite fails.
+// stops it at the end; when the server cannot start, the suite fails. In the harness's
+// external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an
+// installation already up instead, Airlock on the one-node Kubernetes cluster
+// (internal/kubenode TestSDKSuitesOnNode): the fake names are the cluster DNS's, the pool
+// test claims from the installation's pool, and pause/resume (Docker only) is skipped
+// with the reason printed.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -13,12 +18,32 @@ import {
   SandboxException,
   SandboxManager,
 } from "@alibaba-group/opensandbox";
-import { dockerSection, fakeResolver, freePort, killSuite, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  dockerOnly,
+  dockerSection,
+  EXTERNAL,
+  fakeName,
+  fakeResolver,
+  freePort,
+  killSuite,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `sdk${process.pid}`;
 const PREFIX = `altest-sdk-sdk${process.pid}-`;
+// The fake internet's names as sandboxes resolve them (the same addresses either way).
+const ALLOWED = fakeName("allowed.test");
+const DENIED = fakeName("denied.test");
+// Every create's resource limits: the SDK's default unless the installation is small.
+const RESOURCE = EXTERNAL?.resource;
+// The warm pool the claim test uses: the suite's own server's, or the installation's.
+const POOL = EXTERNAL
+  ? EXTERNAL.pool
+  : { name: "sdk", size: 2, image: IMAGE, resource: undefined, domain: undefined };
 
 let server;
 let stateDir;
@@ -32,6 +57,10 @@ function config(extra = {}) {
 }
 
 before(async () => {
+  if (EXTERNAL) {
+    ({ domain, gateway, apiKey } = EXTERNAL);
+    return;
+  }
   assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   stateDir = mkdtempSync(path.join(os.tmpdir(), "airlock-sdk-"));
   const port = await freePort();
@@ -61,6 +90,10 @@ before(async () => {
 });
 
 after(async () => {
+  if (EXTERNAL) {
+    await killSuite(config(), RUN);
+    return;
+  }
   if (server && server.exitCode === null) {
     await killSuite(config(), RUN);
     await stopServer(server);
@@ -77,6 +110,7 @@ test("create with metadata and env, then getInfo", async () => {
   sbx = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: RESOURCE,
     metadata: { suite: RUN, role: "main" },
     env: { GREETING: "hello-from-env" },
     timeoutSeconds: 600,
@@ -181,7 +215,7 @@ test("metadata merge patch", async () => {
   assert.equal(info.metadata.suite, RUN);
 });
 
-test("pause, then resume", async () => {
+test("pause, then resume", dockerOnly("pause needs the snapshot of a container; Kubernetes answers 501 (kube.test.mjs checks it)"), async () => {
   await sbx.pause();
   assert.equal((await sbx.getInfo()).status.state, "Paused");
   sbx = await sbx.resume({ readyTimeoutSeconds: 60 });
@@ -208,34 +242,35 @@ test("networkPolicy at create is enforced; the egress API changes it at runtime"
   const pol = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: RESOURCE,
     metadata: { suite: RUN, role: "egress" },
-    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: "allowed.test" }] },
+    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: ALLOWED }] },
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
   });
   try {
     const resolve = async (name) =>
       (await pol.commands.run(`getent hosts ${name} | cut -d' ' -f1`)).logs.stdout.map((m) => m.text).join("");
-    assert.equal(await resolve("allowed.test"), "203.0.113.10");
-    assert.equal(await resolve("denied.test"), "", "a name the policy denies does not resolve");
+    assert.equal(await resolve(ALLOWED), "203.0.113.10");
+    assert.equal(await resolve(DENIED), "", "a name the policy denies does not resolve");
 
     const before = await pol.getEgressPolicy();
     assert.equal(before.defaultAction, "deny");
-    assert.deepEqual(before.egress.map((r) => r.target), ["allowed.test"]);
+    assert.deepEqual(before.egress.map((r) => r.target), [ALLOWED]);
 
-    await pol.patchEgressRules([{ action: "allow", target: "denied.test" }]);
+    await pol.patchEgressRules([{ action: "allow", target: DENIED }]);
     const patched = await pol.getEgressPolicy();
-    assert.deepEqual(patched.egress.map((r) => r.target), ["denied.test", "allowed.test"]);
+    assert.deepEqual(patched.egress.map((r) => r.target), [DENIED, ALLOWED]);
     let got = "";
     for (let i = 0; i < 50 && got === ""; i++) {
-      got = await resolve("denied.test"); // egressd applies the new version within ms
+      got = await resolve(DENIED); // egressd applies the new version within ms
     }
     assert.equal(got, "203.0.113.20", "the patched rule is enforced");
 
-    await pol.deleteEgressRules(["allowed.test"]);
+    await pol.deleteEgressRules([ALLOWED]);
     const after = await pol.getEgressPolicy();
-    assert.deepEqual(after.egress.map((r) => r.target), ["denied.test"]);
-    assert.equal(await resolve("allowed.test"), "", "a removed rule no longer resolves");
+    assert.deepEqual(after.egress.map((r) => r.target), [DENIED]);
+    assert.equal(await resolve(ALLOWED), "", "a removed rule no longer resolves");
   } finally {
     await pol.kill();
     await pol.close();
@@ -243,27 +278,31 @@ test("networkPolicy at create is enforced; the egress API changes it at runtime"
 });
 
 async function poolMetric(name) {
-  const res = await fetch(`http://${domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
+  const res = await fetch(`http://${POOL.domain ?? domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
   const line = (await res.text()).split("\n").find((l) => l.startsWith(name));
   return line ? Number(line.split(" ").pop()) : 0;
 }
 
-test("a create claimed from the warm pool is a sandbox like any other", async () => {
-  const ready = 'airlock_lifecycle_pool_members{pool="sdk",state="ready"}';
-  for (let i = 0; i < 600 && (await poolMetric(ready)) < 2; i++) {
+test("a create claimed from the warm pool is a sandbox like any other", POOL ? {} : { skip: "AIRLOCK_SDK_POOL names no pool" }, async () => {
+  const ready = `airlock_lifecycle_pool_members{pool="${POOL.name}",state="ready"}`;
+  for (let i = 0; i < 1200 && (await poolMetric(ready)) < POOL.size; i++) {
     await new Promise((r) => setTimeout(r, 100));
   }
-  assert.equal(await poolMetric(ready), 2, "the pool filled");
-  const claims = 'airlock_lifecycle_pool_claims_total{pool="sdk"}';
+  assert.equal(await poolMetric(ready), POOL.size, "the pool filled");
+  const claims = `airlock_lifecycle_pool_claims_total{pool="${POOL.name}"}`;
   const before = await poolMetric(claims);
   const started = Date.now();
+  // The replica holding the pool serves the claim (on Kubernetes the Lease holder;
+  // another replica would create cold).
+  const connectionConfig = POOL.domain ? config({ domain: POOL.domain }) : config();
   const warm = await Sandbox.create({
-    connectionConfig: config(),
-    image: IMAGE,
+    connectionConfig,
+    image: POOL.image,
+    resource: POOL.resource,
     metadata: { suite: RUN, role: "pooled" },
     env: { POOLED: "claimed-env" },
     entrypoint: ["sh", "-c", "echo started:$POOLED > /tmp/entry; exec tail -f /dev/null"],
-    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: "allowed.test" }] },
+    networkPolicy: { defaultAction: "deny", egress: [{ action: "allow", target: ALLOWED }] },
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
   });
@@ -272,12 +311,12 @@ test("a create claimed from the warm pool is a sandbox like any other", async ()
     assert.equal(await poolMetric(claims), before + 1, "the create was claimed from the pool");
     const info = await warm.getInfo();
     assert.equal(info.status.state, "Running");
-    assert.equal(info.image?.uri ?? IMAGE, IMAGE);
+    assert.equal(info.image?.uri ?? POOL.image, POOL.image);
     assert.deepEqual(info.entrypoint, ["sh", "-c", "echo started:$POOLED > /tmp/entry; exec tail -f /dev/null"]);
     const out = async (cmd) => (await warm.commands.run(cmd)).logs.stdout.map((m) => m.text).join("");
     assert.equal(await out("echo $POOLED"), "claimed-env");
-    assert.equal(await out("getent hosts denied.test | cut -d' ' -f1"), "", "the policy is enforced from the first command");
-    assert.equal(await out("getent hosts allowed.test | cut -d' ' -f1"), "203.0.113.10");
+    assert.equal(await out(`getent hosts ${DENIED} | cut -d' ' -f1`), "", "the policy is enforced from the first command");
+    assert.equal(await out(`getent hosts ${ALLOWED} | cut -d' ' -f1`), "203.0.113.10");
     let entry = "";
     for (let i = 0; i < 50 && entry === ""; i++) entry = await out("cat /tmp/entry 2>/dev/null");
     assert.equal(entry, "started:claimed-env", "the entrypoint ran with the request's env");

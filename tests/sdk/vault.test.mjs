@@ -3,7 +3,15 @@
 // HTTPS echo server (its own test CA, in a network namespace this test creates and
 // routes from the host, behind a name the test's fake resolver serves), and the echo
 // server sees exactly the headers the vault's bindings inject. The secret is then
-// searched for everywhere outside the sealed store.
+// searched for everywhere outside the sealed store. In the harness's external-server
+// mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an installation already
+// up (Airlock on the one-node Kubernetes cluster, internal/kubenode TestSDKSuitesOnNode):
+// echo.test and plain.test are the names the cluster DNS answers with the echo address
+// (fakeName), the servers' addresses sit on the host interface pods reach
+// (AIRLOCK_SDK_UPSTREAM_DEV), their certificates come from the CA the installation
+// trusts, the secrets are searched for in the node's state and the records read from
+// its audit log; the tests that restart or reconfigure `airlock up` are skipped with the
+// reason printed.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
@@ -12,7 +20,18 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "n
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxException } from "@alibaba-group/opensandbox";
-import { dockerSection, fakeResolver, freePort, removeContainers, startServer, stopServer } from "./harness.mjs";
+import {
+  auditRecords,
+  dockerSection,
+  EXTERNAL,
+  fakeName,
+  fakeResolver,
+  freePort,
+  ownServerOnly,
+  removeContainers,
+  startServer,
+  stopServer,
+} from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
@@ -20,6 +39,9 @@ const RUN = `vault${process.pid}`;
 const PREFIX = `altest-sdk-vault${process.pid}-`;
 // The datapath under test: the suite runs once per backend (package.json).
 const MODE = process.env.AIRLOCK_EGRESS_MODE ?? "ebpf";
+// The echo servers' names as sandboxes resolve them (both answer ECHO_IP).
+const ECHO = fakeName("echo.test");
+const PLAIN = fakeName("plain.test");
 const SECRET = `sk-airlock-vault-${randomBytes(12).toString("hex")}`;
 const SECRET2 = `key-airlock-vault-${randomBytes(12).toString("hex")}`;
 
@@ -58,9 +80,16 @@ function config() {
 // makeCerts writes a test CA and a leaf for echo.test and plain.test with openssl.
 function makeCerts() {
   const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-  sh("openssl", ["req", "-x509", ...ec, "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-days", "2", "-subj", "/CN=airlock-sdk-test-ca"]);
+  if (EXTERNAL) {
+    // The CA the installation already trusts for intercepted upstreams.
+    assert.ok(EXTERNAL.upstreamCA && EXTERNAL.upstreamCAKey, "AIRLOCK_SDK_UPSTREAM_CA and AIRLOCK_SDK_UPSTREAM_CA_KEY must be set");
+    writeFileSync(`${dir}/ca.crt`, readFileSync(EXTERNAL.upstreamCA));
+    writeFileSync(`${dir}/ca.key`, readFileSync(EXTERNAL.upstreamCAKey));
+  } else {
+    sh("openssl", ["req", "-x509", ...ec, "-keyout", `${dir}/ca.key`, "-out", `${dir}/ca.crt`, "-days", "2", "-subj", "/CN=airlock-sdk-test-ca"]);
+  }
   sh("openssl", ["req", ...ec, "-keyout", `${dir}/echo.key`, "-out", `${dir}/echo.csr`, "-subj", "/CN=echo.test"]);
-  writeFileSync(`${dir}/san.ext`, "subjectAltName=DNS:echo.test,DNS:plain.test\n");
+  writeFileSync(`${dir}/san.ext`, `subjectAltName=DNS:${ECHO},DNS:${PLAIN}\n`);
   sh("openssl", ["x509", "-req", "-in", `${dir}/echo.csr`, "-CA", `${dir}/ca.crt`, "-CAkey", `${dir}/ca.key`,
     "-CAcreateserial", "-out", `${dir}/echo.crt`, "-days", "2", "-extfile", `${dir}/san.ext`]);
   // The same test CA vouches for other.test: trusted, but not echo.test.
@@ -98,7 +127,8 @@ console.log("listening");
 `;
   writeFileSync(`${dir}/echo.mjs`, src);
   return new Promise((resolve, reject) => {
-    const p = spawn("ip", ["netns", "exec", NS, process.execPath, `${dir}/echo.mjs`], { stdio: ["ignore", "pipe", "pipe"] });
+    const argv = EXTERNAL ? [process.execPath, `${dir}/echo.mjs`] : ["ip", "netns", "exec", NS, process.execPath, `${dir}/echo.mjs`];
+    const p = spawn(argv[0], argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
     let err = "";
     p.stderr.on("data", (d) => (err += d));
     p.stdout.on("data", (d) => (upstreamLog += d));
@@ -108,6 +138,12 @@ console.log("listening");
 }
 
 function world() {
+  if (EXTERNAL) {
+    // The servers on this host, at addresses of the interface the sandboxes reach.
+    assert.ok(EXTERNAL.upstreamDev, "AIRLOCK_SDK_UPSTREAM_DEV must name the interface the sandboxes reach");
+    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) sh("ip", ["addr", "add", `${ip}/32`, "dev", EXTERNAL.upstreamDev]);
+    return;
+  }
   sh("ip", ["netns", "add", NS]);
   sh("ip", ["link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF]);
   sh("ip", ["link", "set", PEER_IF, "netns", NS]);
@@ -122,41 +158,52 @@ function world() {
 }
 
 function unworld() {
+  if (EXTERNAL) {
+    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) {
+      try { sh("ip", ["addr", "del", `${ip}/32`, "dev", EXTERNAL.upstreamDev]); } catch {}
+    }
+    return;
+  }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   try { sh("ip", ["netns", "del", NS]); } catch {}
 }
 
 before(async () => {
-  assert.ok(BIN, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
+  assert.ok(BIN || EXTERNAL, "AIRLOCK_BIN must name the airlock binary (make sdk-test sets it)");
   dir = mkdtempSync(path.join(os.tmpdir(), "airlock-vault-"));
   unworld();
   world();
   makeCerts();
   echo = await startEcho();
-  resolver = await fakeResolver({ "echo.test": [203, 0, 113, 180], "plain.test": [203, 0, 113, 180] });
-  domain = `127.0.0.1:${await freePort()}`;
-  cfgPath = path.join(dir, "airlock.yaml");
-  const lines = [
-    `listen: ${domain}`,
-    `stateDir: ${dir}/state`,
-    "gateway:",
-    `  listen: 127.0.0.1:${await freePort()}`,
-    "egress:",
-    `  mode: ${MODE}`,
-    `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: /sys/fs/bpf/airlock-vaulttest-${process.pid}`,
-    `  upstreamCAFile: ${dir}/ca.crt`,
-  ];
-  lines.push(...dockerSection(PREFIX));
-  writeFileSync(cfgPath, lines.join("\n") + "\n");
-  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  if (EXTERNAL) {
+    ({ domain, apiKey } = EXTERNAL);
+  } else {
+    resolver = await fakeResolver({ "echo.test": [203, 0, 113, 180], "plain.test": [203, 0, 113, 180] });
+    domain = `127.0.0.1:${await freePort()}`;
+    cfgPath = path.join(dir, "airlock.yaml");
+    const lines = [
+      `listen: ${domain}`,
+      `stateDir: ${dir}/state`,
+      "gateway:",
+      `  listen: 127.0.0.1:${await freePort()}`,
+      "egress:",
+      `  mode: ${MODE}`,
+      `  upstreams: [127.0.0.1:${resolver.address().port}]`,
+      `  pinRoot: /sys/fs/bpf/airlock-vaulttest-${process.pid}`,
+      `  upstreamCAFile: ${dir}/ca.crt`,
+    ];
+    lines.push(...dockerSection(PREFIX));
+    writeFileSync(cfgPath, lines.join("\n") + "\n");
+    ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  }
   sbx = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     metadata: { suite: RUN },
     networkPolicy: {
       defaultAction: "deny",
-      egress: [{ action: "allow", target: "echo.test" }, { action: "allow", target: "plain.test" }],
+      egress: [{ action: "allow", target: ECHO }, { action: "allow", target: PLAIN }],
     },
     credentialProxy: { enabled: true },
     timeoutSeconds: 900,
@@ -167,8 +214,8 @@ before(async () => {
 after(async () => {
   if (sbx) await sbx.kill().catch(() => {});
   if (sbxOpen) await sbxOpen.kill().catch(() => {});
-  await stopServer(server);
-  removeContainers(PREFIX); // held warm-pool members and anything left
+  if (server) await stopServer(server);
+  if (!EXTERNAL) removeContainers(PREFIX); // held warm-pool members and anything left
   if (echo) echo.kill();
   if (resolver) resolver.close();
   unworld();
@@ -194,7 +241,7 @@ function keep(state) {
   return state;
 }
 
-test(`[${MODE}] the sandbox runs on the ${MODE} datapath`, async () => {
+test(`[${MODE}] the sandbox runs on the ${MODE} datapath`, ownServerOnly("reads the backend from airlock up's log"), async () => {
   assert.match(serverLog() + "", new RegExp(`backend=${MODE}`), "egressd reports the backend under test");
 });
 
@@ -214,7 +261,7 @@ test("create: a bearer binding is injected for its method and path only", async 
     credentials: [{ name: "gh", source: { type: "inline", value: SECRET } }],
     bindings: [{
       name: "gh-api",
-      match: { hosts: ["echo.test"], methods: ["GET"], paths: ["/v1/*"] },
+      match: { hosts: [ECHO], methods: ["GET"], paths: ["/v1/*"] },
       auth: { type: "bearer", credential: "gh" },
     }],
   }));
@@ -222,16 +269,16 @@ test("create: a bearer binding is injected for its method and path only", async 
   assert.deepEqual(st.credentials.map((c) => [c.name, c.sourceType]), [["gh", "inline"]]);
   assert.deepEqual(st.bindings.map((b) => [b.name, b.auth.type]), [["gh-api", "bearer"]]);
 
-  const got = await seen("https://echo.test/v1/repos");
+  const got = await seen(`https://${ECHO}/v1/repos`);
   assert.equal(got.headers.authorization, `Bearer ${SECRET}`);
   assert.equal(got.path, "/v1/repos");
-  const guessed = await seen("-H 'Authorization: Bearer guess' https://echo.test/v1/x");
+  const guessed = await seen(`-H 'Authorization: Bearer guess' https://${ECHO}/v1/x`);
   assert.equal(guessed.headers.authorization, `Bearer ${SECRET}`, "the binding's value replaces the sandbox's own");
-  assert.equal((await seen("-X POST https://echo.test/v1/repos")).headers.authorization, undefined, "method not bound");
-  assert.equal((await seen("https://echo.test/other")).headers.authorization, undefined, "path not bound");
-  assert.equal((await seen("-k https://plain.test/v1/repos")).headers.authorization, undefined, "host not bound");
-  assert.match(await issuer("echo.test"), /Airlock credential proxy CA/, "echo.test is intercepted");
-  assert.match(await issuer("plain.test"), /airlock-sdk-test-ca/, "plain.test is spliced, not intercepted");
+  assert.equal((await seen(`-X POST https://${ECHO}/v1/repos`)).headers.authorization, undefined, "method not bound");
+  assert.equal((await seen(`https://${ECHO}/other`)).headers.authorization, undefined, "path not bound");
+  assert.equal((await seen(`-k https://${PLAIN}/v1/repos`)).headers.authorization, undefined, "host not bound");
+  assert.match(await issuer(ECHO), /Airlock credential proxy CA/, `${ECHO} is intercepted`);
+  assert.match(await issuer(PLAIN), /airlock-sdk-test-ca/, `${PLAIN} is spliced, not intercepted`);
 });
 
 test("read: sanitized state, credentials and bindings", async () => {
@@ -253,13 +300,13 @@ test("patch: add, replace and delete bindings atomically", async () => {
     expectedRevision: 1,
     credentials: { add: [{ name: "svc", source: { type: "inline", value: SECRET2 } }] },
     bindings: {
-      add: [{ name: "svc-key", match: { hosts: ["echo.test"], paths: ["/v2/*"] }, auth: { type: "apiKey", name: "X-Api-Key", credential: "svc" } }],
-      replace: [{ name: "gh-api", match: { hosts: ["echo.test"], methods: ["GET", "POST"], paths: ["/v1/*"] }, auth: { type: "bearer", credential: "gh" } }],
+      add: [{ name: "svc-key", match: { hosts: [ECHO], paths: ["/v2/*"] }, auth: { type: "apiKey", name: "X-Api-Key", credential: "svc" } }],
+      replace: [{ name: "gh-api", match: { hosts: [ECHO], methods: ["GET", "POST"], paths: ["/v1/*"] }, auth: { type: "bearer", credential: "gh" } }],
     },
   }));
   assert.equal(st.revision, 2);
-  assert.equal((await seen("-X POST https://echo.test/v1/repos")).headers.authorization, `Bearer ${SECRET}`, "replaced binding covers POST");
-  const v2 = await seen("-X PUT https://echo.test/v2/items");
+  assert.equal((await seen(`-X POST https://${ECHO}/v1/repos`)).headers.authorization, `Bearer ${SECRET}`, "replaced binding covers POST");
+  const v2 = await seen(`-X PUT https://${ECHO}/v2/items`);
   assert.equal(v2.headers["x-api-key"], SECRET2);
   assert.equal(v2.headers.authorization, undefined);
 
@@ -268,17 +315,17 @@ test("patch: add, replace and delete bindings atomically", async () => {
   st = keep(await sbx.credentialVault.patch({ expectedRevision: 2, bindings: { delete: ["gh-api"] } }));
   assert.equal(st.revision, 3);
   assert.deepEqual(st.bindings.map((b) => b.name), ["svc-key"]);
-  assert.equal((await seen("https://echo.test/v1/repos")).headers.authorization, undefined, "deleted binding injects nothing");
+  assert.equal((await seen(`https://${ECHO}/v1/repos`)).headers.authorization, undefined, "deleted binding injects nothing");
 });
 
-test("the vault survives a restart of airlock up and keeps injecting", async () => {
+test("the vault survives a restart of airlock up and keeps injecting", ownServerOnly("restarts airlock up and reads its state directory"), async () => {
   await stopServer(server);
   ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
   sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
   assert.equal(keep(await sbx.credentialVault.get()).revision, 3);
   let got;
   for (let i = 0; i < 50; i++) { // egressd re-adopts the sandbox right after start
-    got = await seen("https://echo.test/v2/after-restart").catch(() => undefined);
+    got = await seen(`https://${ECHO}/v2/after-restart`).catch(() => undefined);
     if (got) break;
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -292,7 +339,7 @@ test("the vault survives a restart of airlock up and keeps injecting", async () 
 test("delete: nothing is injected afterwards", async () => {
   await sbx.credentialVault.delete();
   await assert.rejects(sbx.credentialVault.get(), (err) => err.statusCode === 404);
-  const got = await seen("-k https://echo.test/v2/items");
+  const got = await seen(`-k https://${ECHO}/v2/items`);
   assert.equal(got.headers["x-api-key"], undefined);
 });
 
@@ -326,8 +373,8 @@ const CHOOSE = {
 const CHOSEN_VAULT = {
   credentials: [{ name: "gh", source: { type: "inline", value: SECRET } }],
   bindings: [
-    { name: "echo-https", match: { hosts: ["echo.test"], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
-    { name: "echo-http", match: { hosts: ["echo.test"], schemes: ["http"], ports: [80], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
+    { name: "echo-https", match: { hosts: [ECHO], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
+    { name: "echo-http", match: { hosts: [ECHO], schemes: ["http"], ports: [80], paths: ["/v3/*"] }, auth: { type: "bearer", credential: "gh" } },
   ],
 };
 
@@ -339,27 +386,27 @@ function upstreamSaw(server) {
 test("HTTPS to a bound host at an address the sandbox chose gets the credential", async () => {
   keep(await sbx.credentialVault.create(CHOSEN_VAULT));
   for (const [how, choose] of Object.entries(CHOOSE)) {
-    const got = await choose(sbx, "echo.test", CHOSEN_IP, 443, (opt) => seen(`${opt} https://echo.test/v3/x`));
+    const got = await choose(sbx, ECHO, CHOSEN_IP, 443, (opt) => seen(`${opt} https://${ECHO}/v3/x`));
     assert.equal(got.server, `https ${CHOSEN_IP}`, `${how}: the address the sandbox chose is the one dialled`);
-    assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: the certificate proves echo.test, so the credential goes`);
+    assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: the certificate proves ${ECHO}, so the credential goes`);
   }
 });
 
 test("a server that cannot prove the bound name never sees the secret", async () => {
   for (const [how, choose] of Object.entries(CHOOSE)) {
-    const code = await choose(sbx, "echo.test", WRONG_IP, 443, (opt) => status(`${opt} https://echo.test/v3/x`));
+    const code = await choose(sbx, ECHO, WRONG_IP, 443, (opt) => status(`${opt} https://${ECHO}/v3/x`));
     assert.match(code, /^5\d\d$/, `${how}: an upstream with a certificate for other.test only`);
   }
   assert.deepEqual(upstreamSaw("wrong-name"), [], "the wrong-name server got no request, so no secret");
 });
 
 test("plain HTTP: a learned address gets the credential, one the sandbox chose does not (vault.plainHTTP: learned)", async () => {
-  const got = await seen("http://echo.test/v3/x");
+  const got = await seen(`http://${ECHO}/v3/x`);
   assert.equal(got.server, `http ${ECHO_IP}`);
-  assert.equal(got.headers.authorization, `Bearer ${SECRET}`, "the address a DNS answer gave for echo.test");
+  assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `the address a DNS answer gave for ${ECHO}`);
   for (const [how, choose] of Object.entries(CHOOSE)) {
     // Under this default-deny policy an address nobody learned is not reachable at all.
-    const code = await choose(sbx, "echo.test", CHOSEN_IP, 80, (opt) => status(`${opt} http://echo.test/v3/x`));
+    const code = await choose(sbx, ECHO, CHOSEN_IP, 80, (opt) => status(`${opt} http://${ECHO}/v3/x`));
     assert.equal(code, "403", `${how}: the policy does not allow ${CHOSEN_IP}`);
   }
   assert.deepEqual(upstreamSaw(`http ${CHOSEN_IP}`).filter((r) => JSON.stringify(r).includes(SECRET)), []);
@@ -369,8 +416,9 @@ test("a default-allow sandbox: unbound requests follow the policy, plain HTTP to
   sbxOpen = await Sandbox.create({
     connectionConfig: config(),
     image: IMAGE,
+    resource: EXTERNAL?.resource,
     metadata: { suite: RUN },
-    networkPolicy: { defaultAction: "allow", egress: [{ action: "allow", target: "echo.test" }] },
+    networkPolicy: { defaultAction: "allow", egress: [{ action: "allow", target: ECHO }] },
     credentialProxy: { enabled: true },
     timeoutSeconds: 900,
     readyTimeoutSeconds: 60,
@@ -381,39 +429,38 @@ test("a default-allow sandbox: unbound requests follow the policy, plain HTTP to
     assert.equal(got.server, `http ${CHOSEN_IP}`, `${how}: plain HTTP that no binding matches`);
     got = await choose(sbxOpen, "unbound.test", CHOSEN_IP, 443, (opt) => seen(`-k ${opt} https://unbound.test/v3/x`, sbxOpen));
     assert.equal(got.server, `https ${CHOSEN_IP}`, `${how}: HTTPS that no binding matches`);
-    got = await choose(sbxOpen, "echo.test", CHOSEN_IP, 80, (opt) => seen(`${opt} http://echo.test/v3/x`, sbxOpen));
+    got = await choose(sbxOpen, ECHO, CHOSEN_IP, 80, (opt) => seen(`${opt} http://${ECHO}/v3/x`, sbxOpen));
     assert.equal(got.server, `http ${CHOSEN_IP}`, `${how}: plain HTTP to a bound host at a chosen address is forwarded`);
     assert.equal(got.headers.authorization, undefined, `${how}: ... without the credential`);
-    got = await choose(sbxOpen, "echo.test", CHOSEN_IP, 443, (opt) => seen(`${opt} https://echo.test/v3/x`, sbxOpen));
+    got = await choose(sbxOpen, ECHO, CHOSEN_IP, 443, (opt) => seen(`${opt} https://${ECHO}/v3/x`, sbxOpen));
     assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: HTTPS to a bound host at a chosen address`);
   }
   assert.equal((await seen(`http://${CHOSEN_IP}/x`, sbxOpen)).server, `http ${CHOSEN_IP}`, "an address literal (Host is the address)");
   assert.equal((await seen(`-k https://${CHOSEN_IP}/x`, sbxOpen)).server, `https ${CHOSEN_IP}`, "TLS without SNI");
   const other = await seen(`-k --resolve other.test:443:${WRONG_IP} https://other.test/x`, sbxOpen);
   assert.equal(other.server, "wrong-name", "the wrong-name server answers whoever reaches it (so its 5xx above is the proxy's refusal)");
-  const res = await fetch(`http://${domain}/v1/sandboxes/${sbxOpen.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
-  const body = await res.text();
-  const records = JSON.parse(body).records ?? JSON.parse(body);
+  const records = await auditRecords(domain, apiKey, sbxOpen.id);
+  const body = JSON.stringify(records);
   const notInjected = records.filter((r) => r.source === "credential" && r.rule === "echo-http" && r.action === "deny" &&
     r.reason.includes("not injected: address not learned"));
   assert.equal(notInjected.length, 2, `each plain-HTTP request to the chosen address is audited as not injected: ${body.slice(0, 2000)}`);
 });
 
-test("vault.plainHTTP: policy: plain HTTP to an address the sandbox chose gets the credential", async () => {
+test("vault.plainHTTP: policy: plain HTTP to an address the sandbox chose gets the credential", ownServerOnly("restarts airlock up with vault.plainHTTP: policy"), async () => {
   await stopServer(server);
   writeFileSync(cfgPath, readFileSync(cfgPath, "utf8") + "vault:\n  plainHTTP: policy\n");
   ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
   sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
-  for (let i = 0; i < 50 && (await status(`--resolve echo.test:80:${CHOSEN_IP} http://echo.test/v3/x`)) !== "200"; i++) {
+  for (let i = 0; i < 50 && (await status(`--resolve ${ECHO}:80:${CHOSEN_IP} http://${ECHO}/v3/x`)) !== "200"; i++) {
     await new Promise((r) => setTimeout(r, 200)); // egressd re-adopts the sandbox right after start
   }
   for (const [how, choose] of Object.entries(CHOOSE)) {
-    const got = await choose(sbx, "echo.test", CHOSEN_IP, 80, (opt) => seen(`${opt} http://echo.test/v3/x`));
+    const got = await choose(sbx, ECHO, CHOSEN_IP, 80, (opt) => seen(`${opt} http://${ECHO}/v3/x`));
     assert.equal(got.server, `http ${CHOSEN_IP}`, how);
     assert.equal(got.headers.authorization, `Bearer ${SECRET}`, `${how}: the operator opted in`);
   }
   // Still only where the policy accepts the address for the name: not a private one.
-  const code = await status("--resolve echo.test:80:10.255.255.1 http://echo.test/v3/x");
+  const code = await status(`--resolve ${ECHO}:80:10.255.255.1 http://${ECHO}/v3/x`);
   assert.equal(code, "403", "a private address, which only an explicit rule allows");
 });
 
@@ -431,7 +478,7 @@ function files(root) {
 test("no secret value outside the sealed store", async () => {
   const metrics = await (await fetch(`http://${domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } })).text();
   const places = { "server log": serverLog(), "vault API responses": responses.join("\n"), metrics };
-  for (const f of files(`${dir}/state`)) {
+  for (const f of files(EXTERNAL ? EXTERNAL.stateDir : `${dir}/state`)) {
     places[f] = readFileSync(f).toString("latin1");
   }
   for (const [where, text] of Object.entries(places)) {
@@ -440,10 +487,7 @@ test("no secret value outside the sealed store", async () => {
     }
   }
   assert.ok(Object.keys(places).some((p) => p.includes(`${path.sep}audit${path.sep}`)), "the audit log was searched");
-  const res = await fetch(`http://${domain}/v1/sandboxes/${sbx.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
-  const body = await res.text();
-  assert.equal(res.status, 200, body);
-  const records = JSON.parse(body).records ?? JSON.parse(body);
+  const records = await auditRecords(domain, apiKey, sbx.id);
   const injected = records.filter((r) => r.source === "credential" && r.rule === "gh-api" && r.action === "allow");
   assert.ok(injected.length >= 3, `injections of gh-api are audited: ${injected.length}`);
   assert.ok(records.some((r) => r.source === "credential" && r.action === "deny"), "requests without a matching binding are audited");
