@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -82,7 +83,8 @@ func (c *client) createReady(req map[string]any, hdr http.Header) []string {
 //   - restore create→ready (first execd /ping) next to a cold create→ready from the
 //     image, interleaved (target ≤ 1.2×);
 //   - a fork of 10 (airlock.dev/count), create until all ten answer /ping, next to one
-//     restore (target ≤ 3×).
+//     restore (target ≤ 3×), and next to ten `docker run -d` started together (the
+//     host's floor for ten at once; no target).
 //
 // A missed target is printed, never a failure.
 func TestBenchSnapshot(t *testing.T) {
@@ -183,7 +185,48 @@ func TestBenchSnapshot(t *testing.T) {
 		del(ids...)
 	}
 
-	for _, s := range []*benchreport.Sample{&snap, &commit, &restore, &cold, &fork} {
+	// The host's floor for ten at once: ten `docker run -d` of the image (execd as PID
+	// 1) started together, until all ten answer /ping at their address.
+	runs := benchreport.Sample{Name: "docker_run_10_parallel_to_all_ready"}
+	for i := range rounds {
+		t0 := time.Now()
+		cids := make([]string, 10)
+		errs := make([]error, 10)
+		var wg sync.WaitGroup
+		for j := range cids {
+			wg.Go(func() {
+				name := fmt.Sprintf("%sbench-run10-%d-%d-%d", lctest.NamePrefix, os.Getpid(), i, j)
+				out, err := exec.Command("docker", "run", "-d", "--name", name, "--network", lctest.Network,
+					"-v", execd+":/opt/airlock/execd:ro", "--entrypoint", "/opt/airlock/execd",
+					h.Image, "--exec", "--", "tail", "-f", "/dev/null").CombinedOutput()
+				if err != nil {
+					errs[j] = fmt.Errorf("docker run: %v %s", err, out)
+					return
+				}
+				cids[j] = strings.TrimSpace(string(out))
+				inst, err := h.Runtime.Inspect(t.Context(), cids[j])
+				if err != nil || !inst.Address.IsValid() {
+					errs[j] = fmt.Errorf("inspect: %+v %v", inst, err)
+					return
+				}
+				errs[j] = pingUntilOK("http://"+netip.AddrPortFrom(inst.Address, 44772).String()+"/ping", nil)
+			})
+		}
+		wg.Wait()
+		runs.Latencies = append(runs.Latencies, time.Since(t0))
+		for _, cid := range cids {
+			if cid != "" {
+				_ = exec.Command("docker", "rm", "-f", cid).Run()
+			}
+		}
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	for _, s := range []*benchreport.Sample{&snap, &commit, &restore, &cold, &fork, &runs} {
 		for _, l := range s.Latencies {
 			s.Wall += l
 		}
@@ -193,4 +236,5 @@ func TestBenchSnapshot(t *testing.T) {
 	benchreport.Ratio("lifecycle", "snapshot_100MiB_p50_vs_docker_commit", p50(snap)/p50(commit), "≤", 1.5)
 	benchreport.Ratio("lifecycle", "restore_p50_vs_cold_create", p50(restore)/p50(cold), "≤", 1.2)
 	benchreport.Ratio("lifecycle", "fork_10_p50_vs_one_restore", p50(fork)/p50(restore), "≤", 3)
+	benchreport.Ratio("lifecycle", "fork_10_p50_vs_docker_run_10_parallel", p50(fork)/p50(runs), "≤", 0)
 }
