@@ -8,7 +8,7 @@
 // bytes already shown) and takeover=1, so nothing is lost or shown twice.
 import { Terminal } from './xterm/xterm.mjs';
 import { FitAddon } from './xterm/addon-fit.mjs';
-import { api, report, clear } from './common.js';
+import { api, report, clear, csrfToken } from './common.js';
 
 const q = (s) => document.getElementById(s);
 const id = decodeURIComponent(location.pathname.split('/').pop());
@@ -181,6 +181,13 @@ async function close() {
   }
 }
 
+// Leaving the page ends its session (sessions count against the sandbox's cap, execd's
+// --max-pty-sessions); keepalive lets the DELETE outlive the page.
+window.addEventListener('pagehide', () => {
+  if (!sid || ended) return;
+  fetch(`${base}/${encodeURIComponent(sid)}`, { method: 'DELETE', keepalive: true, credentials: 'same-origin',
+    headers: { 'X-CSRF-Token': csrfToken } }).catch(() => {});
+});
 openBtn.addEventListener('click', open);
 closeBtn.addEventListener('click', close);
 intBtn.addEventListener('click', () => { send(JSON.stringify({ type: 'signal', signal: 'SIGINT' })); term?.focus(); });
