@@ -33,7 +33,7 @@ import (
 // Answers (errors included) are execd's or the proxy's own.
 
 // ptyIDs matches a sandbox id or a PTY session id in a console terminal route.
-var ptyIDs = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
+var ptyIDs = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$`)
 
 // wsHeaders are the handshake headers passed upstream with a PTY's WebSocket (RFC 6455
 // §4.1); Origin stops at the console, which checked it.
@@ -111,8 +111,8 @@ func (c *Console) ptyUpstream(w http.ResponseWriter, r *http.Request, method, re
 	q := url.Values{}
 	if method == http.MethodGet {
 		for _, k := range wsHeaders {
-			if v := r.Header.Values(k); len(v) > 0 {
-				hdr[k] = v
+			for _, v := range r.Header.Values(k) {
+				hdr.Add(k, v)
 			}
 		}
 		for _, k := range ptyQuery {
