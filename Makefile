@@ -103,3 +103,10 @@ kube-up: image ## start a one-node cluster here (kubelet, private containerd, CN
 	@deploy/kubernetes/testenv/airlock-up.sh
 kube-down: ## stop the one-node cluster and leave the host as it was before kube-up
 	@deploy/kubernetes/testenv/down.sh
+
+.PHONY: console-xterm console-xterm-check
+console-xterm: ## vendor the pinned xterm.js packages from npm into console/assets/xterm (console/thirdparty/xterm.sh)
+	console/thirdparty/xterm.sh
+
+console-xterm-check: ## fetch the pinned xterm.js packages again and fail when console/assets/xterm differs
+	console/thirdparty/xterm.sh --check

@@ -170,6 +170,7 @@ func (c *Console) routes() {
 	m.Handle("GET /console/api/audit/export", c.read(c.allow(principal.ReadAudit, c.handleExport)))
 	m.Handle("GET /console/api/stats", c.read(c.allow(principal.ReadAudit, c.handleStats)))
 	m.Handle("/console/api/v1/", c.api())
+	c.terminalRoutes(m)
 	m.HandleFunc("/console/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "no console API route "+r.Method+" "+r.URL.Path)
 	})

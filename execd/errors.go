@@ -32,6 +32,8 @@ var (
 	// ErrAlreadyConnected is a WebSocket to a PTY session that another client holds
 	// (execd-pty.md: 409 unless takeover=1).
 	ErrAlreadyConnected = errors.New("already connected")
+	// ErrLimit is a create past a limit of the sandbox (Config.MaxPTYSessions).
+	ErrLimit = errors.New("limit exceeded")
 	// ErrClosed is a request reaching a server, session or context that is shutting down.
 	ErrClosed = errors.New("closed")
 )
@@ -71,6 +73,8 @@ func toHTTP(err error) (int, string) {
 		return http.StatusConflict, "ALREADY_EXISTS"
 	case errors.Is(err, ErrAlreadyConnected):
 		return http.StatusConflict, "ALREADY_CONNECTED"
+	case errors.Is(err, ErrLimit):
+		return http.StatusConflict, "PTY_LIMIT_EXCEEDED"
 	case errors.Is(err, ErrBusy):
 		return http.StatusConflict, "BUSY"
 	case errors.Is(err, ErrRange):

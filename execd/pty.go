@@ -69,10 +69,26 @@ type ptySession struct {
 	holder   *ptyConn
 }
 
+// DefaultMaxPTYSessions is Config.MaxPTYSessions when zero: a terminal per tab of a
+// few clients, with room to spare, and at most 16 × PTYReplayBytes of replay buffers.
+const DefaultMaxPTYSessions = 16
+
 // ptySessions is the registry of PTY sessions.
 type ptySessions struct {
 	mu   sync.Mutex
 	byID map[string]*ptySession
+	max  int // < 0: no limit
+}
+
+// add registers p unless the registry is full (ErrLimit).
+func (ps *ptySessions) add(p *ptySession) error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.max >= 0 && len(ps.byID) >= ps.max {
+		return errorf(ErrLimit, "this sandbox has %d pty sessions, its limit: delete one first (DELETE /pty/{id})", len(ps.byID))
+	}
+	ps.byID[p.id] = p
+	return nil
 }
 
 func (ps *ptySessions) get(id string) (*ptySession, error) {
@@ -433,9 +449,10 @@ func (s *Server) handleCreatePTY(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := &ptySession{id: newID(), dir: dir, command: req.Command, out: newOutputLog(PTYReplayBytes)}
-	s.ptys.mu.Lock()
-	s.ptys.byID[p.id] = p
-	s.ptys.mu.Unlock()
+	if err := s.ptys.add(p); err != nil {
+		writeError(w, err)
+		return
+	}
 	writeJSON(w, http.StatusCreated, CreatePTYResponse{SessionID: p.id})
 }
 

@@ -43,6 +43,11 @@ type Config struct {
 	// Procs tracks the processes execd starts (shared with Supervise in PID 1 mode).
 	// A fresh tracker when nil.
 	Procs *Procs
+	// MaxPTYSessions bounds the PTY sessions that exist at once (created by POST /pty
+	// and not yet deleted, whether their shell runs or exited: each keeps its replay
+	// buffer, PTYReplayBytes). A POST /pty past it answers 409 PTY_LIMIT_EXCEEDED.
+	// 0 means DefaultMaxPTYSessions; negative, no limit.
+	MaxPTYSessions int
 	// Hold, when set, refuses every request but GET /ping with 503 STARTING until it
 	// is released through POST opensandbox.ReleasePath (see Hold). Nil: no hold.
 	Hold *Hold
@@ -113,7 +118,10 @@ func New(cfg Config) (*Server, error) {
 	s.cmds = newCommands(s)
 	s.sessions = newSessions(s)
 	s.code = newCodeContexts(s)
-	s.ptys = &ptySessions{byID: map[string]*ptySession{}}
+	s.ptys = &ptySessions{byID: map[string]*ptySession{}, max: cfg.MaxPTYSessions}
+	if s.ptys.max == 0 {
+		s.ptys.max = DefaultMaxPTYSessions
+	}
 	s.metrics = newMetricsSampler()
 	s.handler = s.routes()
 	return s, nil

@@ -223,6 +223,11 @@ type DockerConfig struct {
 	ExecdPath string `yaml:"execdPath"`
 	// NamePrefix starts container names; default airlock-.
 	NamePrefix string `yaml:"namePrefix"`
+	// MaxPTYSessions caps the interactive terminals (execd PTY sessions) each sandbox
+	// may have at once; past it POST /pty answers 409 PTY_LIMIT_EXCEEDED. 0 (default):
+	// execd's default, 16; negative: no limit. Docker only (Kubernetes sandboxes get
+	// execd's default).
+	MaxPTYSessions int `yaml:"maxPTYSessions"`
 }
 
 // LoadConfig reads the YAML file at path strictly (unknown keys are errors) over

@@ -239,6 +239,7 @@ func (s *Stack) startDocker(ctx context.Context) error {
 		OCIRuntime:       s.cfg.Docker.Runtime,
 		AllowedHostRoots: s.cfg.Docker.AllowedHostRoots,
 		NamePrefix:       s.cfg.Docker.NamePrefix,
+		MaxPTYSessions:   s.cfg.Docker.MaxPTYSessions,
 		DNSOnGateway:     !s.cfg.Egress.Disabled,
 		Log:              s.log.With("component", "docker"),
 	})

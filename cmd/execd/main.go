@@ -49,6 +49,9 @@ func main() {
 	hold := fs.Bool("hold", os.Getenv("EXECD_HOLD") == "1",
 		"start held: the API answers only GET /ping (others get 503 STARTING) and --exec's command does not start "+
 			"until POST "+opensandbox.ReleasePath+" (Airlock's lifecycle server sends it once the sandbox's egress policy is enforced; env EXECD_HOLD=1)")
+	maxPTY := fs.Int("max-pty-sessions", envInt("EXECD_MAX_PTY_SESSIONS", 0),
+		"at most this many PTY sessions at once (POST /pty past it: 409 PTY_LIMIT_EXCEEDED); 0: the default of "+
+			strconv.Itoa(execd.DefaultMaxPTYSessions)+", negative: no limit (env EXECD_MAX_PTY_SESSIONS)")
 	version := fs.Bool("version", false, "print the version and exit")
 	install := fs.String("install", "", "copy this execd binary to `PATH` (mode 0755) and exit: the Kubernetes runtime's init container delivers execd into the sandbox this way")
 	installToken := fs.String("install-token", "", "write the access token ($EXECD_ACCESS_TOKEN) to `FILE` (mode 0444, in a folder the sandbox's execd may remove it from) and exit, after --install when both are given: the Kubernetes runtime's init container delivers each sandbox's token this way, for --access-token-file")
@@ -133,6 +136,8 @@ func main() {
 			Workdir:     *workdir,
 			Logger:      logger,
 			Procs:       procs,
+
+			MaxPTYSessions: *maxPTY,
 		})
 	}
 	if err != nil {

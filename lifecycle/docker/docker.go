@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -37,11 +38,15 @@ const (
 	LabelManagedBy = "airlock.dev/managed-by"
 )
 
-// execdArgs is execd's command line in front of the user's entrypoint.
-func execdArgs(hold, token bool) []string {
+// execdArgs is execd's command line in front of the user's entrypoint; maxPTY is
+// Config.MaxPTYSessions (0: execd's default).
+func execdArgs(hold, token bool, maxPTY int) []string {
 	args := []string{ExecdPath, "--exec"}
 	if hold {
 		args = append(args, "--hold")
+	}
+	if maxPTY != 0 {
+		args = append(args, "--max-pty-sessions", strconv.Itoa(maxPTY))
 	}
 	if token {
 		args = append(args, "--access-token-file", TokenPath)
@@ -77,6 +82,10 @@ type Config struct {
 	// ExecdPath is the static execd binary on this host, copied into every sandbox.
 	// Required.
 	ExecdPath string
+	// MaxPTYSessions is execd's --max-pty-sessions in every sandbox: the PTY sessions a
+	// sandbox may have at once (POST /pty past it: 409 PTY_LIMIT_EXCEEDED). 0: execd's
+	// default (execd.DefaultMaxPTYSessions, 16); negative: no limit.
+	MaxPTYSessions int
 	// OCIRuntime names the engine runtime sandboxes run under unless their create names
 	// another (lifecycle.ExtRuntime): "runsc" is gVisor (README.md#gvisor); empty is the
 	// engine's default (runc). Setup fails when the engine does not have it.
@@ -321,7 +330,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
 			Image:      image,
-			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken != ""), spec.Entrypoint...),
+			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken != "", r.cfg.MaxPTYSessions), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
 			Labels:     labels,

@@ -32,8 +32,9 @@ import (
 //   - Image config: the container's env (the sandbox's, without the trust variables),
 //     labels without Airlock's own, no entrypoint (lifecycle gives one at restore).
 //
-// The snapshot's template is built with it, so the first restore is as fast as the
-// next.
+// The snapshot's template is built right after the commit, in the background (the
+// snapshot is Ready without waiting for it); a restore that comes before it is done
+// waits for that build, so the first restore starts from the template like the next.
 
 // SnapshotRepository names snapshot images; LabelSnapshot marks them with their id.
 const (
@@ -92,9 +93,13 @@ func (r *Runtime) Snapshot(ctx context.Context, inst lifecycle.Instance, snapsho
 	if base, err := r.cli.ImageInspect(ctx, c.Image); err == nil && base.Size <= snap.Size {
 		art.Bytes = snap.Size - base.Size
 	}
-	if _, err := r.templateRef(ctx, snap.ID); err != nil {
-		r.log.Warn("no execd template for the snapshot; its restores copy execd", "snapshot_id", snapshotID, "err", err)
-	}
+	// The snapshot's execd template is built in the background, past Ready: a restore
+	// that comes first waits for that one build (templateRef), RemoveSnapshot too.
+	go func() {
+		if _, err := r.templateRef(context.WithoutCancel(ctx), snap.ID); err != nil {
+			r.log.Warn("no execd template for the snapshot; its restores copy execd", "snapshot_id", snapshotID, "err", err)
+		}
+	}()
 	ok = true
 	return art, nil
 }
@@ -178,6 +183,7 @@ func (r *Runtime) RemoveSnapshot(ctx context.Context, ref string) error {
 		return fmt.Errorf("docker: inspecting snapshot image %s: %w", ref, err)
 	}
 	tmpl := fmt.Sprintf("%s:%s-%s", TemplateRepository, r.templates.execd, strings.TrimPrefix(img.ID, "sha256:")[:12])
+	r.templates.settle(ctx, img.ID) // a template still being built would outlive the delete
 	r.templates.forget(img.ID)
 	if _, err := r.cli.ImageRemove(ctx, tmpl, client.ImageRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
 		r.log.Warn("removing the snapshot's execd template failed", "image", tmpl, "err", err)

@@ -75,6 +75,20 @@ func (r *Runtime) templateRef(ctx context.Context, baseID string) (string, error
 	return b.ref, b.err
 }
 
+// settle waits until a build of baseID's template in flight, if any, has ended (or ctx).
+func (t *templates) settle(ctx context.Context, baseID string) {
+	t.mu.Lock()
+	b, ok := t.byID[baseID]
+	t.mu.Unlock()
+	if !ok {
+		return
+	}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+	}
+}
+
 // forget drops the cached template of baseID.
 func (t *templates) forget(baseID string) {
 	t.mu.Lock()
