@@ -110,6 +110,10 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		Refused: r.Flags&evfSocket != 0,
 		Bytes:   r.Len,
 	}
+	if r.Proc.Tgid != 0 {
+		e.Process = &datapath.Process{PID: r.Proc.Tgid, TID: r.Proc.Tid, PPID: r.Proc.Ppid, PGID: r.Proc.Pgid,
+			Comm: cstring(r.Proc.Comm[:]), Start: time.Duration(r.Proc.StartNs)}
+	}
 	if r.Family == 6 {
 		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)
 		e.Dst = netip.AddrPortFrom(netip.AddrFrom16(r.Daddr), r.Dport)
@@ -118,6 +122,18 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		e.Sandbox = id.(string)
 	}
 	return e
+}
+
+// cstring is b up to its first NUL.
+func cstring[T ~int8 | ~uint8](b []T) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
 }
 
 // Stats implements datapath.Datapath. It iterates the flow table and each sandbox's
