@@ -195,9 +195,16 @@ struct proc_info {
 	__u64 start_ns;
 	__u32 tgid;
 	__u32 tid;
-	__u32 ppid; // real parent's tgid
-	__u32 pgid; // process group, the process group of an execd command (leader's pid)
+	__u32 ppid;     // real parent's tgid
+	__u32 pgid;     // process group, the process group of an execd command (leader's pid)
+	__u32 ns_tgid;  // tgid and pgid in the task's own (the sandbox's) pid namespace
+	__u32 ns_pgid;
+	__u16 args_len; // bytes of args read
+	__u8 args_cut;  // 1: the command line is longer than args
+	__u8 pad[5];
 	char comm[16];
+	char exe[32];   // name of the executable (mm->exe_file's dentry)
+	char args[128]; // the command line as the process holds it (NUL-separated)
 };
 
 // A flow as the sandbox's socket saw it (addresses IPv4-mapped for v4); lport 0 for a
@@ -218,7 +225,30 @@ struct upid {
 } __attribute__((preserve_access_index));
 
 struct pid {
+	unsigned int level;
 	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
+struct qstr {
+	const unsigned char *name;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct qstr d_name;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct path f_path;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	unsigned long arg_start;
+	unsigned long arg_end;
+	struct file *exe_file;
 } __attribute__((preserve_access_index));
 
 struct signal_struct {
@@ -228,6 +258,8 @@ struct signal_struct {
 struct task_struct {
 	int pid;
 	int tgid;
+	struct mm_struct *mm;
+	struct pid *thread_pid;
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;
 	struct signal_struct *signal;
@@ -376,6 +408,14 @@ struct {
 	__type(value, struct proc_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } proc_by_flow SEC(".maps");
+
+// One proc_info per CPU to fill (too big for the program's stack next to the rest).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct proc_info);
+} proc_scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -527,20 +567,63 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return -R_ETHERTYPE;
 }
 
-// fill_proc reads the current process (the caller of connect/sendmsg).
-static __always_inline void fill_proc(struct proc_info *pi)
+// ns_nr is a struct pid's number in its innermost namespace (numbers[level]).
+static __always_inline __u32 ns_nr(struct pid *p)
 {
+	if (!p)
+		return 0;
+	unsigned int lvl = BPF_CORE_READ(p, level);
+	if (lvl > 32)
+		return 0;
+	int nr = 0;
+	void *at = (void *)p + bpf_core_field_offset(struct pid, numbers) +
+		   lvl * bpf_core_type_size(struct upid) + bpf_core_field_offset(struct upid, nr);
+	bpf_probe_read_kernel(&nr, sizeof(nr), at);
+	return nr;
+}
+
+// fill_proc returns the current process (the caller of connect/sendmsg) read into
+// this CPU's scratch entry, 0 if there is none.
+static __always_inline struct proc_info *fill_proc(void)
+{
+	__u32 zero = 0;
+	struct proc_info *pi = bpf_map_lookup_elem(&proc_scratch, &zero);
+	if (!pi)
+		return 0;
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
 	pi->tgid = BPF_CORE_READ(t, tgid);
 	pi->tid = BPF_CORE_READ(t, pid);
 	pi->ppid = BPF_CORE_READ(t, real_parent, tgid);
-	pi->start_ns = BPF_CORE_READ(t, group_leader, start_boottime);
+	pi->start_ns = BPF_CORE_READ(leader, start_boottime);
+	pi->ns_tgid = ns_nr(BPF_CORE_READ(leader, thread_pid));
 	struct signal_struct *sig = BPF_CORE_READ(t, signal);
 	struct pid *pg = 0;
 	if (sig)
 		bpf_core_read(&pg, sizeof(pg), &sig->pids[PIDTYPE_PGID_]);
 	pi->pgid = pg ? BPF_CORE_READ(pg, numbers[0].nr) : 0;
+	pi->ns_pgid = ns_nr(pg);
 	BPF_CORE_READ_STR_INTO(&pi->comm, t, comm);
+	pi->exe[0] = 0;
+	pi->args_len = 0;
+	pi->args_cut = 0;
+	struct mm_struct *mm = BPF_CORE_READ(t, mm);
+	if (!mm)
+		return pi;
+	const unsigned char *name = BPF_CORE_READ(mm, exe_file, f_path.dentry, d_name.name);
+	if (name)
+		bpf_probe_read_kernel_str(pi->exe, sizeof(pi->exe), name);
+	unsigned long a0 = BPF_CORE_READ(mm, arg_start), a1 = BPF_CORE_READ(mm, arg_end);
+	if (a1 > a0) {
+		unsigned long n = a1 - a0;
+		if (n > sizeof(pi->args)) {
+			n = sizeof(pi->args);
+			pi->args_cut = 1;
+		}
+		if (n > 0 && bpf_probe_read_user(pi->args, n & 0xff, (void *)a0) == 0)
+			pi->args_len = n;
+	}
+	return pi;
 }
 
 // lookup_proc finds the process that opened the flow of p (proc_by_flow), for the
@@ -976,10 +1059,9 @@ int airlock_to_sbx(struct __sk_buff *skb)
 
 static __always_inline int sock_refuse(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
 {
-	struct proc_info pi = {};
-	if (attribute_procs)
-		fill_proc(&pi);
-	account(cfg, p, reason, rule, EVF_SOCKET, 0, &pi);
+	static const struct proc_info none = {};
+	struct proc_info *pi = attribute_procs ? fill_proc() : 0;
+	account(cfg, p, reason, rule, EVF_SOCKET, 0, pi ? pi : (struct proc_info *)&none);
 	return 0;
 }
 
@@ -998,9 +1080,9 @@ static __always_inline void remember_udp(struct bpf_sock_addr *ctx, struct pkt *
 	struct proc_info *old = bpf_map_lookup_elem(&proc_by_flow, &k);
 	if (old && old->tid == tid)
 		return;
-	struct proc_info pi = {};
-	fill_proc(&pi);
-	bpf_map_update_elem(&proc_by_flow, &k, &pi, BPF_ANY);
+	struct proc_info *pi = fill_proc();
+	if (pi)
+		bpf_map_update_elem(&proc_by_flow, &k, pi, BPF_ANY);
 }
 
 // sock_deny applies report mode like deny: the TC program reports the would-drop.
@@ -1161,8 +1243,8 @@ int airlock_sockops(struct bpf_sock_ops *ctx)
 		// An IPv4-mapped peer leaves as IPv4.
 		k.family = (r[0] == 0 && r[1] == 0 && r[2] == bpf_htonl(0xffff)) ? 4 : 6;
 	}
-	struct proc_info pi = {};
-	fill_proc(&pi);
-	bpf_map_update_elem(&proc_by_flow, &k, &pi, BPF_ANY);
+	struct proc_info *pi = fill_proc();
+	if (pi)
+		bpf_map_update_elem(&proc_by_flow, &k, pi, BPF_ANY);
 	return 1;
 }

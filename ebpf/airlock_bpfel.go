@@ -98,7 +98,14 @@ type airlockProcInfo struct {
 	Tid     uint32
 	Ppid    uint32
 	Pgid    uint32
+	NsTgid  uint32
+	NsPgid  uint32
+	ArgsLen uint16
+	ArgsCut uint8
+	Pad     [5]uint8
 	Comm    [16]int8
+	Exe     [32]int8
+	Args    [128]int8
 }
 
 type airlockProcKey struct {
@@ -166,6 +173,7 @@ const (
 	airlockMapLearnedOf        = "learned_of"
 	airlockMapMetaByIdx        = "meta_by_idx"
 	airlockMapProcByFlow       = "proc_by_flow"
+	airlockMapProcScratch      = "proc_scratch"
 	airlockMapRules4Of         = "rules4_of"
 	airlockMapRules6Of         = "rules6_of"
 	airlockMapSbxStats         = "sbx_stats"
@@ -258,6 +266,7 @@ type airlockMapSpecs struct {
 	LearnedOf       *ebpf.MapSpec `ebpf:"learned_of"`
 	MetaByIdx       *ebpf.MapSpec `ebpf:"meta_by_idx"`
 	ProcByFlow      *ebpf.MapSpec `ebpf:"proc_by_flow"`
+	ProcScratch     *ebpf.MapSpec `ebpf:"proc_scratch"`
 	Rules4Of        *ebpf.MapSpec `ebpf:"rules4_of"`
 	Rules6Of        *ebpf.MapSpec `ebpf:"rules6_of"`
 	SbxStats        *ebpf.MapSpec `ebpf:"sbx_stats"`
@@ -314,6 +323,7 @@ type airlockMaps struct {
 	LearnedOf       *ebpf.Map `ebpf:"learned_of"`
 	MetaByIdx       *ebpf.Map `ebpf:"meta_by_idx"`
 	ProcByFlow      *ebpf.Map `ebpf:"proc_by_flow"`
+	ProcScratch     *ebpf.Map `ebpf:"proc_scratch"`
 	Rules4Of        *ebpf.Map `ebpf:"rules4_of"`
 	Rules6Of        *ebpf.Map `ebpf:"rules6_of"`
 	SbxStats        *ebpf.Map `ebpf:"sbx_stats"`
@@ -330,6 +340,7 @@ func (m *airlockMaps) Close() error {
 		m.LearnedOf,
 		m.MetaByIdx,
 		m.ProcByFlow,
+		m.ProcScratch,
 		m.Rules4Of,
 		m.Rules6Of,
 		m.SbxStats,

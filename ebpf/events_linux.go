@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	bpf "github.com/cilium/ebpf"
@@ -111,8 +112,17 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		Bytes:   r.Len,
 	}
 	if r.Proc.Tgid != 0 {
-		e.Process = &datapath.Process{PID: r.Proc.Tgid, TID: r.Proc.Tid, PPID: r.Proc.Ppid, PGID: r.Proc.Pgid,
-			Comm: cstring(r.Proc.Comm[:]), Start: time.Duration(r.Proc.StartNs)}
+		p := &r.Proc
+		e.Process = &datapath.Process{PID: p.Tgid, TID: p.Tid, PPID: p.Ppid, PGID: p.Pgid,
+			NSPID: p.NsTgid, NSPGID: p.NsPgid, Comm: cstring(p.Comm[:]), Exe: cstring(p.Exe[:]),
+			Start: time.Duration(p.StartNs), ArgsCut: p.ArgsCut != 0}
+		if n := min(int(p.ArgsLen), len(p.Args)); n > 0 {
+			args := make([]byte, n)
+			for i := range n {
+				args[i] = byte(p.Args[i])
+			}
+			e.Process.Args = strings.Split(strings.TrimRight(string(args), "\x00"), "\x00")
+		}
 	}
 	if r.Family == 6 {
 		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)

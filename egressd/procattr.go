@@ -10,12 +10,13 @@ import (
 )
 
 // Process attribution of flow records (audit/README.md, "Flow records";
-// docs/architecture.md, "Process attribution"). The kernel names the process behind a
-// flow when it connects or sends (datapath.Process: pid, parent, process group, comm,
-// start time); the record adds what the host's /proc still says of that process,
-// checked to be the same process by its start time: the executable's path, the
-// command line (cut at maxCmdline bytes) and the ids in the sandbox's pid namespace.
-// Nothing of it comes from execd.
+// docs/architecture.md, "A flow names its process; the kernel is the witness"). The
+// kernel names the process behind a flow when it connects or sends
+// (datapath.Process: pid, parent, process group, ids in the sandbox, comm, the
+// executable's name, the first 128 bytes of the command line, start time); the record
+// adds what the host's /proc still says of that process, checked to be the same
+// process by its start time: the executable's full path, and the command line up to
+// maxCmdline bytes when the kernel's was cut. Nothing of it comes from execd.
 
 // maxCmdline is the most of a command line a flow record keeps (bytes).
 const maxCmdline = 256
@@ -37,20 +38,27 @@ func processExtra(p *datapath.Process, initPID int) (proc, exec map[string]any) 
 	if p.Start > 0 {
 		proc["start_ns"] = int64(p.Start)
 	}
+	if p.NSPID > 0 {
+		proc["ns_pid"], proc["ns_pgid"] = p.NSPID, p.NSPGID
+	}
+	if p.Exe != "" {
+		proc["exe_name"] = p.Exe
+	}
+	if len(p.Args) > 0 {
+		proc["cmdline"] = strings.Join(p.Args, " ")
+		if p.ArgsCut {
+			proc["cmdline_truncated"] = true
+		}
+	}
 	dir := procRoot + "/" + strconv.FormatUint(uint64(p.PID), 10)
-	if procStart(dir) == p.Start/(time.Second/clkTck) && p.Start > 0 {
+	if p.Start > 0 && procStart(dir) == p.Start/(time.Second/clkTck) {
 		if exe, err := os.Readlink(dir + "/exe"); err == nil {
 			proc["exe"] = strings.TrimSuffix(exe, " (deleted)")
 		}
-		if b, err := os.ReadFile(dir + "/cmdline"); err == nil && len(b) > 0 {
+		if b, err := os.ReadFile(dir + "/cmdline"); err == nil && len(b) > 0 && (len(p.Args) == 0 || p.ArgsCut) {
 			b = []byte(strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " "))
-			if len(b) > maxCmdline {
-				b, proc["cmdline_truncated"] = b[:maxCmdline], true
-			}
-			proc["cmdline"] = string(b)
-		}
-		if pid, pgid := nsIDs(dir); pid > 0 {
-			proc["ns_pid"], proc["ns_pgid"] = pid, pgid
+			proc["cmdline_truncated"] = len(b) > maxCmdline
+			proc["cmdline"] = string(b[:min(len(b), maxCmdline)])
 		}
 	}
 	exec = map[string]any{"pgid": p.PGID}
@@ -88,29 +96,4 @@ func procStart(dir string) time.Duration {
 		return -1
 	}
 	return time.Duration(n)
-}
-
-// nsIDs are the process's pid and process group in its innermost pid namespace
-// (the last of NSpid and NSpgid in its status).
-func nsIDs(dir string) (pid, pgid int) {
-	b, err := os.ReadFile(dir + "/status")
-	if err != nil {
-		return 0, 0
-	}
-	last := func(rest string) int {
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(f[len(f)-1])
-		return n
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			pid = last(rest)
-		} else if rest, ok := strings.CutPrefix(line, "NSpgid:"); ok {
-			pgid = last(rest)
-		}
-	}
-	return pid, pgid
 }

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Process groups of commands (extra.process_group), the link from a flow record to the
@@ -104,15 +102,6 @@ func children(pid int) []int {
 		}
 	}
 	return out
-}
-
-// bootNow is CLOCK_BOOTTIME, the clock of /proc's start times.
-func bootNow() time.Duration {
-	var ts unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
-		return 0
-	}
-	return time.Duration(ts.Nano())
 }
 
 // newGroups returns the process groups of initPID's children, other than initPID's

@@ -42,7 +42,8 @@ func (m Mapper) network(w *jw, r *record.Record) {
 
 // flowActor writes the process that opened a flow (extra.process of a flow record,
 // egressd's process attribution) as actor.process: host pid, thread, name, command
-// line, executable and parent pid. The process group and the ids in the sandbox's
+// line, executable (its path, or only the kernel's name of it when the process had
+// ended before /proc was read) and parent pid. The process group and the ids in the sandbox's
 // namespace stay in unmapped.extra (the container profile's namespace_pid would need
 // the container object).
 func flowActor(w *jw, p map[string]any) {
@@ -70,9 +71,12 @@ func flowActor(w *jw, p map[string]any) {
 	}
 	w.str("name", str("name"))
 	w.str("cmd_line", str("cmdline"))
-	if exe := str("exe"); exe != "" {
+	if exe, name := str("exe"), str("exe_name"); exe != "" || name != "" {
 		w.open("file")
-		w.str("name", path.Base(exe))
+		if exe != "" {
+			name = path.Base(exe)
+		}
+		w.str("name", name)
 		w.str("path", exe)
 		w.int("type_id", 1)
 		w.str("type", "Regular File")

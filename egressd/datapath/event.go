@@ -44,8 +44,18 @@ type Process struct {
 	// led by the command's first process, which descendants keep when they are
 	// re-parented (a background job).
 	PGID uint32
+	// NSPID and NSPGID are PID and PGID in the process's own pid namespace (the
+	// sandbox's); 0 when unknown.
+	NSPID, NSPGID uint32
 	// Comm is the task's name (at most 15 bytes, the kernel's comm).
 	Comm string
+	// Exe is the name of the executable the process runs (the last element of its
+	// path, at most 31 bytes), from the kernel's mm->exe_file; "" when unknown.
+	Exe string
+	// Args is the command line as the process held it (argv, read from its memory;
+	// at most 128 bytes, ArgsCut when there was more); nil when unreadable.
+	Args    []string
+	ArgsCut bool
 	// Start is when the process (its thread group leader) started, since boot
 	// (CLOCK_BOOTTIME): /proc/<PID>/stat's starttime in nanoseconds. With PID it
 	// names the process across pid reuse.
