@@ -403,7 +403,9 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	// An entry is needed from connect() to the flow's first event (and a counted
+	// flow's next records): 16 384 × ~300 bytes.
+	__uint(max_entries, 16384);
 	__type(key, struct proc_key);
 	__type(value, struct proc_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
