@@ -15,9 +15,14 @@ func (m Mapper) network(w *jw, r *record.Record) {
 	if r.Action == "deny" {
 		activity, name = 5, "Refuse"
 	}
-	header(w, r, ClassNetworkActivity, activity, name, []string{"security_control"}, "")
-	if p, ok := r.Extra["process"].(map[string]any); ok {
-		flowActor(w, p)
+	proc, attributed := r.Extra["process"].(map[string]any)
+	profiles := []string{"security_control"}
+	if attributed {
+		profiles = append(profiles, "host") // actor is the host profile's
+	}
+	header(w, r, ClassNetworkActivity, activity, name, profiles, "")
+	if attributed {
+		flowActor(w, proc)
 	}
 	endpoint(w, "src_endpoint", r.Src, r.SandboxID, "", 0)
 	endpoint(w, "dst_endpoint", r.DstIP, "", r.DstHost, r.DstPort)

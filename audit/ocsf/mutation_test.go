@@ -50,6 +50,7 @@ func TestValidatorCatchesMutations(t *testing.T) {
 		{ClassNetworkActivity, "ip not an address", func(ev map[string]any) { obj(ev, "dst_endpoint")["ip"] = "pypi.org" }, "not an IP"},
 		{ClassNetworkActivity, "endpoint empty", func(ev map[string]any) { ev["dst_endpoint"] = map[string]any{} }, "constraint at_least_one"},
 		{ClassNetworkActivity, "actor.process without pid", func(ev map[string]any) { delete(obj(obj(ev, "actor"), "process"), "pid") }, "constraint at_least_one"},
+		{ClassNetworkActivity, "host profile not declared", func(ev map[string]any) { obj(ev, "metadata")["profiles"] = []any{"security_control"} }, "not in metadata.profiles"},
 		{ClassNetworkActivity, "actor.process.pid a string", func(ev map[string]any) { obj(obj(ev, "actor"), "process")["pid"] = "4242" }, "want an integer"},
 		{ClassNetworkActivity, "connection direction missing", func(ev map[string]any) { delete(obj(ev, "connection_info"), "direction_id") }, "direction_id: required"},
 		{ClassDNSActivity, "answers not an array", func(ev map[string]any) { ev["answers"] = map[string]any{"rdata": "1.2.3.4"} }, "want an array"},
