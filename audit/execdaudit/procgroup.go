@@ -9,7 +9,8 @@ import (
 )
 
 // Process groups of commands (extra.process_group), the link from a flow record to the
-// command that opened it (docs/architecture.md, "Process attribution").
+// command that opened it (docs/architecture.md, "A flow names its process; the
+// kernel is the witness").
 //
 // execd starts every command in a process group of its own, led by the command's
 // first process, a child of execd (the sandbox's init); every process the command
