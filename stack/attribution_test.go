@@ -26,7 +26,9 @@ const attribDst = "192.0.2.10"
 // command leaves behind, and a curl the entrypoint runs each open a flow whose record
 // names the process the kernel saw (pid, parent, executable, command line) and the
 // process group it ran in; the command records name the same group, so each flow links
-// to its command, and the entrypoint's flow is the entrypoint's.
+// to its command, and the entrypoint's flow is the entrypoint's. On the nftables
+// datapath, which has no socket-layer programs, the same flows are recorded without a
+// process.
 func TestProcessAttribution(t *testing.T) {
 	img := testenv.NeedSandboxImage(t)
 	testenv.NeedRoot(t)
@@ -34,8 +36,12 @@ func TestProcessAttribution(t *testing.T) {
 	exec.Command("ip", "route", "del", "192.0.2.0/24").Run()
 	datapathtest.IP(t, "route", "replace", "unreachable", "192.0.2.0/24")
 	t.Cleanup(func() { exec.Command("ip", "route", "del", "192.0.2.0/24").Run() })
+	t.Run("ebpf", func(t *testing.T) { attribution(t, img, "ebpf") })
+	t.Run("nftables", func(t *testing.T) { attribution(t, img, "nftables") })
+}
 
-	s, c := startTestStack(t, nil)
+func attribution(t *testing.T, img, mode string) {
+	s, c := startTestStack(t, func(cfg *Config) { cfg.Egress.Mode = mode })
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	pol := json.RawMessage(`{"defaultAction":"deny","egress":[{"action":"allow","target":"192.0.2.0/24"}]}`)
@@ -91,6 +97,14 @@ func TestProcessAttribution(t *testing.T) {
 		}
 	}
 
+	if mode == "nftables" {
+		for port, f := range flows {
+			if f.Extra["backend"] != "nftables" || f.Extra["process"] != nil {
+				t.Errorf("port %d on nftables: %+v", port, f.Extra)
+			}
+		}
+		return
+	}
 	for port, exe := range map[int]string{81: "/curl", 82: "/python3", 83: "/curl", 84: "/curl"} {
 		f := flows[port]
 		proc, _ := f.Extra["process"].(map[string]any)

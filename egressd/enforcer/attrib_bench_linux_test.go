@@ -112,7 +112,7 @@ func TestBenchAttribution(t *testing.T) {
 		}
 		return dp
 	}
-	const rounds, connects, dur = 7, 500, time.Second
+	const rounds, connects, dur = 9, 500, 2 * time.Second
 	rate := map[bool][]float64{}
 	gbps := map[bool][]float64{}
 	var rateRatio, streamRatio []float64
