@@ -26,6 +26,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 char __license[] SEC("license") = "Dual MIT/GPL";
 
@@ -94,6 +95,9 @@ volatile const __u64 other_idle_ns = 30ULL * 1000000000ULL;
 volatile const __u64 flow_window_ns = 2000000000ULL;
 volatile const __u32 l7_mark = 0x1a170000;
 volatile const __u32 l7_mark_mask = 0xffff0000;
+// Process attribution (Config.NoAttribution sets 0): the socket programs record which
+// process opened a flow and the flow's first event carries it.
+volatile const __u32 attribute_procs = 1;
 
 struct sbx_cfg {
 	__u32 idx;
@@ -183,6 +187,88 @@ struct flow_val {
 	__u8 pad[5];
 };
 
+// The process that opened a flow, read from the current task when it connected or sent
+// (host pid namespace). start_ns is the thread group leader's start_boottime, which
+// /proc/<tgid>/stat's starttime shows in clock ticks: it tells the process from a later
+// one that reuses its pid. tgid 0: unknown.
+struct proc_info {
+	__u64 start_ns;
+	__u32 tgid;
+	__u32 tid;
+	__u32 ppid;     // real parent's tgid
+	__u32 pgid;     // process group, the process group of an execd command (leader's pid)
+	__u32 ns_tgid;  // tgid and pgid in the task's own (the sandbox's) pid namespace
+	__u32 ns_pgid;
+	__u16 args_len; // bytes of args read
+	__u8 args_cut;  // 1: the command line is longer than args
+	__u8 pad[5];
+	char comm[16];
+	char exe[32];   // name of the executable (mm->exe_file's dentry)
+	char args[128]; // the command line as the process holds it (NUL-separated)
+};
+
+// A flow as the sandbox's socket saw it (addresses IPv4-mapped for v4); lport 0 for a
+// connected UDP socket whose port the kernel had not picked yet.
+struct proc_key {
+	__u8 proto;
+	__u8 family;
+	__u16 lport;
+	__u16 rport;
+	__u16 pad;
+	__u8 laddr[16];
+	__u8 raddr[16];
+};
+
+// Kernel types read with CO-RE (relocated against the running kernel's BTF).
+struct upid {
+	int nr;
+} __attribute__((preserve_access_index));
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
+struct qstr {
+	const unsigned char *name;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct qstr d_name;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct path f_path;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	unsigned long arg_start;
+	unsigned long arg_end;
+	struct file *exe_file;
+} __attribute__((preserve_access_index));
+
+struct signal_struct {
+	struct pid *pids[4];
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct mm_struct *mm;
+	struct pid *thread_pid;
+	struct task_struct *real_parent;
+	struct task_struct *group_leader;
+	struct signal_struct *signal;
+	__u64 start_boottime;
+	char comm[16];
+} __attribute__((preserve_access_index));
+
+#define PIDTYPE_PGID_ 2
+
 struct event {
 	__u64 ts_ns;
 	__u32 idx;
@@ -199,6 +285,7 @@ struct event {
 	__u32 pad;
 	__u8 saddr[16];
 	__u8 daddr[16];
+	struct proc_info proc; // the opening process (tgid 0: unknown)
 };
 
 // event.flags
@@ -230,6 +317,7 @@ const struct lpm6_key *unused_lpm6 __attribute__((unused));
 const struct learned_val *unused_learned __attribute__((unused));
 const struct addr16 *unused_addr16 __attribute__((unused));
 const struct drop_val *unused_drop_val __attribute__((unused));
+const struct proc_key *unused_proc_key __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -312,6 +400,24 @@ struct {
 	__type(value, __u32); // host veth ifindex (key of cfg_by_ifindex)
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ifindex_by_cgroup SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	// An entry is needed from connect() to the flow's first event (and a counted
+	// flow's next records): 16 384 × ~300 bytes.
+	__uint(max_entries, 16384);
+	__type(key, struct proc_key);
+	__type(value, struct proc_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} proc_by_flow SEC(".maps");
+
+// One proc_info per CPU to fill (too big for the program's stack next to the rest).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct proc_info);
+} proc_scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -463,9 +569,97 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return -R_ETHERTYPE;
 }
 
-static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, __u8 reason,
-				 __u16 rule, __u16 flags, __u32 len)
+// ns_nr is a struct pid's number in its innermost namespace (numbers[level]).
+static __always_inline __u32 ns_nr(struct pid *p)
 {
+	if (!p)
+		return 0;
+	unsigned int lvl = BPF_CORE_READ(p, level);
+	if (lvl > 32)
+		return 0;
+	int nr = 0;
+	void *at = (void *)p + bpf_core_field_offset(struct pid, numbers) +
+		   lvl * bpf_core_type_size(struct upid) + bpf_core_field_offset(struct upid, nr);
+	bpf_probe_read_kernel(&nr, sizeof(nr), at);
+	return nr;
+}
+
+// fill_proc returns the current process (the caller of connect/sendmsg) read into
+// this CPU's scratch entry, 0 if there is none.
+static __always_inline struct proc_info *fill_proc(void)
+{
+	__u32 zero = 0;
+	struct proc_info *pi = bpf_map_lookup_elem(&proc_scratch, &zero);
+	if (!pi)
+		return 0;
+	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
+	pi->tgid = BPF_CORE_READ(t, tgid);
+	pi->tid = BPF_CORE_READ(t, pid);
+	pi->ppid = BPF_CORE_READ(t, real_parent, tgid);
+	pi->start_ns = BPF_CORE_READ(leader, start_boottime);
+	pi->ns_tgid = ns_nr(BPF_CORE_READ(leader, thread_pid));
+	struct signal_struct *sig = BPF_CORE_READ(t, signal);
+	struct pid *pg = 0;
+	if (sig)
+		bpf_core_read(&pg, sizeof(pg), &sig->pids[PIDTYPE_PGID_]);
+	pi->pgid = pg ? BPF_CORE_READ(pg, numbers[0].nr) : 0;
+	pi->ns_pgid = ns_nr(pg);
+	BPF_CORE_READ_STR_INTO(&pi->comm, t, comm);
+	pi->exe[0] = 0;
+	pi->args_len = 0;
+	pi->args_cut = 0;
+	struct mm_struct *mm = BPF_CORE_READ(t, mm);
+	if (!mm)
+		return pi;
+	const unsigned char *name = BPF_CORE_READ(mm, exe_file, f_path.dentry, d_name.name);
+	if (name)
+		bpf_probe_read_kernel_str(pi->exe, sizeof(pi->exe), name);
+	unsigned long a0 = BPF_CORE_READ(mm, arg_start), a1 = BPF_CORE_READ(mm, arg_end);
+	if (a1 > a0) {
+		unsigned long n = a1 - a0;
+		if (n > sizeof(pi->args)) {
+			n = sizeof(pi->args);
+			pi->args_cut = 1;
+		}
+		if (n > 0 && bpf_probe_read_user(pi->args, n & 0xff, (void *)a0) == 0)
+			pi->args_len = n;
+	}
+	return pi;
+}
+
+// lookup_proc finds the process that opened the flow of p (proc_by_flow), for the
+// flow's first event; a connected UDP socket's entry has local port 0.
+static __always_inline struct proc_info *lookup_proc(struct pkt *p)
+{
+	if (!attribute_procs || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
+		return 0;
+	struct proc_key k = {.proto = p->proto, .family = p->family, .lport = p->sport, .rport = p->dport};
+	__builtin_memcpy(k.laddr, p->saddr, 16);
+	__builtin_memcpy(k.raddr, p->daddr, 16);
+	struct proc_info *pi = bpf_map_lookup_elem(&proc_by_flow, &k);
+	if (!pi && p->proto == IPPROTO_UDP) {
+		k.lport = 0;
+		pi = bpf_map_lookup_elem(&proc_by_flow, &k);
+	}
+	return pi;
+}
+
+static __always_inline void put_proc(struct event *e, struct proc_info *pi)
+{
+	if (pi)
+		__builtin_memcpy(&e->proc, pi, sizeof(*pi));
+	else
+		__builtin_memset(&e->proc, 0, sizeof(e->proc));
+}
+
+// emit reports an event; pi is the process when the caller is the socket layer (the
+// current task), otherwise the flow's entry in proc_by_flow is looked up.
+static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, __u8 reason,
+				 __u16 rule, __u16 flags, __u32 len, struct proc_info *pi)
+{
+	if (!pi)
+		pi = lookup_proc(p);
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count(ST_EVENTS_LOST);
@@ -486,6 +680,7 @@ static __always_inline void emit(struct sbx_cfg *cfg, struct pkt *p, __u8 kind, 
 	e->pad = 0;
 	__builtin_memcpy(e->saddr, p->saddr, 16);
 	__builtin_memcpy(e->daddr, p->daddr, 16);
+	put_proc(e, pi);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -525,7 +720,7 @@ static __always_inline void sbx_count(__u32 idx, int drop, int flow)
 // account counts a denied packet (or socket refusal) into its flow and reports the
 // first of a flow (see struct drop_val).
 static __always_inline void account(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule,
-				    __u16 flags, __u32 len)
+				    __u16 flags, __u32 len, struct proc_info *pi)
 {
 	count(ST_DROP);
 	if (cfg)
@@ -542,14 +737,14 @@ static __always_inline void account(struct sbx_cfg *cfg, struct pkt *p, __u8 rea
 	}
 	struct drop_val nv = {.first_ns = now, .last_ns = now, .packets = 1, .bytes = len};
 	bpf_map_update_elem(&drop_seen, &k, &nv, BPF_ANY);
-	emit(cfg, p, EV_DROP, reason, rule, flags, len);
+	emit(cfg, p, EV_DROP, reason, rule, flags, len, pi);
 }
 
 // drop counts and reports a dropped packet and returns TC_ACT_SHOT.
 static __always_inline int drop(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
 				__u16 rule)
 {
-	account(cfg, p, reason, rule, 0, skb->len);
+	account(cfg, p, reason, rule, 0, skb->len, 0);
 	return TC_ACT_SHOT;
 }
 
@@ -645,7 +840,7 @@ static __always_inline int deny(struct __sk_buff *skb, struct sbx_cfg *cfg, stru
 	bpf_map_update_elem(&flows, &k, &v, BPF_ANY);
 	count(ST_PASS);
 	sbx_count(cfg->idx, 0, 1);
-	emit(cfg, p, EV_WOULD_DROP, reason, rule, 0, skb->len);
+	emit(cfg, p, EV_WOULD_DROP, reason, rule, 0, skb->len, 0);
 	return TC_ACT_OK;
 }
 
@@ -661,7 +856,7 @@ static __always_inline int allow_new(struct __sk_buff *skb, struct sbx_cfg *cfg,
 	count(ST_PASS);
 	count(ST_FLOW_NEW);
 	sbx_count(cfg->idx, 0, 1);
-	emit(cfg, p, EV_FLOW, reason, rule, 0, skb->len);
+	emit(cfg, p, EV_FLOW, reason, rule, 0, skb->len, 0);
 	return TC_ACT_OK;
 }
 
@@ -711,6 +906,18 @@ static __noinline int count_flow(struct sbx_cfg *cfg, struct flow_key *k, struct
 		__builtin_memcpy(e->saddr, cfg->addr6[0], 16);
 	}
 	__builtin_memcpy(e->daddr, k->raddr, 16);
+	struct proc_info *pi = 0;
+	if (attribute_procs && (k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP)) {
+		struct proc_key pk = {.proto = k->proto, .family = k->family, .lport = k->lport, .rport = k->rport};
+		__builtin_memcpy(pk.laddr, e->saddr, 16);
+		__builtin_memcpy(pk.raddr, k->raddr, 16);
+		pi = bpf_map_lookup_elem(&proc_by_flow, &pk);
+		if (!pi && k->proto == IPPROTO_UDP) {
+			pk.lport = 0;
+			pi = bpf_map_lookup_elem(&proc_by_flow, &pk);
+		}
+	}
+	put_proc(e, pi);
 	bpf_ringbuf_submit(e, 0);
 	return 1;
 }
@@ -854,8 +1061,30 @@ int airlock_to_sbx(struct __sk_buff *skb)
 
 static __always_inline int sock_refuse(struct sbx_cfg *cfg, struct pkt *p, __u8 reason, __u16 rule)
 {
-	account(cfg, p, reason, rule, EVF_SOCKET, 0);
+	static const struct proc_info none = {};
+	struct proc_info *pi = attribute_procs ? fill_proc() : 0;
+	account(cfg, p, reason, rule, EVF_SOCKET, 0, pi ? pi : (struct proc_info *)&none);
 	return 0;
+}
+
+// remember_udp records the process sending a UDP datagram (or connecting a UDP
+// socket: local port 0 until the kernel picks one) for the flow's first event. An
+// entry that already names this thread is left alone: one lookup per datagram.
+static __always_inline void remember_udp(struct bpf_sock_addr *ctx, struct pkt *p)
+{
+	struct proc_key k = {.proto = IPPROTO_UDP, .family = p->family, .rport = p->dport};
+	struct bpf_sock *sk = ctx->sk;
+	if (sk)
+		k.lport = sk->src_port;
+	__builtin_memcpy(k.laddr, p->saddr, 16);
+	__builtin_memcpy(k.raddr, p->daddr, 16);
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct proc_info *old = bpf_map_lookup_elem(&proc_by_flow, &k);
+	if (old && old->tid == tid)
+		return;
+	struct proc_info *pi = fill_proc();
+	if (pi)
+		bpf_map_update_elem(&proc_by_flow, &k, pi, BPF_ANY);
 }
 
 // sock_deny applies report mode like deny: the TC program reports the would-drop.
@@ -943,6 +1172,8 @@ static __always_inline int sock_verdict(struct bpf_sock_addr *ctx, int v6)
 	}
 	if (sock_local(cfg, &p))
 		return 1;
+	if (attribute_procs && p.proto == IPPROTO_UDP && p.dport != 53)
+		remember_udp(ctx, &p);
 
 	if (p.dport == 53) {
 		if (is_resolver(cfg, &p))
@@ -982,3 +1213,40 @@ int airlock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 0); }
 
 SEC("cgroup/sendmsg6")
 int airlock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 1); }
+
+// ---- process attribution: cgroup/sock_ops ----
+//
+// A TCP connect's local port is picked after cgroup/connect runs; sock_ops'
+// TCP_CONNECT_CB comes once it is (in tcp_connect, still in the connecting task), so
+// the flow's full 5-tuple names the process for the TC program's first event.
+SEC("sockops")
+int airlock_sockops(struct bpf_sock_ops *ctx)
+{
+	if (!attribute_procs || ctx->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+		return 1;
+	// local_port is in host order; remote_port holds the network-order port in its
+	// upper 16 bits (the kernel loads skc_dport and shifts it).
+	struct proc_key k = {.proto = IPPROTO_TCP, .lport = (__u16)ctx->local_port,
+			     .rport = (__u16)bpf_ntohl(ctx->remote_port)};
+	if (ctx->family == 2) { // AF_INET
+		k.family = 4;
+		map4(k.laddr, ctx->local_ip4);
+		map4(k.raddr, ctx->remote_ip4);
+	} else {
+		__u32 *l = (__u32 *)k.laddr, *r = (__u32 *)k.raddr;
+		l[0] = ctx->local_ip6[0];
+		l[1] = ctx->local_ip6[1];
+		l[2] = ctx->local_ip6[2];
+		l[3] = ctx->local_ip6[3];
+		r[0] = ctx->remote_ip6[0];
+		r[1] = ctx->remote_ip6[1];
+		r[2] = ctx->remote_ip6[2];
+		r[3] = ctx->remote_ip6[3];
+		// An IPv4-mapped peer leaves as IPv4.
+		k.family = (r[0] == 0 && r[1] == 0 && r[2] == bpf_htonl(0xffff)) ? 4 : 6;
+	}
+	struct proc_info *pi = fill_proc();
+	if (pi)
+		bpf_map_update_elem(&proc_by_flow, &k, pi, BPF_ANY);
+	return 1;
+}

@@ -39,6 +39,7 @@ type airlockEvent struct {
 	Saddr  [16]uint8
 	Daddr  [16]uint8
 	_      [4]byte
+	Proc   airlockProcInfo
 }
 
 type airlockFlowKey struct {
@@ -88,6 +89,34 @@ type airlockLpm6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Addr      [16]uint8
+}
+
+type airlockProcInfo struct {
+	_       structs.HostLayout
+	StartNs uint64
+	Tgid    uint32
+	Tid     uint32
+	Ppid    uint32
+	Pgid    uint32
+	NsTgid  uint32
+	NsPgid  uint32
+	ArgsLen uint16
+	ArgsCut uint8
+	Pad     [5]uint8
+	Comm    [16]int8
+	Exe     [32]int8
+	Args    [128]int8
+}
+
+type airlockProcKey struct {
+	_      structs.HostLayout
+	Proto  uint8
+	Family uint8
+	Lport  uint16
+	Rport  uint16
+	Pad    uint16
+	Laddr  [16]uint8
+	Raddr  [16]uint8
 }
 
 type airlockRuleVal struct {
@@ -143,6 +172,8 @@ const (
 	airlockMapIfindexByCgroup  = "ifindex_by_cgroup"
 	airlockMapLearnedOf        = "learned_of"
 	airlockMapMetaByIdx        = "meta_by_idx"
+	airlockMapProcByFlow       = "proc_by_flow"
+	airlockMapProcScratch      = "proc_scratch"
 	airlockMapRules4Of         = "rules4_of"
 	airlockMapRules6Of         = "rules6_of"
 	airlockMapSbxStats         = "sbx_stats"
@@ -152,7 +183,9 @@ const (
 	airlockProgAirlockFromSbx  = "airlock_from_sbx"
 	airlockProgAirlockSendmsg4 = "airlock_sendmsg4"
 	airlockProgAirlockSendmsg6 = "airlock_sendmsg6"
+	airlockProgAirlockSockops  = "airlock_sockops"
 	airlockProgAirlockToSbx    = "airlock_to_sbx"
+	airlockVarAttributeProcs   = "attribute_procs"
 	airlockVarFlowWindowNs     = "flow_window_ns"
 	airlockVarL7Mark           = "l7_mark"
 	airlockVarL7MarkMask       = "l7_mark_mask"
@@ -166,6 +199,7 @@ const (
 	airlockVarUnusedLpm4       = "unused_lpm4"
 	airlockVarUnusedLpm6       = "unused_lpm6"
 	airlockVarUnusedMeta       = "unused_meta"
+	airlockVarUnusedProcKey    = "unused_proc_key"
 	airlockVarUnusedRuleVal    = "unused_rule_val"
 )
 
@@ -216,6 +250,7 @@ type airlockProgramSpecs struct {
 	AirlockFromSbx  *ebpf.ProgramSpec `ebpf:"airlock_from_sbx"`
 	AirlockSendmsg4 *ebpf.ProgramSpec `ebpf:"airlock_sendmsg4"`
 	AirlockSendmsg6 *ebpf.ProgramSpec `ebpf:"airlock_sendmsg6"`
+	AirlockSockops  *ebpf.ProgramSpec `ebpf:"airlock_sockops"`
 	AirlockToSbx    *ebpf.ProgramSpec `ebpf:"airlock_to_sbx"`
 }
 
@@ -230,6 +265,8 @@ type airlockMapSpecs struct {
 	IfindexByCgroup *ebpf.MapSpec `ebpf:"ifindex_by_cgroup"`
 	LearnedOf       *ebpf.MapSpec `ebpf:"learned_of"`
 	MetaByIdx       *ebpf.MapSpec `ebpf:"meta_by_idx"`
+	ProcByFlow      *ebpf.MapSpec `ebpf:"proc_by_flow"`
+	ProcScratch     *ebpf.MapSpec `ebpf:"proc_scratch"`
 	Rules4Of        *ebpf.MapSpec `ebpf:"rules4_of"`
 	Rules6Of        *ebpf.MapSpec `ebpf:"rules6_of"`
 	SbxStats        *ebpf.MapSpec `ebpf:"sbx_stats"`
@@ -240,20 +277,22 @@ type airlockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type airlockVariableSpecs struct {
-	FlowWindowNs  *ebpf.VariableSpec `ebpf:"flow_window_ns"`
-	L7Mark        *ebpf.VariableSpec `ebpf:"l7_mark"`
-	L7MarkMask    *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
-	OtherIdleNs   *ebpf.VariableSpec `ebpf:"other_idle_ns"`
-	TcpIdleNs     *ebpf.VariableSpec `ebpf:"tcp_idle_ns"`
-	UdpIdleNs     *ebpf.VariableSpec `ebpf:"udp_idle_ns"`
-	UnusedAddr16  *ebpf.VariableSpec `ebpf:"unused_addr16"`
-	UnusedDropVal *ebpf.VariableSpec `ebpf:"unused_drop_val"`
-	UnusedEvent   *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedLearned *ebpf.VariableSpec `ebpf:"unused_learned"`
-	UnusedLpm4    *ebpf.VariableSpec `ebpf:"unused_lpm4"`
-	UnusedLpm6    *ebpf.VariableSpec `ebpf:"unused_lpm6"`
-	UnusedMeta    *ebpf.VariableSpec `ebpf:"unused_meta"`
-	UnusedRuleVal *ebpf.VariableSpec `ebpf:"unused_rule_val"`
+	AttributeProcs *ebpf.VariableSpec `ebpf:"attribute_procs"`
+	FlowWindowNs   *ebpf.VariableSpec `ebpf:"flow_window_ns"`
+	L7Mark         *ebpf.VariableSpec `ebpf:"l7_mark"`
+	L7MarkMask     *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
+	OtherIdleNs    *ebpf.VariableSpec `ebpf:"other_idle_ns"`
+	TcpIdleNs      *ebpf.VariableSpec `ebpf:"tcp_idle_ns"`
+	UdpIdleNs      *ebpf.VariableSpec `ebpf:"udp_idle_ns"`
+	UnusedAddr16   *ebpf.VariableSpec `ebpf:"unused_addr16"`
+	UnusedDropVal  *ebpf.VariableSpec `ebpf:"unused_drop_val"`
+	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedLearned  *ebpf.VariableSpec `ebpf:"unused_learned"`
+	UnusedLpm4     *ebpf.VariableSpec `ebpf:"unused_lpm4"`
+	UnusedLpm6     *ebpf.VariableSpec `ebpf:"unused_lpm6"`
+	UnusedMeta     *ebpf.VariableSpec `ebpf:"unused_meta"`
+	UnusedProcKey  *ebpf.VariableSpec `ebpf:"unused_proc_key"`
+	UnusedRuleVal  *ebpf.VariableSpec `ebpf:"unused_rule_val"`
 }
 
 // airlockObjects contains all objects after they have been loaded into the kernel.
@@ -283,6 +322,8 @@ type airlockMaps struct {
 	IfindexByCgroup *ebpf.Map `ebpf:"ifindex_by_cgroup"`
 	LearnedOf       *ebpf.Map `ebpf:"learned_of"`
 	MetaByIdx       *ebpf.Map `ebpf:"meta_by_idx"`
+	ProcByFlow      *ebpf.Map `ebpf:"proc_by_flow"`
+	ProcScratch     *ebpf.Map `ebpf:"proc_scratch"`
 	Rules4Of        *ebpf.Map `ebpf:"rules4_of"`
 	Rules6Of        *ebpf.Map `ebpf:"rules6_of"`
 	SbxStats        *ebpf.Map `ebpf:"sbx_stats"`
@@ -298,6 +339,8 @@ func (m *airlockMaps) Close() error {
 		m.IfindexByCgroup,
 		m.LearnedOf,
 		m.MetaByIdx,
+		m.ProcByFlow,
+		m.ProcScratch,
 		m.Rules4Of,
 		m.Rules6Of,
 		m.SbxStats,
@@ -309,20 +352,22 @@ func (m *airlockMaps) Close() error {
 //
 // It can be passed to loadAirlockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type airlockVariables struct {
-	FlowWindowNs  *ebpf.Variable `ebpf:"flow_window_ns"`
-	L7Mark        *ebpf.Variable `ebpf:"l7_mark"`
-	L7MarkMask    *ebpf.Variable `ebpf:"l7_mark_mask"`
-	OtherIdleNs   *ebpf.Variable `ebpf:"other_idle_ns"`
-	TcpIdleNs     *ebpf.Variable `ebpf:"tcp_idle_ns"`
-	UdpIdleNs     *ebpf.Variable `ebpf:"udp_idle_ns"`
-	UnusedAddr16  *ebpf.Variable `ebpf:"unused_addr16"`
-	UnusedDropVal *ebpf.Variable `ebpf:"unused_drop_val"`
-	UnusedEvent   *ebpf.Variable `ebpf:"unused_event"`
-	UnusedLearned *ebpf.Variable `ebpf:"unused_learned"`
-	UnusedLpm4    *ebpf.Variable `ebpf:"unused_lpm4"`
-	UnusedLpm6    *ebpf.Variable `ebpf:"unused_lpm6"`
-	UnusedMeta    *ebpf.Variable `ebpf:"unused_meta"`
-	UnusedRuleVal *ebpf.Variable `ebpf:"unused_rule_val"`
+	AttributeProcs *ebpf.Variable `ebpf:"attribute_procs"`
+	FlowWindowNs   *ebpf.Variable `ebpf:"flow_window_ns"`
+	L7Mark         *ebpf.Variable `ebpf:"l7_mark"`
+	L7MarkMask     *ebpf.Variable `ebpf:"l7_mark_mask"`
+	OtherIdleNs    *ebpf.Variable `ebpf:"other_idle_ns"`
+	TcpIdleNs      *ebpf.Variable `ebpf:"tcp_idle_ns"`
+	UdpIdleNs      *ebpf.Variable `ebpf:"udp_idle_ns"`
+	UnusedAddr16   *ebpf.Variable `ebpf:"unused_addr16"`
+	UnusedDropVal  *ebpf.Variable `ebpf:"unused_drop_val"`
+	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	UnusedLearned  *ebpf.Variable `ebpf:"unused_learned"`
+	UnusedLpm4     *ebpf.Variable `ebpf:"unused_lpm4"`
+	UnusedLpm6     *ebpf.Variable `ebpf:"unused_lpm6"`
+	UnusedMeta     *ebpf.Variable `ebpf:"unused_meta"`
+	UnusedProcKey  *ebpf.Variable `ebpf:"unused_proc_key"`
+	UnusedRuleVal  *ebpf.Variable `ebpf:"unused_rule_val"`
 }
 
 // airlockPrograms contains all programs after they have been loaded into the kernel.
@@ -334,6 +379,7 @@ type airlockPrograms struct {
 	AirlockFromSbx  *ebpf.Program `ebpf:"airlock_from_sbx"`
 	AirlockSendmsg4 *ebpf.Program `ebpf:"airlock_sendmsg4"`
 	AirlockSendmsg6 *ebpf.Program `ebpf:"airlock_sendmsg6"`
+	AirlockSockops  *ebpf.Program `ebpf:"airlock_sockops"`
 	AirlockToSbx    *ebpf.Program `ebpf:"airlock_to_sbx"`
 }
 
@@ -344,6 +390,7 @@ func (p *airlockPrograms) Close() error {
 		p.AirlockFromSbx,
 		p.AirlockSendmsg4,
 		p.AirlockSendmsg6,
+		p.AirlockSockops,
 		p.AirlockToSbx,
 	)
 }

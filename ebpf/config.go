@@ -58,6 +58,10 @@ type Config struct {
 	// allowed) packet of a 5-tuple whose last one is less than this old belongs to the
 	// same flow and is only counted (FlowCounter); default 2s.
 	FlowWindow time.Duration
+	// NoAttribution turns process attribution off: the socket programs then do not
+	// record which process opened a flow (no sock_ops program, no proc_by_flow
+	// entries) and events carry no Process. Default on.
+	NoAttribution bool
 	// EventBuffer is the capacity of the Events channel; default 4096.
 	EventBuffer int
 	Logger      *slog.Logger

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	bpf "github.com/cilium/ebpf"
@@ -110,6 +111,19 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		Refused: r.Flags&evfSocket != 0,
 		Bytes:   r.Len,
 	}
+	if r.Proc.Tgid != 0 {
+		p := &r.Proc
+		e.Process = &datapath.Process{PID: p.Tgid, TID: p.Tid, PPID: p.Ppid, PGID: p.Pgid,
+			NSPID: p.NsTgid, NSPGID: p.NsPgid, Comm: cstring(p.Comm[:]), Exe: cstring(p.Exe[:]),
+			Start: time.Duration(p.StartNs), ArgsCut: p.ArgsCut != 0}
+		if n := min(int(p.ArgsLen), len(p.Args)); n > 0 {
+			args := make([]byte, n)
+			for i := range n {
+				args[i] = byte(p.Args[i])
+			}
+			e.Process.Args = strings.Split(strings.TrimRight(string(args), "\x00"), "\x00")
+		}
+	}
 	if r.Family == 6 {
 		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)
 		e.Dst = netip.AddrPortFrom(netip.AddrFrom16(r.Daddr), r.Dport)
@@ -118,6 +132,18 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		e.Sandbox = id.(string)
 	}
 	return e
+}
+
+// cstring is b up to its first NUL.
+func cstring[T ~int8 | ~uint8](b []T) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
 }
 
 // Stats implements datapath.Datapath. It iterates the flow table and each sandbox's

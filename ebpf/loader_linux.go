@@ -93,12 +93,13 @@ func New(cfg Config) (*Datapath, error) {
 		return nil, fmt.Errorf("load spec: %w", err)
 	}
 	consts := map[string]any{
-		"tcp_idle_ns":    uint64(cfg.TCPIdle),
-		"udp_idle_ns":    uint64(cfg.UDPIdle),
-		"other_idle_ns":  uint64(cfg.OtherIdle),
-		"l7_mark":        cfg.L7Mark,
-		"l7_mark_mask":   cfg.L7MarkMask,
-		"flow_window_ns": uint64(cfg.FlowWindow),
+		"tcp_idle_ns":     uint64(cfg.TCPIdle),
+		"udp_idle_ns":     uint64(cfg.UDPIdle),
+		"other_idle_ns":   uint64(cfg.OtherIdle),
+		"l7_mark":         cfg.L7Mark,
+		"l7_mark_mask":    cfg.L7MarkMask,
+		"flow_window_ns":  uint64(cfg.FlowWindow),
+		"attribute_procs": map[bool]uint32{false: 1, true: 0}[cfg.NoAttribution],
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {

@@ -16,13 +16,14 @@ import (
 // links are pinned beside the TC links (links/<idx>/cgroup_*), and ifindex_by_cgroup
 // maps the cgroup's id to the sandbox's config.
 
-// sockProgs lists the socket programs and where each attaches.
+// sockProgs lists the socket programs and where each attaches: the sock_ops program
+// (process attribution of TCP flows) only while attribution is on.
 func (d *Datapath) sockProgs() []struct {
 	name string
 	prog *bpf.Program
 	at   bpf.AttachType
 } {
-	return []struct {
+	progs := []struct {
 		name string
 		prog *bpf.Program
 		at   bpf.AttachType
@@ -32,6 +33,14 @@ func (d *Datapath) sockProgs() []struct {
 		{"cgroup_sendmsg4", d.objs.AirlockSendmsg4, bpf.AttachCGroupUDP4Sendmsg},
 		{"cgroup_sendmsg6", d.objs.AirlockSendmsg6, bpf.AttachCGroupUDP6Sendmsg},
 	}
+	if !d.cfg.NoAttribution {
+		progs = append(progs, struct {
+			name string
+			prog *bpf.Program
+			at   bpf.AttachType
+		}{"cgroup_sockops", d.objs.AirlockSockops, bpf.AttachCGroupSockOps})
+	}
+	return progs
 }
 
 // cgroupID returns the id of the cgroup v2 directory path (its inode number).
@@ -110,6 +119,9 @@ func (d *Datapath) unhookCgroup(s *sandbox) error {
 	var names []string
 	for _, p := range d.sockProgs() {
 		names = append(names, p.name)
+	}
+	if d.cfg.NoAttribution {
+		names = append(names, "cgroup_sockops") // pinned by a loader that attributed
 	}
 	errs := []error{releaseLinks(d.linkDir(s), names, s.sockLinks)}
 	s.sockLinks = nil

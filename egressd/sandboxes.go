@@ -500,9 +500,10 @@ func (d *Daemon) eventRecord(ev datapath.Event, backend string) (audit.Record, b
 		rec.Action = string(policies.Deny)
 	}
 	d.mu.RLock()
-	defer d.mu.RUnlock()
+	var initPID int
 	if sb := d.byID[ev.Sandbox]; sb != nil {
 		if ev.Kind == datapath.KindFlow && sb.c.decider.AuditLevel() == policies.AuditDenied {
+			d.mu.RUnlock()
 			return audit.Record{}, false
 		}
 		rec.Mode, rec.PolicyVersion = string(sb.c.decider.Mode()), sb.view.PolicyVersion
@@ -510,6 +511,12 @@ func (d *Daemon) eventRecord(ev datapath.Event, backend string) (audit.Record, b
 		if l, ok := sb.learned[ev.Dst.Addr()]; ok && len(l.names) > 0 {
 			rec.DstHost = l.names[0]
 		}
+		initPID = sb.view.Runtime.Pid
+	}
+	d.mu.RUnlock()
+	// /proc is read outside the lock.
+	if ev.Process != nil {
+		rec.Extra["process"], rec.Extra["execution"] = processExtra(ev.Process, initPID)
 	}
 	return rec, true
 }

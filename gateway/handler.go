@@ -209,7 +209,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// An agent action through execd is recorded here, on the host (package
 	// audit/execdaudit): the body and the response are observed as they pass.
 	if dec.cand.Port == opensandbox.ExecdPort {
-		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client})
+		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client, InitPID: dec.sb.Runtime.Pid})
 	}
 	h.app.metrics.active.Inc()
 	res := resProxied

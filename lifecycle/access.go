@@ -108,6 +108,9 @@ type proxySandbox struct {
 	token  string
 	secure bool
 	owner  string
+	// initPID is the host pid of the sandbox's init (execd), for command records' process
+	// groups (execdaudit.Info.InitPID).
+	initPID int
 }
 
 // gatewayPrincipal is the principal of requests the gateway forwards with its key.

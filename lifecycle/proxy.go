@@ -148,6 +148,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	sb.found = p.reg.peek(id, func(rec *record) {
 		st, addr = rec.Status.State, rec.Address
 		sb.token, sb.secure, sb.owner = rec.AccessToken, rec.secure(), rec.Owner
+		sb.initPID = rec.Pid
 	})
 	who, err := p.admit(r, id, port, sb)
 	if err == nil && who.ID != "" {
@@ -211,7 +212,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 			path = rest
 		}
 		if act := p.agentAudit.Start(r, path, execdaudit.Info{SandboxID: id,
-			RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr}); act != nil {
+			RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr, InitPID: sb.initPID}); act != nil {
 			t.act = act
 			w = act.Writer(w)
 			defer act.Finish(0)

@@ -69,6 +69,10 @@ type EgressdConfig struct {
 	// PinRoot is the bpffs directory of the eBPF datapath's pinned state, which keeps
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
+	// AttributionDisabled turns process attribution of flow records off (eBPF
+	// datapath: no sock_ops program, no per-flow process entries; records then carry
+	// no extra.process). Default false: on. The nftables datapath never attributes.
+	AttributionDisabled bool `yaml:"attributionDisabled"`
 	// NFTTable names the nftables tables (inet and netdev) of the nftables datapath;
 	// default airlock. Two installations on one host need different pin roots and
 	// tables: each adopts, and detaches when they are not its own, the sandboxes it
@@ -301,7 +305,7 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 	}
 	e.Daemon, err = egressd.New(egressd.Config{
 		Watch:          watch.ClientConfig{URL: cfg.WatchURL, Header: hdr, Log: cfg.Log.With("component", "watch")},
-		Enforcer:       enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
+		Enforcer:       enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot, NoAttribution: cfg.AttributionDisabled}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
 		DNSListen:      cfg.DNSListen,
 		Resolver:       cfg.Resolver,
 		LocalDNS:       cfg.DNSLocalAddress,

@@ -57,6 +57,11 @@ type Action struct {
 	errValue    string
 	sawErrEvent bool
 	finished    bool
+	// process groups of a command (procgroup.go): bootStart is the request's arrival
+	// on CLOCK_BOOTTIME (0: not looked for).
+	bootStart  time.Duration
+	groups     []procGroup
+	groupsAmbi bool
 }
 
 // bodyTee passes the request body through to the proxy and shows it to the Action.
@@ -192,6 +197,9 @@ func (a *Action) event(line []byte) {
 	case "init":
 		if a.commandID == "" {
 			a.commandID = ev.Text
+			if a.bootStart > 0 {
+				a.groups, a.groupsAmbi = newGroups(a.info.InitPID, a.bootStart)
+			}
 		}
 	case "execution_complete":
 		a.completed = true

@@ -61,10 +61,15 @@ func New(sink Sink, cfg Config, entry string) *Observer {
 
 // Info is what the proxy knows of a request: the sandbox, the request id (the
 // X-Request-Id it answers with) and the client's address (ip:port).
+//
+// InitPID is the host pid of the sandbox's init (execd; watch.Runtime.Pid), from the
+// runtime, not from the sandbox: with it a command's record names the process group
+// the command runs in (extra.process_group), which flow records name too. 0: none.
 type Info struct {
 	SandboxID string
 	RequestID string
 	Client    string
+	InitPID   int
 }
 
 // Start returns the Action of r when r is an agent action, nil otherwise (and for a
@@ -81,6 +86,9 @@ func (o *Observer) Start(r *http.Request, path string, info Info) *Action {
 	}
 	a := &Action{o: o, op: op, id: id, info: info, start: time.Now(), query: r.URL.Query(),
 		principal: principal.IDFromContext(r.Context())}
+	if op == opCommand && info.InitPID > 0 {
+		a.bootStart = bootNow()
+	}
 	switch op {
 	case opCommand, opSessionRun, opCode:
 		a.stream = true

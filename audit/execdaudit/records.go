@@ -120,6 +120,12 @@ func (a *Action) execution(x map[string]any, outcome string) string {
 	if a.commandID != "" {
 		x["command_id"] = a.commandID
 	}
+	switch {
+	case len(a.groups) == 1:
+		x["process_group"] = a.groups[0]
+	case len(a.groups) > 1:
+		x["process_group_candidates"] = a.groups
+	}
 	if a.hasExecMS {
 		x["execution_ms"] = a.execMS
 	}

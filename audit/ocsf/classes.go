@@ -2,6 +2,7 @@ package ocsf
 
 import (
 	"net/netip"
+	"path"
 	"strings"
 
 	"github.com/airlockdev/airlock/audit/record"
@@ -14,7 +15,15 @@ func (m Mapper) network(w *jw, r *record.Record) {
 	if r.Action == "deny" {
 		activity, name = 5, "Refuse"
 	}
-	header(w, r, ClassNetworkActivity, activity, name, []string{"security_control"}, "")
+	proc, attributed := r.Extra["process"].(map[string]any)
+	profiles := []string{"security_control"}
+	if attributed {
+		profiles = append(profiles, "host") // actor is the host profile's
+	}
+	header(w, r, ClassNetworkActivity, activity, name, profiles, "")
+	if attributed {
+		flowActor(w, proc)
+	}
 	endpoint(w, "src_endpoint", r.Src, r.SandboxID, "", 0)
 	endpoint(w, "dst_endpoint", r.DstIP, "", r.DstHost, r.DstPort)
 	connection(w, r.Proto)
@@ -34,6 +43,57 @@ func (m Mapper) network(w *jw, r *record.Record) {
 	}
 	control(w, r, dispBlocked)
 	footer(w, r, "packets", "bytes")
+}
+
+// flowActor writes the process that opened a flow (extra.process of a flow record,
+// egressd's process attribution) as actor.process: host pid, thread, name, command
+// line, executable (its path, or only the kernel's name of it when the process had
+// ended before /proc was read) and parent pid. The process group and the ids in the sandbox's
+// namespace stay in unmapped.extra (the container profile's namespace_pid would need
+// the container object).
+func flowActor(w *jw, p map[string]any) {
+	num := func(k string) (int64, bool) {
+		switch v := p[k].(type) {
+		case float64:
+			return int64(v), true
+		case uint32:
+			return int64(v), true
+		case int:
+			return int64(v), true
+		case int64:
+			return v, true
+		}
+		return 0, false
+	}
+	str := func(k string) string { s, _ := p[k].(string); return s }
+	w.open("actor")
+	w.open("process")
+	if pid, ok := num("pid"); ok {
+		w.int("pid", pid)
+	}
+	if tid, ok := num("tid"); ok {
+		w.int("tid", tid)
+	}
+	w.str("name", str("name"))
+	w.str("cmd_line", str("cmdline"))
+	if exe, name := str("exe"), str("exe_name"); exe != "" || name != "" {
+		w.open("file")
+		if exe != "" {
+			name = path.Base(exe)
+		}
+		w.str("name", name)
+		w.str("path", exe)
+		w.int("type_id", 1)
+		w.str("type", "Regular File")
+		w.close()
+	}
+	if ppid, ok := num("ppid"); ok {
+		w.open("parent_process")
+		w.int("pid", ppid)
+		w.close()
+	}
+	w.close()
+	w.close()
 }
 
 // connection writes connection_info: outbound, with the transport protocol.

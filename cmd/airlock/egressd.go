@@ -110,6 +110,7 @@ func (ef *egressdFlags) register(f *pflag.FlagSet) {
 	f.StringSliceVar(&c.Upstreams, "upstream", c.Upstreams, "upstream resolver host:port, or host for port 53 (repeatable; default the host's /etc/resolv.conf); airlock.yaml egress.upstreams")
 	f.StringVar(&c.Mode, "mode", c.Mode, "datapath: auto (eBPF, else nftables), ebpf or nftables; airlock.yaml egress.mode")
 	f.StringVar(&c.PinRoot, "pin-root", c.PinRoot, "bpffs directory of the pinned eBPF state; airlock.yaml egress.pinRoot")
+	f.BoolVar(&c.AttributionDisabled, "no-attribution", c.AttributionDisabled, "do not record which process opened each flow (eBPF process attribution off); airlock.yaml egress.attributionDisabled")
 	f.StringVar(&c.NFTTable, "nft-table", c.NFTTable, "name of the nftables tables (inet and netdev) of the nftables datapath; another egressd in this network namespace needs another name (and --pin-root); airlock.yaml egress.nftTable")
 	f.IntVar(&c.L7Port, "l7-port", c.L7Port, "port of the L7 (TLS SNI / HTTP Host) proxy on the resolver address, for l7: sni policies (0: off); airlock.yaml egress.l7Port")
 	f.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "port of the explicit HTTP proxy on the resolver address, for sandboxes given HTTP_PROXY/HTTPS_PROXY (0: off); airlock.yaml egress.proxyPort")

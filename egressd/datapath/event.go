@@ -27,6 +27,39 @@ type Event struct {
 	Refused bool
 	// Bytes is the packet's length (0 when Refused).
 	Bytes uint32
+	// Process is the process that opened the flow, captured by the kernel when it
+	// called connect() or sendmsg() (eBPF cgroup programs); nil when unknown (the
+	// nftables datapath, attribution off, a raw socket, or an entry evicted).
+	Process *Process
+}
+
+// Process is the process behind a flow as the kernel saw it in the calling task, all
+// ids in the host's (the initial) pid namespace.
+type Process struct {
+	// PID is the process (thread group) id, TID the calling thread's.
+	PID, TID uint32
+	// PPID is the real parent's PID when the call was made.
+	PPID uint32
+	// PGID is the process group: execd starts every command in a group of its own,
+	// led by the command's first process, which descendants keep when they are
+	// re-parented (a background job).
+	PGID uint32
+	// NSPID and NSPGID are PID and PGID in the process's own pid namespace (the
+	// sandbox's); 0 when unknown.
+	NSPID, NSPGID uint32
+	// Comm is the task's name (at most 15 bytes, the kernel's comm).
+	Comm string
+	// Exe is the name of the executable the process runs (the last element of its
+	// path, at most 31 bytes), from the kernel's mm->exe_file; "" when unknown.
+	Exe string
+	// Args is the command line as the process held it (argv, read from its memory;
+	// at most 128 bytes, ArgsCut when there was more); nil when unreadable.
+	Args    []string
+	ArgsCut bool
+	// Start is when the process (its thread group leader) started, since boot
+	// (CLOCK_BOOTTIME): /proc/<PID>/stat's starttime in nanoseconds. With PID it
+	// names the process across pid reuse.
+	Start time.Duration
 }
 
 // DefaultFlowWindow is the flow window of datapaths that do not say otherwise: packets

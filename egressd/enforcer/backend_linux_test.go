@@ -7,4 +7,7 @@ import (
 
 // This external test package is the composition root of the test binary: it hands the
 // in-package tests the eBPF backend, which no package under egressd/ imports.
-func init() { enforcer.EBPFBackend = ebpftest.Backend }
+func init() {
+	enforcer.EBPFBackend = ebpftest.Backend
+	enforcer.EBPFBackendNoAttribution = ebpftest.BackendNoAttribution
+}

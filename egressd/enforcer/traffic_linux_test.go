@@ -43,6 +43,10 @@ func TestMain(m *testing.M) {
 		connectChildMain()
 		return
 	}
+	if os.Getenv(streamChildEnv) != "" {
+		streamChildMain()
+		return
+	}
 	os.Exit(m.Run())
 }
 

@@ -14,3 +14,9 @@ import (
 // Backend returns the eBPF backend whose state is pinned under pinRoot (a bpffs
 // directory of the test's own), for enforcer.Config.EBPF.
 func Backend(pinRoot string) enforcer.EBPF { return ebpf.Config{PinRoot: pinRoot} }
+
+// BackendNoAttribution is Backend with process attribution off
+// (ebpf.Config.NoAttribution), for the attribution on/off bench.
+func BackendNoAttribution(pinRoot string) enforcer.EBPF {
+	return ebpf.Config{PinRoot: pinRoot, NoAttribution: true}
+}
