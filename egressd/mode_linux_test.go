@@ -53,10 +53,11 @@ type modeProbe struct {
 
 // TestEgressdAuditMode runs a real sandbox on each datapath under a policy in audit mode
 // (created so), then enforced (PATCH /policy?mode=enforce), then with its deny rules
-// in audit mode one by one in an enforcing policy, then enforced again (PUT without
+// in audit mode (each rule's own mode) in an enforcing policy, then enforced again (PUT without
 // the rule modes). In audit a denied name resolves, a connection to a denied address
-// reaches the test's server and a denied HTTP request gets the upstream's answer, each
-// audited would_deny with the rule; the platform floor (cloud metadata, the host) stays
+// reaches the test's server and a denied HTTP request (plain, and HTTPS intercepted with
+// the sandbox's CA) gets the upstream's answer, each audited would_deny with the rule;
+// the platform floor (cloud metadata, the host) stays
 // denied. Enforced, exactly the rules that would have denied deny.
 func TestEgressdAuditMode(t *testing.T) {
 	store, err := vault.Open(t.TempDir(), nil)
@@ -90,6 +91,7 @@ func TestEgressdAuditMode(t *testing.T) {
 		{"HTTP to a denied name", "curl -sS -m 5 http://denied.test/", "denied", "egress[1]", audit.SourceL7, audit.SourceDNS},
 		{"a denied address", fmt.Sprintf("curl -sS -m 5 http://%s:8080/", cidrIP), "cidr", "egress[2]", audit.SourceBPF, ""},
 		{"a denied HTTP request", "curl -sS -m 5 -X DELETE http://rules.test/repos/x", "DELETE /repos/x", "egress[3].http.rules[0]", audit.SourceL7, ""},
+		{"a denied HTTPS request (intercepted)", "curl -sS -m 5 -X DELETE https://rules.test/repos/y", "DELETE /repos/y", "egress[3].http.rules[0]", audit.SourceL7, ""},
 		{"an allowed HTTP request", "curl -sS -m 5 http://rules.test/repos/x", "GET /repos/x", "", "", ""},
 		{"an allowed name", "curl -sS -m 5 http://allowed.test/", "allowed", "", "", ""},
 	}
@@ -175,8 +177,8 @@ func TestEgressdAuditMode(t *testing.T) {
 				t.Errorf("%s: denied %v, but would-denied %v before", ph.name, got, wouldDeny)
 			}
 		}
-		if n := writes.Load(); n != 2 {
-			t.Errorf("the server saw %d DELETE requests, want 2 (the two phases in audit)", n)
+		if n := writes.Load(); n != 4 {
+			t.Errorf("the server saw %d DELETE requests, want 4 (HTTP and HTTPS in the two phases in audit)", n)
 		}
 	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
 }
