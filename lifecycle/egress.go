@@ -21,7 +21,7 @@ func egressSummary(id string, doc json.RawMessage) Egress {
 	if err != nil {
 		return Egress{}
 	}
-	if p.EffectiveMode() == policies.Report || p.DefaultAction == policies.Allow {
+	if p.EffectiveMode() == policies.AuditMode || p.DefaultAction == policies.Allow {
 		return Egress{AllowAll: true}
 	}
 	var eg Egress
