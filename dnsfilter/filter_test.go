@@ -339,7 +339,7 @@ func TestReportModeAnswersAndAuditsWouldDeny(t *testing.T) {
 		t.Errorf("report mode qtype: %s", dns.RcodeToString[r.Rcode])
 	}
 	rec := findRecord(t, h.rec.all(), func(r audit.Record) bool { return r.QType == "A" })
-	if rec.Action != "allow" || !rec.WouldDeny || rec.Mode != "report" || rec.Rule != "default" {
+	if rec.Action != "allow" || !rec.WouldDeny || rec.Mode != "audit" || rec.Rule != "default" {
 		t.Errorf("audit = %+v", rec)
 	}
 	// the rebinding guard holds in report mode

@@ -62,7 +62,7 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	q := req.Question[0]
 	name := rec.DstHost
-	report := d.Mode() == policies.Report
+	report := d.Mode() == policies.AuditMode
 	var wouldDeny []string
 
 	// 1. tunnelling guard: lengths, entropy, label score

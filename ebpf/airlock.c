@@ -80,6 +80,7 @@ char __license[] SEC("license") = "Dual MIT/GPL";
 #define ACT_ALLOW 1
 #define ACT_DENY 2
 #define ACT_DENY_ALWAYS 3 // a deny report mode does not relax (overlay, guard)
+#define ACT_DENY_AUDIT 4  // a deny rule in audit mode: passes as a would-drop in any mode
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -828,12 +829,11 @@ static __always_inline int is_resolver(struct sbx_cfg *cfg, struct pkt *p)
 	return !addr6_zero(cfg->resolver6) && addr6_eq(cfg->resolver6, p->daddr);
 }
 
-// deny applies report mode: a policy drop becomes a pass with a would-drop event.
-static __always_inline int deny(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
-				__u16 rule)
+// would_drop passes a packet the policy would drop, as a reported flow with a
+// would-drop event (report mode, or a rule in audit mode).
+static __always_inline int would_drop(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
+				      __u16 rule)
 {
-	if (!(cfg->flags & CFG_REPORT))
-		return drop(skb, cfg, p, reason, rule);
 	struct flow_key k = {};
 	fill_key(&k, cfg->idx, p);
 	struct flow_val v = {.seen_ns = bpf_ktime_get_ns(), .gen = cfg->gen, .flags = FLOW_REPORTED};
@@ -842,6 +842,15 @@ static __always_inline int deny(struct __sk_buff *skb, struct sbx_cfg *cfg, stru
 	sbx_count(cfg->idx, 0, 1);
 	emit(cfg, p, EV_WOULD_DROP, reason, rule, 0, skb->len, 0);
 	return TC_ACT_OK;
+}
+
+// deny applies report mode: a policy drop becomes a pass with a would-drop event.
+static __always_inline int deny(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
+				__u16 rule)
+{
+	if (!(cfg->flags & CFG_REPORT))
+		return drop(skb, cfg, p, reason, rule);
+	return would_drop(skb, cfg, p, reason, rule);
 }
 
 static __always_inline int allow_new(struct __sk_buff *skb, struct sbx_cfg *cfg, struct pkt *p, __u8 reason,
@@ -988,6 +997,8 @@ int airlock_from_sbx(struct __sk_buff *skb)
 		return deny(skb, cfg, &p, R_RULE_DENY, rule);
 	if (act == ACT_DENY_ALWAYS)
 		return drop(skb, cfg, &p, R_RULE_DENY, rule);
+	if (act == ACT_DENY_AUDIT)
+		return would_drop(skb, cfg, &p, R_RULE_DENY, rule);
 
 	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443)) {
 		skb->mark = (skb->mark & ~l7_mark_mask) | l7_mark;
@@ -1193,6 +1204,8 @@ static __always_inline int sock_verdict(struct bpf_sock_addr *ctx, int v6)
 		return sock_deny(cfg, &p, R_RULE_DENY, rule);
 	if (act == ACT_DENY_ALWAYS)
 		return sock_refuse(cfg, &p, R_RULE_DENY, rule);
+	if (act == ACT_DENY_AUDIT)
+		return 1; // the TC program reports the would-drop
 	if ((cfg->flags & CFG_L7) && p.proto == IPPROTO_TCP && (p.dport == 80 || p.dport == 443))
 		return 1;
 	if (learned(cfg, &p))

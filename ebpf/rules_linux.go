@@ -88,6 +88,8 @@ func fillRules(m4, m6 *bpf.Map, p datapath.Policy) (int, error) {
 				v.E[i].Action = 1 // ACT_ALLOW
 			case datapath.ActionDenyAlways:
 				v.E[i].Action = 3 // ACT_DENY_ALWAYS
+			case datapath.ActionDenyAudit:
+				v.E[i].Action = 4 // ACT_DENY_AUDIT
 			default:
 				v.E[i].Action = 2 // ACT_DENY
 			}

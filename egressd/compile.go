@@ -43,9 +43,13 @@ const guardRef = "guard"
 //   - IPv6 is filtered with the same semantics as IPv4 (a dual-stack sandbox reaches
 //     a name's AAAA addresses and the policy's IPv6 CIDRs; the special prefixes cover
 //     ULA, link-local, IPv4-mapped and the other IPv6 ranges);
-//   - overlay deny rules and the guard are ActionDenyAlways: report mode passes and
+//   - overlay deny rules and the guard are ActionDenyAlways: audit mode passes and
 //     reports what the policy would drop, never what the overlay or the guard drop
-//     (in report mode the guard also precedes a deny default).
+//     (in audit mode the guard also precedes a deny default);
+//   - a deny rule in audit mode (policies.IPRule.Audit) is ActionDenyAudit in a
+//     policy that enforces (ActionDeny, relaxed by Report, in one in audit mode),
+//     preceded by ActionDenyAlways for the special addresses it covers (floorOf);
+//     a deny rule with mode: enforce in a policy in audit mode is ActionDenyAlways.
 //
 // With o.l7 (egressd runs its L7 proxy) a policy in L7 mode sni marks TCP 80/443 for
 // it. With o.proxy (egressd runs its explicit proxy) the first rule allows TCP to it:
@@ -72,10 +76,15 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 			c.add(datapath.Rule{Prefix: p, Action: datapath.ActionDenyAlways}, guardRef)
 		}
 	}
+	report := d.Mode() == policies.AuditMode
 	for _, r := range d.IPRules() {
 		action := datapath.ActionDeny
-		if r.Overlay {
+		switch {
+		case r.Overlay || (report && !r.Audit):
+			// the overlay, and a deny rule with mode: enforce in a policy in audit mode
 			action = datapath.ActionDenyAlways
+		case r.Audit && !report:
+			action = datapath.ActionDenyAudit
 		}
 		if r.Action == policies.Allow {
 			action = datapath.ActionAllow
@@ -94,6 +103,17 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 				ports = append(ports, datapath.PortRange{First: p.First, Last: p.Last})
 			}
 		}
+		if r.Action == policies.Deny && r.Audit {
+			// A deny in audit mode never opens the floor: where it covers special
+			// addresses they stay denied (the guard, as DecideAddr says), ahead of it.
+			for _, sp := range floorOf(r.Prefix) {
+				for _, proto := range protos {
+					for _, pr := range ports {
+						c.add(datapath.Rule{Prefix: sp, Proto: proto, Ports: pr, Action: datapath.ActionDenyAlways}, guardRef)
+					}
+				}
+			}
+		}
 		for _, proto := range protos {
 			for _, pr := range ports {
 				c.add(datapath.Rule{Prefix: r.Prefix.Masked(), Proto: proto, Ports: pr, Action: action}, r.Rule)
@@ -105,14 +125,33 @@ func compile(d *policies.Decider, o compileOptions) compiled {
 		guard()
 		c.policy.Default = datapath.ActionAllow
 	}
-	if d.Mode() == policies.Report {
-		guard() // report mode passes the default's drops, never the guard's
+	if report {
+		guard() // audit mode passes the default's drops, never the guard's
 	}
 	c.policy.IPv6 = datapath.IPv6Filter
-	c.policy.Report = d.Mode() == policies.Report
+	c.policy.Report = report
 	c.policy.CountFlows = d.AuditLevel() == policies.AuditAll
 	c.policy.L7 = o.l7 && (d.L7() == policies.L7SNI || o.credential)
 	return c
+}
+
+// floorOf returns the parts of prefix p that are special addresses
+// (policies.SpecialPrefixes): for each special prefix overlapping p, the narrower of the
+// two. IPv4-mapped IPv6 is skipped as in the guard (IPv4 has its own prefixes).
+func floorOf(p netip.Prefix) []netip.Prefix {
+	p = p.Masked()
+	var out []netip.Prefix
+	for _, sp := range policies.SpecialPrefixes() {
+		if sp.Addr().Is4In6() || sp.Addr().Is4() != p.Addr().Is4() || !sp.Overlaps(p) {
+			continue
+		}
+		if sp.Bits() >= p.Bits() {
+			out = append(out, sp)
+		} else {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // l7Ports are the ports a name allow rule without ports reaches under `l7: sni` (when

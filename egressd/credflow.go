@@ -83,11 +83,11 @@ func (cp *credentialProxy) decide(sbx dnsfilter.Sandbox, name string, isTLS bool
 			return nil, false, false
 		}
 		dec := d.decideFlow(sbx, dst)
-		rec.Rule, rec.Reason = dec.Rule, dec.Reason
+		rec.Rule, rec.Reason, rec.WouldDeny = dec.Rule, dec.Reason, dec.WouldDeny
 		return nil, dec.Allowed(), true
 	}
 	dec := pol.DecideName(host, port, policies.TCP)
-	rec.Rule, rec.Reason = dec.Rule, dec.Reason
+	rec.Rule, rec.Reason, rec.WouldDeny = dec.Rule, dec.Reason, dec.WouldDeny
 	if !dec.Allowed() {
 		return nil, false, true
 	}

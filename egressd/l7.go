@@ -175,7 +175,7 @@ func (d *Daemon) decideL7(sbx dnsfilter.Sandbox, src, dst netip.AddrPort, name, 
 		return rec, nil, false
 	}
 	dec := sbx.Policy.DecideName(name, dst.Port(), policies.TCP)
-	rec.Rule, rec.Reason = dec.Rule, dec.Reason
+	rec.Rule, rec.Reason, rec.WouldDeny = dec.Rule, dec.Reason, dec.WouldDeny // audit mode: passes, would_deny
 	switch {
 	case !dec.Allowed():
 		return rec, nil, false

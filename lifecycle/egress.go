@@ -9,8 +9,8 @@ import (
 )
 
 // egressSummary reduces an effective policy document to what a coarse second layer
-// can enforce (Egress): a policy in report mode or with an allow default allows all;
-// an allow of "*" allows all; an allow of a name or wildcard allows by name; an allow
+// can enforce (Egress): a policy in audit mode or with an allow default allows all;
+// an allow of "*" allows all (a deny rule in audit mode counts as an allow); an allow of a name or wildcard allows by name; an allow
 // of an address or CIDR adds that prefix. A document that does not parse allows
 // nothing (fail closed).
 func egressSummary(id string, doc json.RawMessage) Egress {
@@ -21,13 +21,14 @@ func egressSummary(id string, doc json.RawMessage) Egress {
 	if err != nil {
 		return Egress{}
 	}
-	if p.EffectiveMode() == policies.Report || p.DefaultAction == policies.Allow {
+	if p.EffectiveMode() == policies.AuditMode || p.DefaultAction == policies.Allow {
 		return Egress{AllowAll: true}
 	}
 	var eg Egress
-	for _, r := range p.Egress {
-		if r.Action != policies.Allow {
-			continue
+	for i := range p.Egress {
+		r := &p.Egress[i]
+		if r.Action != policies.Allow && p.RuleMode(r) != policies.AuditMode {
+			continue // a deny in audit mode lets its targets through, as an allow does
 		}
 		t, err := policies.ParseTarget(r.Target)
 		if err != nil {

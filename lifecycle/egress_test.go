@@ -19,6 +19,8 @@ func TestEgressSummary(t *testing.T) {
 			`{"action":"allow","target":"10.1.0.0/16"},{"action":"deny","target":"10.2.0.0/16"},{"action":"allow","target":"2001:db8::1"}]}`,
 			Egress{ByName: true, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("2001:db8::1/128")}}},
 		{"deny all", `{"defaultAction":"deny","egress":[]}`, Egress{}},
+		{"deny rule in audit mode", `{"defaultAction":"deny","egress":[{"action":"deny","target":"10.2.0.0/16","mode":"audit"},` +
+			`{"action":"deny","target":"10.3.0.0/16"}]}`, Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}}},
 		{"unparsable fails closed", `{"defaultAction":"maybe"}`, Egress{}},
 	} {
 		got := egressSummary("t", []byte(c.doc))

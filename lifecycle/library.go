@@ -14,7 +14,8 @@ import (
 // ExtPolicy is the create request's extension naming a policy of the operator's
 // library (Config.Library): {"extensions": {"airlock.dev/policy": "python-packages"}}.
 // A networkPolicy given with it holds per-sandbox additions: its rules go before the
-// named policy's (OpenSandbox PATCH semantics) and its defaultAction is the named one's.
+// named policy's (OpenSandbox PATCH semantics) and its defaultAction is the named one's;
+// its mode, when set, is the sandbox's (`mode: audit` runs the named policy in audit).
 const ExtPolicy = "airlock.dev/policy"
 
 // PolicyLibrary is the operator's named policies (package policies/library). Get and
@@ -81,6 +82,9 @@ func (l *policyLibrary) effective(rec *record) (json.RawMessage, uint64) {
 		add, err := policies.Parse(rec.ID, rec.Policy)
 		if err == nil {
 			eff, err = policies.Patch(np.Policy, add.Egress)
+		}
+		if err == nil && add.Mode != "" {
+			eff.Mode = add.Mode // the sandbox runs the named policy in its own mode (audit first)
 		}
 		if err != nil { // additions that no longer fit the named policy: fail closed
 			l.log.Error("sandbox's policy additions do not combine with its named policy", "sandbox_id", rec.ID,

@@ -279,19 +279,43 @@ func (a *policyAPI) handleDelete(w http.ResponseWriter, r *http.Request) {
 	a.write(w, r, id)
 }
 
+// patch merges the body's rules into the sandbox's policy. With ?mode=enforce|audit
+// (an Airlock extension) it also sets the policy's mode, and the body may be empty:
+// PATCH /policy?mode=audit runs the sandbox's policy in audit, ?mode=enforce enforces
+// it again.
 func (a *policyAPI) patch(r *http.Request, id string) error {
+	var mode policies.Mode
+	if q := r.URL.Query().Get("mode"); q != "" {
+		m, err := policies.ParseMode(q)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		mode = m
+	}
 	body, err := readBody(r)
+	if mode != "" && errors.Is(err, errEmptyBody) {
+		body, err = []byte("[]"), nil
+	}
 	if err != nil {
 		return err
 	}
-	rules, err := policies.ParseRules("request body", body)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	var rules []policies.Rule
+	if mode == "" || strings.TrimSpace(string(body)) != "[]" {
+		if rules, err = policies.ParseRules("request body", body); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
 	}
-	return a.change(r, id, "patch", func(cur *policies.Policy) (*policies.Policy, error) {
+	kind := "patch"
+	if mode != "" {
+		kind = "patch mode " + string(mode)
+	}
+	return a.change(r, id, kind, func(cur *policies.Policy) (*policies.Policy, error) {
 		p, err := policies.Patch(cur, rules)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		}
+		if mode != "" {
+			p.Mode = mode
 		}
 		return p, nil
 	})
@@ -377,7 +401,10 @@ func readBody(r *http.Request) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the body exceeds %d bytes", ErrInvalidJSON, maxBody)
 	}
 	if len(b) == 0 {
-		return nil, fmt.Errorf("%w: the body is empty", ErrInvalidJSON)
+		return nil, errEmptyBody
 	}
 	return b, nil
 }
+
+// errEmptyBody is readBody's error for a request without a body.
+var errEmptyBody = fmt.Errorf("%w: the body is empty", ErrInvalidJSON)

@@ -63,8 +63,10 @@ func Compile(p *Policy, opts CompileOptions) (*Decider, error) {
 	}
 	for i := range d.rules.rules {
 		r := &d.rules.rules[i]
+		mode := p.RuleMode(&r.raw)
+		r.audit = r.action == Deny && mode == AuditMode
 		if r.raw.HTTP != nil && r.action == Allow {
-			r.http = compileHTTP(r.ref, r.source, r.raw.HTTP, d.mode, d.version)
+			r.http = compileHTTP(r.ref, r.source, r.raw.HTTP, mode, d.version)
 		}
 	}
 	for _, s := range []*ruleSet{d.deny, d.allow, d.rules} {
@@ -103,6 +105,9 @@ type crule struct {
 	raw    Rule
 	desc   string    // describe(), computed once
 	http   *HTTPHost // the rule's HTTP rules; nil: none
+	// audit: a deny of the policy whose effective mode is audit (its denials pass as
+	// WouldDeny). Never set on the overlay.
+	audit bool
 }
 
 const (
@@ -162,7 +167,7 @@ func (r *crule) scope() PortSet {
 
 func (r *crule) ipRule(p netip.Prefix, all, overlay bool) IPRule {
 	return IPRule{Prefix: p, Action: r.action, Ports: r.raw.Ports, Protocols: r.raw.Protocols,
-		CatchAll: all, Rule: r.ref, Overlay: overlay}
+		CatchAll: all, Rule: r.ref, Overlay: overlay, Audit: r.audit}
 }
 
 // ruleSet is one layer's rules with its indexes. Index lists hold rule positions in

@@ -26,8 +26,9 @@ type Decider struct {
 
 // Decision is the outcome for one destination. A deny is a value, not an error.
 type Decision struct {
-	// Action is what to enforce. In report mode a policy denial becomes Allow with
-	// WouldDeny set; overlay denials and the special-address guard are always enforced.
+	// Action is what to enforce. A denial by a rule (or the default) in audit mode
+	// becomes Allow with WouldDeny set, Rule naming what would have denied; overlay
+	// denials and the special-address guard are always enforced.
 	Action    Action
 	WouldDeny bool
 	// Mode is the policy's mode.
@@ -62,8 +63,12 @@ type IPRule struct {
 	CatchAll bool
 	// Rule is the rule's reference, as in Decision.Rule.
 	Rule string
-	// Overlay marks a rule of the operator overlay, which report mode does not relax.
+	// Overlay marks a rule of the operator overlay, which audit mode does not relax.
 	Overlay bool
+	// Audit marks a deny rule of the policy whose effective mode (Policy.RuleMode) is
+	// audit: what it matches passes and is reported as would-deny, except special
+	// addresses (Classify), which stay denied (the guard) in every mode.
+	Audit bool
 }
 
 // Policy returns a copy of the source policy.
@@ -72,7 +77,8 @@ func (d *Decider) Policy() *Policy { return d.policy.Clone() }
 // Version returns the policy revision.
 func (d *Decider) Version() uint64 { return d.version }
 
-// Mode returns enforce or report.
+// Mode returns the policy's mode, enforce or audit (rules may override it: IPRule.Audit,
+// Decision.WouldDeny).
 func (d *Decider) Mode() Mode { return d.mode }
 
 // DefaultAction returns the action when no rule matches.
@@ -109,17 +115,24 @@ func (d *Decider) Decide(target string, port uint16, proto Protocol) Decision {
 	return d.DecideName(target, port, proto)
 }
 
-func (d *Decider) decision(a Action, rule, reason string, overlay bool) Decision {
+// decision builds a Decision; a denial with audit set (a rule or default in audit mode)
+// becomes Allow with WouldDeny.
+func (d *Decider) decision(a Action, rule, reason string, audit bool) Decision {
 	dec := Decision{Action: a, Mode: d.mode, Rule: rule, Reason: reason, Version: d.version}
-	if a == Deny && d.mode == Report && !overlay {
+	if a == Deny && audit {
 		dec.Action, dec.WouldDeny = Allow, true
 	}
 	return dec
 }
 
+// defaultDecision is the decision of the default action (audited in audit mode).
+func (d *Decider) defaultDecision() Decision {
+	return d.decision(d.def, "default", defaultReason[d.def], d.mode == AuditMode)
+}
+
 func (d *Decider) ruleDecision(s *ruleSet, i int32) Decision {
 	r := &s.rules[i]
-	dec := d.decision(r.action, r.ref, r.desc, s.layer != layerEgress)
+	dec := d.decision(r.action, r.ref, r.desc, r.audit)
 	dec.HTTP = r.http
 	return dec
 }
@@ -161,7 +174,7 @@ func (d *Decider) DecideName(name string, port uint16, proto Protocol) Decision 
 	if i := d.rules.firstName(name, port, proto); i >= 0 {
 		return d.ruleDecision(d.rules, i)
 	}
-	return d.decision(d.def, "default", defaultReason[d.def], false)
+	return d.defaultDecision()
 }
 
 var defaultReason = map[Action]string{Allow: "no rule matches; default allow", Deny: "no rule matches; default deny"}
@@ -170,7 +183,7 @@ var defaultReason = map[Action]string{Allow: "no rule matches; default allow", D
 // Without port-limited rules the first match decides everything (the fast path).
 func (d *Decider) nameScope(name string) Decision {
 	if !d.deny.restricted && !d.allow.restricted && !d.rules.restricted {
-		dec := d.decision(d.def, "default", defaultReason[d.def], false)
+		dec := d.defaultDecision()
 		for _, s := range []*ruleSet{d.deny, d.allow, d.rules} {
 			if i := s.firstName(name, 0, ""); i >= 0 {
 				dec = d.ruleDecision(s, i)
@@ -183,8 +196,10 @@ func (d *Decider) nameScope(name string) Decision {
 		return dec
 	}
 	undecided := PortSet{TCP: allPorts, UDP: allPorts}
-	var allowed, reportAllowed PortSet
-	var firstAllow, firstDeny, overlayDeny *crule
+	// passable: what may be reached, allowed or let through by a rule (or the
+	// default) in audit mode; allowed ⊆ passable.
+	var allowed, passable PortSet
+	var firstAllow, firstDeny, firstAudit *crule
 	apply := func(s *ruleSet) {
 		for _, i := range s.nameMatches(name) {
 			r := &s.rules[i]
@@ -201,12 +216,11 @@ func (d *Decider) nameScope(name string) Decision {
 			} else if firstDeny == nil {
 				firstDeny = r
 			}
-			if r.action == Deny && s.layer == layerDeny && overlayDeny == nil {
-				overlayDeny = r
+			if r.action == Deny && r.audit && firstAudit == nil {
+				firstAudit = r
 			}
-			if r.action == Allow || s.layer != layerDeny {
-				// report mode: everything not denied by the overlay stays reachable
-				reportAllowed.TCP, reportAllowed.UDP = union(reportAllowed.TCP, tcp), union(reportAllowed.UDP, udp)
+			if r.action == Allow || r.audit {
+				passable.TCP, passable.UDP = union(passable.TCP, tcp), union(passable.UDP, udp)
 			}
 			undecided.TCP, undecided.UDP = subtract(undecided.TCP, sc.TCP), subtract(undecided.UDP, sc.UDP)
 		}
@@ -214,35 +228,38 @@ func (d *Decider) nameScope(name string) Decision {
 	apply(d.deny)
 	apply(d.allow)
 	apply(d.rules)
-	defaultUsed := !undecided.Empty()
-	if defaultUsed {
+	defaultAudit := false
+	if !undecided.Empty() {
 		if d.def == Allow {
 			allowed.TCP, allowed.UDP = union(allowed.TCP, undecided.TCP), union(allowed.UDP, undecided.UDP)
 		}
-		reportAllowed.TCP, reportAllowed.UDP = union(reportAllowed.TCP, undecided.TCP), union(reportAllowed.UDP, undecided.UDP)
+		if d.def == Allow || d.mode == AuditMode {
+			passable.TCP, passable.UDP = union(passable.TCP, undecided.TCP), union(passable.UDP, undecided.UDP)
+			defaultAudit = d.def == Deny
+		}
 	}
 	if !allowed.Empty() {
 		dec := Decision{Action: Allow, Mode: d.mode, Rule: "default", Reason: defaultReason[Allow], Version: d.version}
 		if firstAllow != nil {
 			dec.Rule, dec.Reason = firstAllow.ref, firstAllow.desc
 		}
-		dec.Ports = allowed
-		if d.mode == Report {
-			dec.Ports = reportAllowed
-		}
+		dec.Ports = passable
 		return dec
 	}
-	if d.mode == Report && reportAllowed.Empty() && overlayDeny != nil {
-		return d.decision(Deny, overlayDeny.ref, overlayDeny.desc, true)
+	if !passable.Empty() {
+		// Nothing is allowed, but a rule or the default in audit mode lets some
+		// ports through: would-deny, naming the first such rule.
+		dec := d.decision(Deny, "default", defaultReason[Deny], true)
+		if firstAudit != nil && (!defaultAudit || firstDeny == firstAudit) {
+			dec = d.decision(Deny, firstAudit.ref, firstAudit.desc, true)
+		}
+		dec.Ports = passable
+		return dec
 	}
-	dec := d.decision(Deny, "default", defaultReason[Deny], false)
 	if firstDeny != nil {
-		dec = d.decision(Deny, firstDeny.ref, firstDeny.desc, false)
+		return d.decision(Deny, firstDeny.ref, firstDeny.desc, false)
 	}
-	if dec.WouldDeny {
-		dec.Ports = reportAllowed
-	}
-	return dec
+	return d.decision(Deny, "default", defaultReason[Deny], false)
 }
 
 // DecideAddr decides a destination address reached directly (not through a name):
@@ -260,12 +277,15 @@ func (d *Decider) DecideAddr(a netip.Addr, port uint16, proto Protocol) Decision
 		return d.ruleDecision(d.allow, i)
 	}
 	if i := d.rules.firstAddr(a, port, proto, class.Special(), false); i >= 0 {
+		if class.Special() && d.rules.rules[i].audit {
+			return d.guard(a, class) // audit mode never opens the floor
+		}
 		return d.ruleDecision(d.rules, i)
 	}
 	if class.Special() {
 		return d.guard(a, class)
 	}
-	return d.decision(d.def, "default", defaultReason[d.def], false)
+	return d.defaultDecision()
 }
 
 // DecideLearned classifies an address that an allowed name resolved to, before it is
@@ -283,7 +303,9 @@ func (d *Decider) DecideLearned(name string, a netip.Addr, port uint16, proto Pr
 		return d.ruleDecision(d.allow, i)
 	}
 	if i := d.rules.firstAddr(a, port, proto, false, true); i >= 0 {
-		return d.ruleDecision(d.rules, i)
+		if !(class.Special() && d.rules.rules[i].audit) {
+			return d.ruleDecision(d.rules, i)
+		}
 	}
 	if class.Special() {
 		dec := d.guard(a, class)

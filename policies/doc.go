@@ -28,7 +28,9 @@
 // Special addresses (Classify: private, CGNAT, loopback, link-local, IPv4-mapped, ...)
 // are reached only through an explicit IP/CIDR allow rule: catch-all allows, the default
 // and names' DNS answers never reach them (DecideLearned), which defeats DNS rebinding.
-// In report mode, policy denials become Allow with WouldDeny set.
+// In audit mode (mode: audit on the policy, a deny rule or a deny HTTP rule; "report"
+// is read as audit), a denial becomes Allow with WouldDeny set and Rule naming what
+// would have denied; overlay denials and special addresses stay denied in every mode.
 //
 // A Decider is immutable and safe for concurrent use; a policy change compiles a new
 // one. It exposes what datapaths need: IPRules (static prefixes with ports and

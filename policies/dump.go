@@ -22,8 +22,12 @@ func (d *Decider) Dump(w io.Writer) {
 	}
 	fmt.Fprintf(w, "ip-rules %d\n", len(d.ipRules))
 	for _, r := range d.ipRules {
-		fmt.Fprintf(w, "  %s %s ports=%s protocols=%s catchAll=%t %s\n", r.Prefix, r.Action,
-			joinPorts(r.Ports), joinProtos(r.Protocols), r.CatchAll, r.Rule)
+		mode := ""
+		if r.Audit {
+			mode = " mode=audit"
+		}
+		fmt.Fprintf(w, "  %s %s ports=%s protocols=%s catchAll=%t %s%s\n", r.Prefix, r.Action,
+			joinPorts(r.Ports), joinProtos(r.Protocols), r.CatchAll, r.Rule, mode)
 	}
 }
 

@@ -75,6 +75,9 @@ type HTTPRule struct {
 	MCPTools []string `json:"mcpTools,omitempty"`
 	// Comment is free text shown by `airlock policy explain`.
 	Comment string `json:"comment,omitempty"`
+	// Mode, on a deny rule, overrides the mode of the host's rules (the egress rule's,
+	// else the policy's): audit lets a request it denies pass as would_deny.
+	Mode Mode `json:"mode,omitempty"`
 	// Line is the rule's line in its source document (0 when built in code).
 	Line int `json:"-"`
 }
@@ -144,6 +147,7 @@ func (p *parser) httpRules(n *yaml.Node, path string) *HTTPRules {
 func (p *parser) httpRule(n *yaml.Node, path string) HTTPRule {
 	r := HTTPRule{Line: n.Line}
 	hasAction := false
+	var modeNode *yaml.Node
 	strMap := func(v *yaml.Node, path string, header bool) map[string]string {
 		if v.Kind != yaml.MappingNode {
 			p.errorf(v, path, "expected a mapping of names to values, found %s", describe(v))
@@ -209,11 +213,15 @@ func (p *parser) httpRule(n *yaml.Node, path string) HTTPRule {
 		"query":    func(v *yaml.Node, path string) { r.Query = strMap(v, path, false) },
 		"headers":  func(v *yaml.Node, path string) { r.Headers = strMap(v, path, true) },
 		"comment":  func(v *yaml.Node, path string) { r.Comment, _ = p.str(v, path) },
+		"mode":     func(v *yaml.Node, path string) { r.Mode, modeNode = p.mode(v, path), v },
 		"jsonrpc":  func(v *yaml.Node, path string) { r.JSONRPC = p.nameList(v, path) },
 		"mcpTools": func(v *yaml.Node, path string) { r.MCPTools = p.nameList(v, path) },
 	})
 	if n.Kind == yaml.MappingNode && !hasAction {
 		p.errorf(n, path, "missing key \"action\" (allow or deny)")
+	}
+	if modeNode != nil && r.Mode != "" && r.Action == Allow {
+		p.errorf(modeNode, path+".mode", "mode applies to a deny rule; an allow rule has nothing to audit")
 	}
 	return r
 }

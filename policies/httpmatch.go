@@ -61,9 +61,11 @@ type hrule struct {
 	headers [][2]string // lower-case names
 	// rpcMethods and mcpTools are the body conditions (nil: none).
 	rpcMethods, mcpTools []string
-	ref                  string
-	desc                 string
-	raw                  HTTPRule
+	// mode is the rule's effective mode (its own, else the host's).
+	mode Mode
+	ref  string
+	desc string
+	raw  HTTPRule
 }
 
 type pathKind uint8
@@ -84,7 +86,7 @@ func compileHTTP(ref, source string, h *HTTPRules, mode Mode, version uint64) *H
 	}
 	add := func(r HTTPRule, sub string) {
 		hr := hrule{action: r.Action, methods: r.Methods, ref: ref + ".http." + sub, raw: r,
-			rpcMethods: r.JSONRPC, mcpTools: r.MCPTools}
+			rpcMethods: r.JSONRPC, mcpTools: r.MCPTools, mode: cmp.Or(normalMode(r.Mode), mode)}
 		if hr.readsBody() {
 			c.maxBody = cmp.Or(h.MaxBody, DefaultMaxBody)
 		}
@@ -179,7 +181,8 @@ func (r *hrule) describe(source string) string {
 // Decide checks one request: the first matching rule's action, else the host's default.
 // A request whose path is not canonical (httppath.Canonical) is denied whatever the
 // rules say: servers resolve such paths differently, so no rule can be judged on it.
-// In report mode a denial becomes Allow with WouldDeny set. Rule names the deciding
+// A denial in audit mode (the rule's, else the host's: the egress rule's, else the
+// policy's) becomes Allow with WouldDeny set. Rule names the deciding
 // rule ("egress[0].http.rules[2]", "egress[0].http.access", "egress[0].http.git.fetch",
 // "egress[0].http.default", or "egress[0].http.path" for a refused path).
 //
@@ -188,16 +191,16 @@ func (r *hrule) describe(source string) string {
 func (h *HTTPHost) Decide(q HTTPRequest) Decision {
 	i, path, err := h.first(q)
 	if err != nil {
-		return h.decision(Deny, h.owner+".http.path", err.Error())
+		return h.decision(Deny, h.owner+".http.path", err.Error(), h.mode)
 	}
 	if i < 0 {
-		return h.decision(h.def, h.defRef, fmt.Sprintf("no HTTP rule matches %s %s; default %s", strings.ToUpper(q.Method), path, h.def))
+		return h.decision(h.def, h.defRef, fmt.Sprintf("no HTTP rule matches %s %s; default %s", strings.ToUpper(q.Method), path, h.def), h.mode)
 	}
 	r := &h.rules[i]
 	if r.readsBody() && q.BodyTooLarge {
-		return h.decision(Deny, r.ref, fmt.Sprintf("the request body is larger than %d bytes, too large to check against %s", h.maxBody, r.desc))
+		return h.decision(Deny, r.ref, fmt.Sprintf("the request body is larger than %d bytes, too large to check against %s", h.maxBody, r.desc), h.mode)
 	}
-	return h.decision(r.action, r.ref, r.desc)
+	return h.decision(r.action, r.ref, r.desc, r.mode)
 }
 
 // BodyLimit returns how many body bytes Decide needs (HTTPRequest.Body): 0 when no
@@ -206,9 +209,9 @@ func (h *HTTPHost) BodyLimit() int { return h.maxBody }
 
 func (r *hrule) readsBody() bool { return r.rpcMethods != nil || r.mcpTools != nil }
 
-func (h *HTTPHost) decision(a Action, rule, reason string) Decision {
+func (h *HTTPHost) decision(a Action, rule, reason string, mode Mode) Decision {
 	dec := Decision{Action: a, Mode: h.mode, Rule: rule, Reason: reason, Version: h.version}
-	if a == Deny && h.mode == Report {
+	if a == Deny && mode == AuditMode {
 		dec.Action, dec.WouldDeny = Allow, true
 	}
 	return dec
@@ -402,5 +405,6 @@ func (h *HTTPHost) dump(w io.Writer) {
 // Version returns the policy revision the rules belong to.
 func (h *HTTPHost) Version() uint64 { return h.version }
 
-// Mode returns the policy's mode.
+// Mode returns the host's mode: its egress rule's, else the policy's (a deny HTTP rule
+// may override it).
 func (h *HTTPHost) Mode() Mode { return h.mode }

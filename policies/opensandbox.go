@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -33,9 +34,12 @@ type PolicyStatus struct {
 	// Mode is derived from the default action: "deny_all" or "allow_all".
 	Mode string `json:"mode"`
 	// EnforcementMode names the backend: "ebpf", "nftables" or "dns".
-	EnforcementMode string         `json:"enforcementMode"`
-	Reason          string         `json:"reason,omitempty"`
-	Policy          *NetworkPolicy `json:"policy,omitempty"`
+	EnforcementMode string `json:"enforcementMode"`
+	// PolicyMode is the policy's enforcement mode, an Airlock extension: "enforce" or
+	// "audit" (what the policy would deny passes and is audited as would_deny).
+	PolicyMode string         `json:"policyMode,omitempty"`
+	Reason     string         `json:"reason,omitempty"`
+	Policy     *NetworkPolicy `json:"policy,omitempty"`
 }
 
 // ToNetworkPolicy returns p in the OpenSandbox shape. Airlock extensions (ports,
@@ -46,7 +50,7 @@ func ToNetworkPolicy(p *Policy) (np NetworkPolicy, lossless bool) {
 	lossless = p.Version == 0 && p.Name == "" && p.Mode == "" && p.DNS == nil && p.L7 == "" && p.Audit == ""
 	for _, r := range p.Egress {
 		np.Egress = append(np.Egress, NetworkRule{Action: r.Action, Target: r.Target})
-		lossless = lossless && len(r.Ports) == 0 && len(r.Protocols) == 0 && r.Comment == "" && r.HTTP == nil
+		lossless = lossless && len(r.Ports) == 0 && len(r.Protocols) == 0 && r.Comment == "" && r.HTTP == nil && r.Mode == ""
 	}
 	return np, lossless
 }
@@ -71,7 +75,17 @@ func Status(p *Policy, enforcementMode string) PolicyStatus {
 	if np.DefaultAction == Allow {
 		mode = "allow_all"
 	}
-	return PolicyStatus{Status: "ok", Mode: mode, EnforcementMode: enforcementMode, Policy: &np}
+	return PolicyStatus{Status: "ok", Mode: mode, EnforcementMode: enforcementMode, PolicyMode: string(p.EffectiveMode()), Policy: &np}
+}
+
+// ParseMode reads a mode given outside a document (a query parameter): "enforce",
+// "audit", or the legacy "report" (read as audit). Errors wrap ErrInvalid.
+func ParseMode(s string) (Mode, error) {
+	switch m := normalMode(Mode(strings.TrimSpace(s))); m {
+	case Enforce, AuditMode:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: mode %q is not one of enforce, audit", ErrInvalid, s)
 }
 
 // ParseRules reads a PATCH /policy body: a non-empty JSON (or YAML) list of rules, each

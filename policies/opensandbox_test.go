@@ -90,7 +90,7 @@ func TestNetworkPolicyRoundTrip(t *testing.T) {
 	}
 	st := Status(p, "ebpf")
 	b, _ := json.Marshal(st)
-	if string(b) != `{"status":"ok","mode":"deny_all","enforcementMode":"ebpf","policy":{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"},{"action":"deny","target":"*.x.org"}]}}` {
+	if string(b) != `{"status":"ok","mode":"deny_all","enforcementMode":"ebpf","policyMode":"enforce","policy":{"defaultAction":"deny","egress":[{"action":"allow","target":"pypi.org"},{"action":"deny","target":"*.x.org"}]}}` {
 		t.Errorf("status = %s", b)
 	}
 }

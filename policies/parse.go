@@ -249,6 +249,12 @@ func (p *parser) enum(n *yaml.Node, path string, allowed ...string) (string, boo
 	return s, true
 }
 
+// mode parses a mode: enforce, audit, or the legacy spelling report (read as audit).
+func (p *parser) mode(n *yaml.Node, path string) Mode {
+	s, _ := p.enum(n, path, string(Enforce), string(AuditMode), string(legacyReport))
+	return normalMode(Mode(s))
+}
+
 func (p *parser) policy(root *yaml.Node) *Policy {
 	pol := &Policy{}
 	p.fields(root, "", map[string]func(*yaml.Node, string){
@@ -261,10 +267,7 @@ func (p *parser) policy(root *yaml.Node) *Policy {
 			}
 		},
 		"name": func(v *yaml.Node, path string) { pol.Name, _ = p.str(v, path) },
-		"mode": func(v *yaml.Node, path string) {
-			s, _ := p.enum(v, path, string(Enforce), string(Report))
-			pol.Mode = Mode(s)
-		},
+		"mode": func(v *yaml.Node, path string) { pol.Mode = p.mode(v, path) },
 		"defaultAction": func(v *yaml.Node, path string) {
 			s, _ := p.enum(v, path, string(Allow), string(Deny))
 			pol.DefaultAction = Action(s)
@@ -306,7 +309,7 @@ func (p *parser) rules(n *yaml.Node, path string) []Rule {
 func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
 	r := Rule{Line: n.Line, column: n.Column, src: p.src}
 	var hasAction, hasTarget bool
-	var httpNode *yaml.Node
+	var httpNode, modeNode *yaml.Node
 	p.fields(n, path, map[string]func(*yaml.Node, string){
 		"action": func(v *yaml.Node, path string) {
 			s, _ := p.enum(v, path, string(Allow), string(Deny))
@@ -352,6 +355,13 @@ func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
 			}
 		},
 		"comment": func(v *yaml.Node, path string) { r.Comment, _ = p.str(v, path) },
+		"mode": func(v *yaml.Node, path string) {
+			if !needAction {
+				p.errorf(v, path, "mode is not allowed in the overlay: the overlay is always enforced")
+				return
+			}
+			r.Mode, modeNode = p.mode(v, path), v
+		},
 		"http": func(v *yaml.Node, path string) {
 			if !needAction {
 				p.errorf(v, path, "http rules are not allowed in the overlay")
@@ -363,6 +373,9 @@ func (p *parser) rule(n *yaml.Node, path string, needAction bool) Rule {
 	})
 	if httpNode != nil {
 		p.checkHTTPHost(httpNode, strings.TrimSuffix(path, ".http")+".http", r)
+	}
+	if modeNode != nil && r.Mode != "" && hasAction && r.Action == Allow && httpNode == nil {
+		p.errorf(modeNode, path+".mode", "mode applies to a deny rule or to an allow rule's http rules; an allow rule has nothing to audit")
 	}
 	if n.Kind == yaml.MappingNode {
 		if needAction && !hasAction {

@@ -3,6 +3,7 @@ package policies
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -19,15 +20,33 @@ const (
 	Deny  Action = "deny"
 )
 
-// Mode is how a policy is applied: enforce (deny what it denies) or report (allow
-// everything, but audit what enforce would have denied as would_deny).
+// Mode is how a policy, or one of its rules, is applied: enforce (deny what it denies)
+// or audit (let it pass, but audit what enforce would have denied as would_deny). The
+// platform floor (the operator overlay and the special-address guard) is enforced in
+// every mode.
 type Mode string
 
 // Modes.
 const (
 	Enforce Mode = "enforce"
-	Report  Mode = "report"
+	// AuditMode lets through what the policy (or the rule) would deny, marking the
+	// decision WouldDeny. Written "audit"; the older spelling "report" is read as audit.
+	AuditMode Mode = "audit"
+	// Report is the former name of AuditMode, kept for callers; Parse reads the
+	// spelling "report" as AuditMode.
+	Report = AuditMode
 )
+
+// legacyReport is the spelling of AuditMode before enforcement modes per rule.
+const legacyReport Mode = "report"
+
+// normalMode maps the legacy spelling "report" to AuditMode.
+func normalMode(m Mode) Mode {
+	if m == legacyReport {
+		return AuditMode
+	}
+	return m
+}
 
 // L7Mode says whether TCP 80/443 are redirected to egressd's proxy, which checks the
 // HTTP Host / TLS SNI against the policy and that the destination IP was learned for
@@ -143,6 +162,11 @@ type Rule struct {
 	Protocols []Protocol `json:"protocols,omitempty"`
 	// Comment is free text shown by `airlock policy explain`.
 	Comment string `json:"comment,omitempty"`
+	// Mode overrides the policy's mode for this rule: on a deny rule, audit lets what
+	// it denies pass as would_deny (and enforce enforces it in a policy in audit mode);
+	// on an allow rule with HTTP rules it is the default mode of those rules. Empty: the
+	// policy's mode.
+	Mode Mode `json:"mode,omitempty"`
 	// HTTP, on an allow rule for a name, holds the rules every HTTP request to that host
 	// must pass (http.go); nil: none, the host is decided by name only.
 	HTTP *HTTPRules `json:"http,omitempty"`
@@ -161,7 +185,7 @@ type Policy struct {
 	Version int `json:"version,omitempty"`
 	// Name is a label for humans and logs.
 	Name string `json:"name,omitempty"`
-	// Mode is enforce (default) or report.
+	// Mode is enforce (default) or audit (see Mode).
 	Mode Mode `json:"mode,omitempty"`
 	// DefaultAction applies when no rule matches; default deny (as in OpenSandbox).
 	DefaultAction Action `json:"defaultAction,omitempty"`
@@ -177,12 +201,41 @@ type Policy struct {
 	Source string `json:"-"`
 }
 
-// EffectiveMode returns Mode or its default, enforce.
+// EffectiveMode returns Mode or its default, enforce ("report" reads as audit).
 func (p *Policy) EffectiveMode() Mode {
 	if p.Mode == "" {
 		return Enforce
 	}
-	return p.Mode
+	return normalMode(p.Mode)
+}
+
+// RuleMode returns the effective mode of rule r of p: its own Mode, else the policy's.
+func (p *Policy) RuleMode(r *Rule) Mode {
+	if r.Mode != "" {
+		return normalMode(r.Mode)
+	}
+	return p.EffectiveMode()
+}
+
+// HasAuditRules reports whether the policy audits instead of enforcing anywhere: in
+// audit mode, or with a rule (or HTTP rule) in audit mode.
+func (p *Policy) HasAuditRules() bool {
+	if p == nil {
+		return false
+	}
+	if p.EffectiveMode() == AuditMode {
+		return true
+	}
+	for i := range p.Egress {
+		r := &p.Egress[i]
+		if normalMode(r.Mode) == AuditMode {
+			return true
+		}
+		if r.HTTP != nil && slices.ContainsFunc(r.HTTP.Rules, func(h HTTPRule) bool { return normalMode(h.Mode) == AuditMode }) {
+			return true
+		}
+	}
+	return false
 }
 
 // EffectiveDefault returns DefaultAction or its default, deny.

@@ -93,6 +93,9 @@ func validateOne(out io.Writer, path string, overlay bool) error {
 	if hosts > 0 {
 		extra = fmt.Sprintf(", http rules on %d hosts", hosts)
 	}
+	if n := ownModeRules(p); n > 0 {
+		extra += fmt.Sprintf(", %d rules in %s", n, otherMode(p.EffectiveMode()))
+	}
 	fmt.Fprintf(out, "%s: ok: %d rules, default %s, mode %s, l7 %s, audit %s%s\n", path, len(p.Egress),
 		p.EffectiveDefault(), p.EffectiveMode(), p.EffectiveL7(), p.EffectiveAudit(), extra)
 	return nil
@@ -188,10 +191,11 @@ func explain(out io.Writer, d *policies.Decider, target string, port uint16, pro
 	}
 	verdict := string(dec.Action)
 	if dec.WouldDeny {
-		verdict += " (report mode: enforce would deny)"
+		verdict += " (audit mode: would_deny, enforce would deny)"
 	}
 	fmt.Fprintf(out, "target:   %s (%s) at %s\n", target, kind, at)
 	fmt.Fprintf(out, "decision: %s\n", verdict)
+	fmt.Fprintf(out, "mode:     %s\n", modeLine(d, dec.Rule))
 	fmt.Fprintf(out, "rule:     %s\n", dec.Rule)
 	fmt.Fprintf(out, "reason:   %s\n", dec.Reason)
 	if port == 0 && proto == "" && kind == "name" && dec.Action == policies.Allow {
@@ -229,4 +233,52 @@ func explain(out io.Writer, d *policies.Decider, target string, port uint16, pro
 	if !decided && dec.Rule == "guard" {
 		fmt.Fprintln(out, "  (no explicit IP/CIDR rule allows this special address)")
 	}
+}
+
+// ownModeRules counts the rules (and HTTP rules) of p whose own mode differs from the
+// policy's.
+func ownModeRules(p *policies.Policy) int {
+	n := 0
+	for i := range p.Egress {
+		r := &p.Egress[i]
+		if p.RuleMode(r) != p.EffectiveMode() {
+			n++
+		}
+		if r.HTTP != nil {
+			for _, h := range r.HTTP.Rules {
+				if h.Mode != "" && h.Mode != p.RuleMode(r) {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+func otherMode(m policies.Mode) policies.Mode {
+	if m == policies.AuditMode {
+		return policies.Enforce
+	}
+	return policies.AuditMode
+}
+
+// modeLine says the policy's mode and, when the deciding rule (ref "egress[i]" or
+// "egress[i].http…") has another, that one; the overlay and the guard are always
+// enforced.
+func modeLine(d *policies.Decider, ref string) string {
+	line := fmt.Sprintf("policy %s", d.Mode())
+	switch {
+	case strings.HasPrefix(ref, "overlay.") || ref == "guard":
+		return line + "; the platform floor (" + ref + ") is enforced in every mode"
+	case strings.HasPrefix(ref, "egress["):
+		var i int
+		if _, err := fmt.Sscanf(ref, "egress[%d]", &i); err != nil {
+			return line
+		}
+		p := d.Policy()
+		if i < len(p.Egress) && p.Egress[i].Mode != "" {
+			line += fmt.Sprintf(", %s egress[%d] %s", "rule", i, p.RuleMode(&p.Egress[i]))
+		}
+	}
+	return line
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -55,7 +57,7 @@ func TestPolicyExplain(t *testing.T) {
 		{[]string{"--overlay", "../../deploy/policies/overlays/operator.yaml", "../../deploy/policies/report-rollout.yaml", "169.254.169.254"},
 			[]string{"class link-local", "decision: deny", "overlay.alwaysDeny[0]"}},
 		{[]string{"../../deploy/policies/report-rollout.yaml", "unknown.example.net"},
-			[]string{"decision: allow (report mode: enforce would deny)"}},
+			[]string{"decision: allow (audit mode: would_deny, enforce would deny)", "mode:     policy audit"}},
 		{[]string{"../../deploy/policies/github-readonly.yaml", "10.40.1.2", "--port", "22"},
 			[]string{"class private", "rule:     guard"}},
 	}
@@ -114,5 +116,51 @@ func TestPolicyValidateHTTPRules(t *testing.T) {
 	out, err = run(t, newPolicyCmd(), "validate", "../../deploy/policies/github-http.yaml")
 	if err != nil || !strings.Contains(out, "http rules on 2 hosts") {
 		t.Fatalf("err = %v\n%s", err, out)
+	}
+}
+
+// TestPolicyModes: validate, explain and diff show the enforcement mode of the policy
+// and of its rules.
+func TestPolicyModes(t *testing.T) {
+	const file = "../../deploy/policies/audit-rules.yaml"
+	out, err := run(t, newPolicyCmd(), "validate", file)
+	if err != nil || !strings.Contains(out, "mode enforce") || !strings.Contains(out, "2 rules in audit") {
+		t.Errorf("validate: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{file, "files.pythonhosted.org", "--port", "443", "--proto", "tcp"},
+			[]string{"decision: allow (audit mode: would_deny", "mode:     policy enforce, rule egress[1] audit", "rule:     egress[1]"}},
+		{[]string{file, "169.254.169.254"}, []string{"decision: deny", "platform floor (overlay.alwaysDeny[0]) is enforced in every mode"}},
+		{[]string{file, "DELETE", "https://api.github.com/repos/o/r"},
+			[]string{"http decision: allow (audit mode: would_deny", "http rule:     egress[2].http.rules[0]"}},
+		{[]string{file, "POST", "https://api.github.com/repos/o/r"},
+			[]string{"http decision: deny", "http mode:     enforce", "http rule:     egress[2].http.default"}},
+	} {
+		out, err := run(t, newPolicyCmd(), append([]string{"explain"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("explain %v lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	if err := os.WriteFile(a, []byte("egress: [{action: deny, target: x.test, mode: audit}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte("mode: audit\negress: [{action: deny, target: x.test}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(t, newPolicyCmd(), "diff", a, b)
+	for _, w := range []string{"~ mode: enforce -> audit", "- deny x.test mode audit", "+ deny x.test"} {
+		if err != nil || !strings.Contains(out, w) {
+			t.Errorf("diff lacks %q: %v\n%s", w, err, out)
+		}
 	}
 }

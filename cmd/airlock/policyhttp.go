@@ -62,9 +62,10 @@ func explainHTTP(out io.Writer, d *policies.Decider, method, rawURL string, head
 	hd, matches := dec.HTTP.Explain(q)
 	verdict := string(hd.Action)
 	if hd.WouldDeny {
-		verdict += " (report mode: enforce would deny)"
+		verdict += " (audit mode: would_deny, enforce would deny)"
 	}
 	fmt.Fprintf(out, "http decision: %s\n", verdict)
+	fmt.Fprintf(out, "http mode:     %s\n", dec.HTTP.Mode())
 	fmt.Fprintf(out, "http rule:     %s\n", hd.Rule)
 	fmt.Fprintf(out, "http reason:   %s\n", hd.Reason)
 	fmt.Fprintln(out, "http rules in evaluation order (HTTPS to this host is intercepted with the sandbox's CA):")

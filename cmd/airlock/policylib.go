@@ -240,6 +240,9 @@ func canonicalRules(p *policies.Policy) []string {
 			}
 			s += " " + strings.Join(ps, ",")
 		}
+		if r.Mode != "" {
+			s += " mode " + string(p.RuleMode(&r))
+		}
 		out = append(out, s)
 		if h := r.HTTP; h != nil {
 			// One line per HTTP rule and preset, so a changed request rule shows alone.
@@ -272,7 +275,7 @@ func policyTest(f *sandboxFlags) *cobra.Command {
 audit log directory with --audit-dir, and decides each again with the candidate (a file,
 or a named policy of the server), with the built-in operator overlay. Prints what the
 candidate would deny that was allowed, and allow that was denied, with counts and the
-deciding rule: the safe way to roll out a tighter policy (report mode is the other).
+deciding rule: the safe way to roll out a tighter policy (audit mode is the other).
 --since takes an RFC 3339 time or a duration back from now (1h, 30m).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -22,8 +22,10 @@
 //     or on the protocols and port ranges it was learned for.
 //  9. Otherwise Policy.Default decides.
 //
-// In report mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
-// instead and is reported as KindWouldDrop, except a rule with ActionDenyAlways. A new allowed flow is reported as KindFlow
+// In audit mode (Policy.Report) every policy drop of steps 3, 4, 6 and 9 passes
+// instead and is reported as KindWouldDrop, except a rule with ActionDenyAlways. A rule
+// with ActionDenyAudit (a deny rule in audit mode in a policy that enforces) passes and
+// reports KindWouldDrop in either mode. A new allowed flow is reported as KindFlow
 // and a drop as KindDrop: eBPF reports the first packet of a denied flow (the
 // packets of a 5-tuple less than 2 s apart) and counts the rest (FlowCounter);
 // nftables reports every dropped packet and resets TCP (reset) or answers ICMP
@@ -201,7 +203,8 @@ type Policy struct {
 	IPv6 IPv6Mode
 	// L7 marks TCP 80/443 that no static rule decided for the L7 proxy.
 	L7 bool
-	// Report passes what would be dropped and reports it (mode: report).
+	// Report passes what would be dropped and reports it (mode: audit, formerly
+	// report).
 	Report bool
 	// CountFlows counts the packets and bytes each allowed outbound flow sends, and
 	// reports a flow that resumes after a flow window quiet as a new KindFlow event
@@ -219,7 +222,7 @@ type Rule struct {
 	// Ports is the inclusive destination port range; the zero value matches every
 	// port. A rule with ports never matches ICMP.
 	Ports PortRange
-	// Action is ActionAllow, ActionDeny or ActionDenyAlways.
+	// Action is ActionAllow, ActionDeny, ActionDenyAlways or ActionDenyAudit.
 	Action Action
 	// ID is reported back in events (Event.Rule) so audit can name the rule; 0 is
 	// "no id".
@@ -282,6 +285,10 @@ const (
 	// overlay and the special-address guard hold in report mode too, as in package
 	// policies. Not a default action.
 	ActionDenyAlways Action = 2
+	// ActionDenyAudit is a rule's deny in audit mode (policies.IPRule.Audit) in a
+	// policy that otherwise enforces: what it matches passes, reported as
+	// KindWouldDrop, as if the policy were in report mode. Not a default action.
+	ActionDenyAudit Action = 3
 )
 
 // String returns "allow" or "deny".

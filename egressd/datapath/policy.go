@@ -95,7 +95,7 @@ func ValidatePolicy(p Policy) (Policy, error) {
 			r.Prefix = netip.PrefixFrom(r.Prefix.Addr().Unmap(), bits)
 		}
 		r.Prefix = r.Prefix.Masked()
-		if r.Action != ActionAllow && r.Action != ActionDeny && r.Action != ActionDenyAlways {
+		if r.Action != ActionAllow && r.Action != ActionDeny && r.Action != ActionDenyAlways && r.Action != ActionDenyAudit {
 			return p, fmt.Errorf("%w: rule %d: action %d", ErrInvalidSpec, i, r.Action)
 		}
 		if !r.Ports.All() {
@@ -255,7 +255,7 @@ func Allows(p Policy, dst netip.Addr, proto Proto, port uint16, learned bool) bo
 		return false
 	}
 	if r, ok := Match(p.Rules, dst, proto, port, false); ok {
-		return r.Action == ActionAllow
+		return r.Action == ActionAllow || r.Action == ActionDenyAudit
 	}
 	return learned || p.Default == ActionAllow
 }

@@ -48,9 +48,13 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 		// (The ICMP error needs the packet marked for this host: hostChain.)
 		add(match, act, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	}
+	// wouldDrop passes a packet the policy would drop in enforce mode, reporting it.
+	wouldDrop := func(match []expr.Any, reason datapath.Reason, rule uint16) {
+		add(match, f.logExpr(datapath.KindWouldDrop, reason, rule, id), one(accept))
+	}
 	deny := func(match []expr.Any, reason datapath.Reason, rule uint16) {
 		if p.Report {
-			add(match, f.logExpr(datapath.KindWouldDrop, reason, rule, id), one(accept))
+			wouldDrop(match, reason, rule)
 			return
 		}
 		refuse(match, reason, rule)
@@ -112,6 +116,8 @@ func (f *Filter) chainRules(id string, p datapath.Policy) [][]expr.Any {
 				add(m, allowNew(fm, datapath.ReasonRuleAllow, r.ID))
 			case datapath.ActionDenyAlways:
 				refuse(m, datapath.ReasonRuleDeny, r.ID)
+			case datapath.ActionDenyAudit:
+				wouldDrop(m, datapath.ReasonRuleDeny, r.ID)
 			default:
 				deny(m, datapath.ReasonRuleDeny, r.ID)
 			}
