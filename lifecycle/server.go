@@ -411,8 +411,10 @@ func (s *Server) Handler() http.Handler {
 		// access token, and it guards execd and the egress API even without an API key.
 		// A diagnostics download URL carries its own signature (diagnosticsAPI.download).
 		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") || s.isProxyRoute(r) || isDiagnosticDownload(r)
+		start := time.Now()
 		p, ok := s.authenticate(r)
 		if !ok && !exempt {
+			s.recordRefusal(r, principal.Principal{}, ErrUnauthorized, start)
 			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}
@@ -422,11 +424,13 @@ func (s *Server) Handler() http.Handler {
 		}
 		if !exempt {
 			if err := s.authorize(r, p); err != nil {
+				s.recordRefusal(r, p, err, start)
 				fail(s.log, w, r, err)
 				return
 			}
 		}
-		s.mux.ServeHTTP(w, r)
+		// Mutating calls (and refusals, above) are control-plane records (control.go).
+		s.recordControl(w, r, s.mux.ServeHTTP)
 	})
 }
 
