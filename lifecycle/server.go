@@ -389,7 +389,9 @@ func (s *Server) Close() error {
 // (the egress policy API) add their routes this way before the server is serving.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler returns the HTTP handler of the whole API.
+// Handler returns the HTTP handler of the whole API. With Config.Audit set, every
+// mutating call and every refusal it answers is a control-plane record (source
+// control; control.go).
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rid := r.Header.Get(opensandbox.HeaderRequestID)
