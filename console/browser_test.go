@@ -307,6 +307,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	} else {
 		t.Logf("the denied query was in the live stream %s after the command returned", d.Round(time.Millisecond))
 	}
+	// The timeline: the command, followed by the DNS query it made (linked by time).
+	do(t, ctx, "see the command and its DNS query in the timeline", 15*time.Second,
+		waitJS(`(document.getElementById('timeline-refresh').click(), [...document.querySelectorAll('#timeline li.timeline-command')].some(li =>
+			li.textContent.includes('getent hosts denied.test') && [...li.querySelectorAll('ul li.rec-deny')].some(f => f.textContent.includes('denied.test'))))`))
 	// Filters (server side): allow-only drops it, deny + host brings it back.
 	do(t, ctx, "filter the stream", 30*time.Second,
 		setVal("f-action", "allow"),
