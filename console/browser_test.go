@@ -468,6 +468,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !strings.Contains(export, `"dst_host":"denied.test"`) {
 		t.Errorf("export: %.300q", export)
 	}
+	// The console's own writes (create, mint a signed URL, the refused CSRF attempts
+	// never reached the API) are control-plane records of the signed-in admin, shown in
+	// the audit page's search.
+	do(t, ctx, "control-plane records in the search", 20*time.Second,
+		setVal("s-action", ""),
+		setVal("s-source", "control"),
+		chromedp.Click(id("search-submit")),
+		waitJS(`[...document.querySelectorAll('#results tbody tr')].some(tr => tr.textContent.includes('sandbox.create') && tr.textContent.includes('by admin'))`),
+		waitJS(`[...document.querySelectorAll('#results tbody tr')].some(tr => tr.textContent.includes('signed_url.mint'))`))
 	for _, l := range strings.Split(strings.TrimSpace(export), "\n") {
 		if !strings.HasPrefix(l, "{") || !strings.Contains(l, `"sandbox_id":"`+sbID+`"`) || !strings.Contains(l, `"hash":"`) {
 			t.Errorf("export line %q", l)
