@@ -99,7 +99,7 @@ func (l *Limiter) key(r *Record) (k limitKey, rate float64, burst int, ok bool) 
 		return k, 0, 0, false
 	}
 	k.source = r.Source
-	if (r.Source == SourceGateway || r.Source == SourceIngress) && r.Action == "deny" {
+	if (r.Source == SourceGateway || r.Source == SourceIngress || r.Source == SourceControl) && r.Action == "deny" {
 		k.refusal, k.addr = true, clientPrefix(r.Src)
 		return k, l.cfg.RefusalRate, l.cfg.RefusalBurst, l.cfg.RefusalRate > 0
 	}

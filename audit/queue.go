@@ -3,8 +3,8 @@ package audit
 import "sync/atomic"
 
 // queueSources are the sources that each hold a reserved share of the writer's queue;
-// every other source (a control record, say) shares the last slot.
-var queueSources = [...]Source{SourceDNS, SourceBPF, SourceL7, SourceCredential, SourceGateway, SourceIngress, SourcePolicy, SourceExecd}
+// every other source (one this package does not know) shares the last slot.
+var queueSources = [...]Source{SourceDNS, SourceBPF, SourceL7, SourceCredential, SourceGateway, SourceIngress, SourcePolicy, SourceExecd, SourceControl}
 
 // queueSlots is the number of reserved shares: one per queueSources entry and one for
 // the rest.

@@ -25,6 +25,7 @@ const (
 	SourceIngress    = record.SourceIngress
 	SourceCredential = record.SourceCredential
 	SourceExecd      = record.SourceExecd
+	SourceControl    = record.SourceControl
 )
 
 // Actions besides a policy verdict (see record.ActionLoss and record.ActionSuppressed).

@@ -16,17 +16,22 @@ import (
 )
 
 // recordFilter is the console's filter on audit records beyond audit.Filter: action,
-// source and a host substring (dst_host or dst_ip), all optional.
+// source, a host substring (dst_host or dst_ip) and the principal (extra.principal of
+// control-plane records and agent actions), all optional.
 type recordFilter struct {
-	Action, Source, Host string
+	Action, Source, Host, Principal string
 }
 
 func filterFrom(r *http.Request) recordFilter {
 	q := r.URL.Query()
-	return recordFilter{Action: q.Get("action"), Source: q.Get("source"), Host: strings.ToLower(strings.TrimSpace(q.Get("host")))}
+	return recordFilter{Action: q.Get("action"), Source: q.Get("source"), Host: strings.ToLower(strings.TrimSpace(q.Get("host"))),
+		Principal: strings.TrimSpace(q.Get("principal"))}
 }
 
 func (f recordFilter) match(rec audit.Record) bool {
+	if f.Principal != "" && !(audit.Selector{Principal: f.Principal}).Match(&rec) {
+		return false
+	}
 	if f.Action != "" && rec.Action != f.Action {
 		return false
 	}

@@ -307,6 +307,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	} else {
 		t.Logf("the denied query was in the live stream %s after the command returned", d.Round(time.Millisecond))
 	}
+	// The timeline: the command, followed by the DNS query it made (linked by time).
+	do(t, ctx, "see the command and its DNS query in the timeline", 15*time.Second,
+		waitJS(`(document.getElementById('timeline-refresh').click(), [...document.querySelectorAll('#timeline li.timeline-command')].some(li =>
+			li.textContent.includes('getent hosts denied.test') && [...li.querySelectorAll('ul li.rec-deny')].some(f => f.textContent.includes('denied.test'))))`))
 	// Filters (server side): allow-only drops it, deny + host brings it back.
 	do(t, ctx, "filter the stream", 30*time.Second,
 		setVal("f-action", "allow"),
@@ -464,6 +468,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !strings.Contains(export, `"dst_host":"denied.test"`) {
 		t.Errorf("export: %.300q", export)
 	}
+	// The console's own writes (create, mint a signed URL, the refused CSRF attempts
+	// never reached the API) are control-plane records of the signed-in admin, shown in
+	// the audit page's search.
+	do(t, ctx, "control-plane records in the search", 20*time.Second,
+		setVal("s-action", ""),
+		setVal("s-source", "control"),
+		chromedp.Click(id("search-submit")),
+		waitJS(`[...document.querySelectorAll('#results tbody tr')].some(tr => tr.textContent.includes('sandbox.create') && tr.textContent.includes('by admin'))`),
+		waitJS(`[...document.querySelectorAll('#results tbody tr')].some(tr => tr.textContent.includes('signed_url.mint'))`))
 	for _, l := range strings.Split(strings.TrimSpace(export), "\n") {
 		if !strings.HasPrefix(l, "{") || !strings.Contains(l, `"sandbox_id":"`+sbID+`"`) || !strings.Contains(l, `"hash":"`) {
 			t.Errorf("export line %q", l)

@@ -20,8 +20,8 @@ import (
 //	GET    /keys/self        200 principal.Principal: who the caller is (any role)
 //
 // Every change and refusal is logged with the acting principal and the request id
-// (never a key); the control-plane audit records of key management are not built
-// here.
+// (never a key); its control-plane audit record (source control, op key.*) is made by
+// Server.Handler for every route alike (control.go).
 type keysAPI struct {
 	keys *principal.Keyring
 	log  *slog.Logger

@@ -153,6 +153,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	who, err := p.admit(r, id, port, sb)
 	if err == nil && who.ID != "" {
 		r = r.WithContext(principal.NewContext(r.Context(), who))
+		noteProxyPrincipal(r, who)
 	}
 	if err == nil && pathform.Refuse(r) {
 		// The server proxy is a path form on lifecycle's API origin, shared with every

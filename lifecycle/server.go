@@ -389,7 +389,9 @@ func (s *Server) Close() error {
 // (the egress policy API) add their routes this way before the server is serving.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler returns the HTTP handler of the whole API.
+// Handler returns the HTTP handler of the whole API. With Config.Audit set, every
+// mutating call and every refusal it answers is a control-plane record (source
+// control; control.go).
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rid := r.Header.Get(opensandbox.HeaderRequestID)
@@ -411,8 +413,10 @@ func (s *Server) Handler() http.Handler {
 		// access token, and it guards execd and the egress API even without an API key.
 		// A diagnostics download URL carries its own signature (diagnosticsAPI.download).
 		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") || s.isProxyRoute(r) || isDiagnosticDownload(r)
+		start := time.Now()
 		p, ok := s.authenticate(r)
 		if !ok && !exempt {
+			s.recordRefusal(r, principal.Principal{}, ErrUnauthorized, start)
 			fail(s.log, w, r, ErrUnauthorized)
 			return
 		}
@@ -422,11 +426,13 @@ func (s *Server) Handler() http.Handler {
 		}
 		if !exempt {
 			if err := s.authorize(r, p); err != nil {
+				s.recordRefusal(r, p, err, start)
 				fail(s.log, w, r, err)
 				return
 			}
 		}
-		s.mux.ServeHTTP(w, r)
+		// Mutating calls (and refusals, above) are control-plane records (control.go).
+		s.recordControl(w, r, s.mux.ServeHTTP)
 	})
 }
 

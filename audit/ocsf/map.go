@@ -11,8 +11,10 @@
 // policy versions (source policy), Event Log Activity (1008) for the writer's own
 // loss and suppressed records, Process Activity (1007) for agent actions through
 // execd (commands, code, sessions, PTYs) and File System Activity (1001) for its file
-// operations (source execd), and Base Event (0) for a source this package does not
-// know. Every event's metadata points back to its chain record: original_event_uid is
+// operations (source execd), API Activity (6003) also for control-plane calls (source
+// control: the principal, the op, the target and the answer), and Base Event (0) for
+// a source this package does not know. Every event's metadata points back to its
+// chain record: original_event_uid is
 // the record's seq, uid the seq (with a suffix for the second event of one record),
 // correlation_uid the record's chain hash; message is the record's reason; unmapped
 // keeps Airlock's own fields (the sandbox, action, rule, mode, policy version, prev
@@ -104,6 +106,8 @@ func (m Mapper) Append(b []byte, r *record.Record) []byte {
 		m.http(&w, r)
 	case r.Source == record.SourceExecd:
 		m.execd(&w, r)
+	case r.Source == record.SourceControl:
+		m.control(&w, r)
 	case r.Source == record.SourcePolicy:
 		m.policy(&w, r)
 		if r.Src != "" {
@@ -137,7 +141,7 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 	}
 	w.int("severity_id", int64(sev))
 	w.str("severity", map[int]string{sevInfo: "Informational", sevLow: "Low", sevHigh: "High"}[sev])
-	if r.Action == "deny" || r.Action == record.ActionLoss || r.Source == record.SourceExecd && extraString(r, "outcome") == "failure" {
+	if r.Action == "deny" || r.Action == record.ActionLoss || (r.Source == record.SourceExecd || r.Source == record.SourceControl) && extraString(r, "outcome") == "failure" {
 		w.int("status_id", statusFail)
 		w.str("status", "Failure")
 	} else {

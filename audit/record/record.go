@@ -32,6 +32,14 @@ const (
 	// lifecycle's server proxy), never inside the sandbox: extra.op names the action
 	// (audit/README.md, "Agent actions").
 	SourceExecd Source = "execd"
+	// SourceControl is a control-plane call: a mutating lifecycle API or console call
+	// (sandbox create, delete, renew, pause, resume, policy and vault changes, key
+	// management, signed-URL minting and revocation, snapshots) or a refused one (401,
+	// 403, and a user key's 404 on another principal's sandbox), recorded by
+	// lifecycle's API handler with the principal, the request id, the target and the
+	// outcome: extra.op names the call (audit/README.md, "Control-plane records").
+	// Never a key or a vault value.
+	SourceControl Source = "control"
 )
 
 // Actions besides a policy verdict (allow, deny).

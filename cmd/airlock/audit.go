@@ -19,7 +19,7 @@ const defaultAuditDir = "/var/lib/airlock/audit"
 
 func newAuditCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "audit", Short: "Verify and read the tamper-evident audit log"}
-	cmd.AddCommand(newAuditVerifyCmd(), newAuditTailCmd(), newAuditKeygenCmd())
+	cmd.AddCommand(newAuditVerifyCmd(), newAuditTailCmd(), newAuditQueryCmd(), newAuditKeygenCmd())
 	return cmd
 }
 

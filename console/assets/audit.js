@@ -47,13 +47,19 @@ function params() {
   const f = q('search-form');
   const p = new URLSearchParams({
     sandbox: f.sandbox.value.trim(), since: fromLocalInput(f.since.value), until: fromLocalInput(f.until.value),
-    action: f.action.value, source: f.source.value,
+    action: f.action.value, source: f.source.value, principal: f.principal.value.trim(),
   });
   for (const [k, v] of [...p]) if (!v) p.delete(k);
   return p;
 }
 
 function dest(r) {
+  // A control-plane call or an agent action: what was done, to what, by whom.
+  const x = r.extra ?? {};
+  if (x.op) {
+    const what = x.target ?? x.command ?? x.code ?? x.path ?? '';
+    return `${x.op}${what ? ' ' + what : ''}${x.status ? ' → ' + x.status : ''}${x.principal ? ' by ' + x.principal : ''}`;
+  }
   if (r.dst_host) return r.dst_host + (r.dst_port ? ':' + r.dst_port : '');
   if (r.dst_ip) return r.dst_ip + (r.dst_port ? ':' + r.dst_port : '');
   return '';
