@@ -91,8 +91,13 @@ func (c *Console) handleTimeline(w http.ResponseWriter, r *http.Request) {
 
 // buildTimeline links flows to cmds (both in seq order): a flow naming an execution
 // (extra.execution: a command's command_id or request_id, as a string or in an
-// object's "id", "command_id" or "request_id") goes to that command; any other flow to
-// the latest command whose time window holds it. A flow is listed once.
+// object's "id", "command_id" or "request_id") goes to that command; a flow whose
+// process the kernel saw in a command's process group (extra.execution.pgid of the
+// flow, extra.process_group.pgid of the command: audit/README.md, process
+// attribution) goes to the latest such command started before it, background jobs
+// included; a flow the kernel attributes to the entrypoint or execd itself to none;
+// any other flow to the latest command whose time window holds it. A flow is listed
+// once.
 func buildTimeline(cmds, flows []audit.Record) []TimelineEntry {
 	entries := make([]TimelineEntry, len(cmds))
 	byExec := map[string]int{}
@@ -106,11 +111,25 @@ func buildTimeline(cmds, flows []audit.Record) []TimelineEntry {
 			}
 		}
 	}
+	byGroup := map[int64][]int{} // process group → commands with that group, in order
+	for i, cmd := range cmds {
+		if g, ok := pgidOf(cmd.Extra["process_group"]); ok {
+			byGroup[g] = append(byGroup[g], i)
+		}
+	}
 	for _, f := range flows {
 		if i, ok := byExec[executionOf(f)]; ok {
 			entries[i].Flows = append(entries[i].Flows, f)
 			entries[i].LinkedBy = "execution"
 			continue
+		}
+		if i, ok := groupCommand(byGroup, cmds, f); ok {
+			entries[i].Flows = append(entries[i].Flows, f)
+			entries[i].LinkedBy = "process_group"
+			continue
+		}
+		if x, _ := f.Extra["execution"].(map[string]any); x != nil && (x["by"] == "entrypoint" || x["by"] == "execd") {
+			continue // the kernel saw the entrypoint or execd open it: no command's
 		}
 		for i := len(entries) - 1; i >= 0; i-- {
 			e := &entries[i]
@@ -143,4 +162,34 @@ func executionOf(f audit.Record) string {
 func str(v any) string {
 	s, _ := v.(string)
 	return s
+}
+
+// pgidOf reads the "pgid" of an extra object (extra.process_group, extra.execution).
+func pgidOf(v any) (int64, bool) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return 0, false
+	}
+	g, ok := m["pgid"].(float64)
+	return int64(g), ok && g > 0
+}
+
+// groupCommand is the command whose process group the flow's process was in: the
+// latest one with that group that started before the flow.
+func groupCommand(byGroup map[int64][]int, cmds []audit.Record, f audit.Record) (int, bool) {
+	x, _ := f.Extra["execution"].(map[string]any)
+	if x == nil || x["by"] != "group" {
+		return 0, false
+	}
+	g, ok := pgidOf(x)
+	if !ok {
+		return 0, false
+	}
+	idx := byGroup[g]
+	for j := len(idx) - 1; j >= 0; j-- {
+		if !f.Time.Before(cmds[idx[j]].Time) {
+			return idx[j], true
+		}
+	}
+	return 0, false
 }

@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,43 @@ func TestAuditorSeesControlRecordsAndTimeline(t *testing.T) {
 	}
 	if resp, page := h.do(ac, "GET", "/console/static/timeline.js", "", nil); resp.StatusCode != 200 || !strings.Contains(string(page), "/timeline") {
 		t.Errorf("timeline.js: %d", resp.StatusCode)
+	}
+}
+
+// TestTimelineByProcessGroup: flows whose process the kernel saw in a command's process
+// group (egressd's extra.execution.pgid, the command record's extra.process_group.pgid)
+// go to that command even when they come after it ended (a background job), and to the
+// latest command with that group when a group id is reused; a flow of the entrypoint
+// goes to no command, even inside a command's time window.
+func TestTimelineByProcessGroup(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 1, 0, 0, 0, time.UTC)
+	cmd := func(seq uint64, at time.Duration, pgid float64) audit.Record {
+		return audit.Record{Seq: seq, Time: t0.Add(at), Source: audit.SourceExecd,
+			Extra: map[string]any{"op": "command", "duration_ms": 100.0, "process_group": map[string]any{"pgid": pgid}}}
+	}
+	flow := func(seq uint64, at time.Duration, by string, pgid float64) audit.Record {
+		return audit.Record{Seq: seq, Time: t0.Add(at), Source: audit.SourceBPF,
+			Extra: map[string]any{"execution": map[string]any{"by": by, "pgid": pgid}}}
+	}
+	cmds := []audit.Record{cmd(1, 0, 40), cmd(2, time.Second, 41), cmd(3, 3*time.Second, 40)}
+	flows := []audit.Record{
+		flow(10, 50*time.Millisecond, "group", 40),   // the first command's
+		flow(11, 2*time.Second, "group", 41),         // the second's background job, after it ended
+		flow(12, 3050*time.Millisecond, "group", 40), // group 40 again: the third command's
+		flow(13, 1050*time.Millisecond, "entrypoint", 1),
+	}
+	entries := buildTimeline(cmds, flows)
+	want := [][]uint64{{10}, {11}, {12}} // 13 is the entrypoint's: no command's
+	for i, e := range entries {
+		var got []uint64
+		for _, f := range e.Flows {
+			got = append(got, f.Seq)
+		}
+		if !slices.Equal(got, want[i]) {
+			t.Errorf("command %d: flows %v, want %v", i+1, got, want[i])
+		}
+	}
+	if entries[0].LinkedBy != "process_group" || entries[2].LinkedBy != "process_group" {
+		t.Errorf("linked by %q, %q, want process_group", entries[0].LinkedBy, entries[2].LinkedBy)
 	}
 }
