@@ -2,6 +2,7 @@
 // rules with the explain box, a per-minute chart, and the live egress audit stream (SSE).
 import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL, endpointLink } from './common.js';
 import { drawMinutes } from './charts.js';
+import './desktop.js';
 
 const id = decodeURIComponent(location.pathname.split('/').pop());
 const q = (s) => document.getElementById(s);
