@@ -47,7 +47,10 @@ func DesktopRecipe() Recipe {
 	r.Repository = DesktopRepository
 	r.Packages = append(r.Packages, "xvfb", "x11vnc", "novnc", "websockify", "fluxbox",
 		"scrot", "xdotool", "wmctrl")
-	r.Files = map[string]string{DesktopEntrypoint: desktopScript, DesktopScreenshot: screenshotScript}
+	r.Files = map[string]string{DesktopEntrypoint: desktopScript, DesktopScreenshot: screenshotScript,
+		// fluxbox's wallpaper setter, which would find no image tool and open a message
+		// window on the desktop: the entrypoint puts this directory first in its PATH.
+		"/opt/airlock/bin/fbsetbg": "#!/bin/sh\n# airlock/desktop: no wallpaper.\nexit 0\n"}
 	r.Expose = []int{DesktopVNCPort, DesktopNoVNCPort, BrowserCDPPort}
 	r.Verify = `set -e
 test -x /usr/lib/chromium/chromium

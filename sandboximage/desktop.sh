@@ -30,15 +30,18 @@ for _ in $(seq 100); do
 	[ -S "/tmp/.X11-unix/X$n" ] && break
 	sleep 0.05
 done
-# No wallpaper: fluxbox's default style would call fbsetbg, which finds no setter and
-# opens a message window on the desktop.
-fbdir=${HOME:-/root}/.fluxbox
-mkdir -p "$fbdir"
-[ -f "$fbdir/overlay" ] || echo 'background: none' >"$fbdir/overlay"
-fluxbox >/tmp/fluxbox.log 2>&1 &
+# No wallpaper: fluxbox calls fbsetbg, which finds no image setter in this image and
+# opens a message window on the desktop; /opt/airlock/bin has a fbsetbg that does nothing.
+PATH=/opt/airlock/bin:$PATH fluxbox >/tmp/fluxbox.log 2>&1 &
 x11vnc -display "$DISPLAY" -rfbport "$VNC_PORT" -forever -shared -nopw -quiet \
 	-noxdamage -wait 20 >/tmp/x11vnc.log 2>&1 &
 vnc=$!
+# websockify's page is the desktop's readiness: serve it once VNC listens, so that a
+# client that got the page also gets the VNC stream.
+for _ in $(seq 200); do
+	ss -Hltn "sport = :$VNC_PORT" | grep -q . && break
+	sleep 0.05
+done
 websockify --web /usr/share/novnc "$NOVNC_PORT" 127.0.0.1:"$VNC_PORT" >/tmp/websockify.log 2>&1 &
 novnc=$!
 mkdir -p "$CHROMIUM_PROFILE"

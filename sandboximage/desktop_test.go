@@ -48,8 +48,8 @@ while b"RFB" not in buf or not buf.endswith(b"\n"):
     buf += d
 print(buf.split(b"\r\n")[0].decode().split(" ")[1], buf[buf.index(b"RFB"):].decode().strip())
 PY
-for i in $(seq 100); do DISPLAY=:0 wmctrl -l | grep -q Chromium && break; sleep 0.1; done
-DISPLAY=:0 wmctrl -l | grep -o 'about:blank - Chromium'
+for i in $(seq 100); do DISPLAY=:0 wmctrl -l 2>/dev/null | grep -q Chromium && break; sleep 0.1; done
+DISPLAY=:0 wmctrl -l | cut -d' ' -f5-
 ` + DesktopScreenshot + ` /tmp/s.png
 head -c 8 /tmp/s.png | od -An -c | tr -d ' \n'; echo`
 	out, err = exec.CommandContext(ctx, "docker", "run", "--rm", "--shm-size", "256m", img, "bash", "-c", script).CombinedOutput()
