@@ -48,7 +48,7 @@ while b"RFB" not in buf or not buf.endswith(b"\n"):
     buf += d
 print(buf.split(b"\r\n")[0].decode().split(" ")[1], buf[buf.index(b"RFB"):].decode().strip())
 PY
-for i in $(seq 100); do DISPLAY=:0 wmctrl -l 2>/dev/null | grep -q Chromium && break; sleep 0.1; done
+for i in $(seq 100); do DISPLAY=:0 wmctrl -l 2>/dev/null | grep -q 'about:blank - Chromium' && break; sleep 0.1; done
 DISPLAY=:0 wmctrl -l | cut -d' ' -f5-
 ` + DesktopScreenshot + ` /tmp/s.png
 head -c 8 /tmp/s.png | od -An -c | tr -d ' \n'; echo`
