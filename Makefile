@@ -24,7 +24,7 @@ build: ## build bin/airlock, bin/execd and bin/airlock-gokernel (static)
 prepare: ## install missing packages, start dockerd (gVisor runsc registered), mount bpffs
 	@deploy/host/prepare.sh
 
-image: prepare build ## build the sandbox, code-interpreter, browser and execd images (cached by recipe)
+image: prepare build ## build the sandbox, code-interpreter, browser, desktop and execd images (cached by recipe)
 	$(BIN)/airlock image build all
 
 doctor: build ## check this host: one row per prerequisite, with the fix

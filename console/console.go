@@ -74,6 +74,10 @@ type Config struct {
 	TrustedOrigins []string
 	// DefaultImage pre-fills the create form; default airlock/sandbox:latest.
 	DefaultImage string
+	// GatewayDomain is the gateway's base domain for host-form routes
+	// ("airlock.localhost"): a desktop sandbox's page embeds noVNC from
+	// "<6080-id-exp-tag>.<GatewayDomain>" (desktop.go). Empty: no live desktop.
+	GatewayDomain string
 	// Log receives login, logout and failure records (never the key or a session id).
 	Log *slog.Logger
 	// Now is the clock (tests); default time.Now.
@@ -166,6 +170,8 @@ func (c *Console) routes() {
 	m.Handle("GET /console/api/sandboxes/{id}/events", c.read(c.handleEvents))
 	m.Handle("GET /console/api/sandboxes/{id}/explain", c.read(c.handleExplain))
 	m.Handle("GET /console/api/sandboxes/{id}/timeline", c.read(c.handleTimeline))
+	m.Handle("GET /console/api/sandboxes/{id}/desktop", c.read(c.handleDesktop))
+	m.Handle("POST /console/api/sandboxes/{id}/screenshot", c.write(c.handleScreenshot))
 	m.Handle("GET /console/api/audit", c.read(c.allow(principal.ReadAudit, c.handleAuditSearch)))
 	m.Handle("GET /console/api/audit/verify", c.read(c.allow(principal.ReadAudit, c.handleVerify)))
 	m.Handle("GET /console/api/audit/export", c.read(c.allow(principal.ReadAudit, c.handleExport)))
@@ -190,7 +196,7 @@ func (c *Console) Close() {
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
-		"connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		"connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"+c.frameSources())
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	// Signed URLs and sandbox ids must not leak to the sites endpoints link to; within

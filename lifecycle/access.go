@@ -53,7 +53,7 @@ func migrateAccess(rec *record) bool {
 func (rec *record) secure() bool { return rec.SecureAccess != nil && *rec.SecureAccess }
 
 // accessRules decide the admission mode of a sandbox's ports: token on the control
-// ports (execd's, the egress API's, the DevTools protocol's) and on every port of a secureAccess sandbox, else
+// ports (execd's, the egress API's, the DevTools protocol's, VNC's and noVNC's) and on every port of a secureAccess sandbox, else
 // the operator's default. The gateway applies the same rules from the watch.
 type accessRules struct {
 	// execdPort is Config.ExecdPort; fallback is Config.DefaultAccess.
@@ -75,7 +75,10 @@ func (a accessRules) portMode(secure bool, port int) watch.AccessMode {
 func (a accessRules) watchAccess(rec *record) watch.Access {
 	w := watch.Access{
 		Mode:  a.fallback,
-		Ports: map[int]watch.AccessMode{a.execdPort: watch.Token, opensandbox.EgressAPIPort: watch.Token, opensandbox.CDPPort: watch.Token},
+		Ports: map[int]watch.AccessMode{a.execdPort: watch.Token},
+	}
+	for _, p := range opensandbox.ControlPorts {
+		w.Ports[p] = watch.Token
 	}
 	if rec.secure() {
 		w.Mode = watch.Token

@@ -61,6 +61,8 @@ func TestAccessRules(t *testing.T) {
 	}{
 		{"execd", false, opensandbox.ExecdPort, watch.Token},
 		{"egress_api", false, opensandbox.EgressAPIPort, watch.Token},
+		{"vnc", false, opensandbox.VNCPort, watch.Token},
+		{"novnc", false, opensandbox.NoVNCPort, watch.Token},
 		{"app_port", false, 8080, watch.Public},
 		{"secure_app_port", true, 8080, watch.Token},
 	} {
@@ -70,6 +72,7 @@ func TestAccessRules(t *testing.T) {
 	}
 	w := rules.watchAccess(&record{AccessToken: "t", SecureAccess: &no})
 	if w.Mode != watch.Public || w.ModeFor(opensandbox.ExecdPort) != watch.Token || w.ModeFor(opensandbox.EgressAPIPort) != watch.Token ||
+		w.ModeFor(opensandbox.NoVNCPort) != watch.Token || w.ModeFor(opensandbox.VNCPort) != watch.Token ||
 		w.TokenSHA256 != "e3b98a4da31a127d4bde6e43033f66ba274cab0eb7eb1c70ec41402bf6273dd8" {
 		t.Errorf("watchAccess = %+v", w)
 	}

@@ -41,9 +41,14 @@ func TestWriteJSONUnencodable(t *testing.T) {
 }
 
 func TestControlPorts(t *testing.T) {
-	for port, want := range map[int]bool{ExecdPort: true, EgressAPIPort: true, CDPPort: true, 8080: false, 0: false} {
+	for port, want := range map[int]bool{ExecdPort: true, EgressAPIPort: true, CDPPort: true, VNCPort: true, NoVNCPort: true, 8080: false, 5901: false, 0: false} {
 		if IsControlPort(port) != want {
 			t.Errorf("IsControlPort(%d) = %v", port, !want)
+		}
+	}
+	for i, p := range ControlPorts {
+		if !IsControlPort(p) || (i > 0 && ControlPorts[i-1] >= p) {
+			t.Errorf("ControlPorts = %v: not ascending control ports", ControlPorts)
 		}
 	}
 }

@@ -24,14 +24,29 @@ const (
 	// sandbox's egress policy lets it reach): a control port too. The gateway rewrites
 	// the DevTools URLs in its /json answers to its own (gateway/README.md).
 	CDPPort = 9222
+	// VNCPort is a desktop sandbox's VNC (RFB) port, as OpenSandbox's desktop example
+	// and Airlock's airlock/desktop image use it. VNC drives the desktop: a control
+	// port, so the VNC server needs no password of its own.
+	VNCPort = 5900
+	// NoVNCPort is a desktop sandbox's noVNC port (websockify: noVNC's web page and the
+	// VNC stream as a WebSocket), as airlock/desktop and OpenSandbox's desktop example
+	// use it. A control port, like VNCPort.
+	NoVNCPort = 6080
 )
 
 // IsControlPort reports whether port is one of the sandbox's control ports (execd, the
-// egress API or the DevTools protocol), which always require a credential whatever the
-// sandbox's access mode.
+// egress API, the DevTools protocol, VNC or noVNC), which always require a credential
+// whatever the sandbox's access mode.
 func IsControlPort(port int) bool {
-	return port == ExecdPort || port == EgressAPIPort || port == CDPPort
+	switch port {
+	case ExecdPort, EgressAPIPort, CDPPort, VNCPort, NoVNCPort:
+		return true
+	}
+	return false
 }
+
+// ControlPorts are the ports IsControlPort reports, in ascending order.
+var ControlPorts = []int{VNCPort, NoVNCPort, CDPPort, EgressAPIPort, ExecdPort}
 
 // Header names in canonical MIME form (net/http canonicalises what clients send, so
 // "OPEN-SANDBOX-API-KEY" and "open-sandbox-api-key" both arrive as HeaderAPIKey).

@@ -291,6 +291,9 @@ func (b *Builder) importRoot(ctx context.Context, root string, r Recipe, hash st
 	for _, e := range r.Env {
 		changes = append(changes, "ENV "+e)
 	}
+	for _, p := range r.Expose {
+		changes = append(changes, fmt.Sprintf("EXPOSE %d/tcp", p))
+	}
 	resp, err := b.Docker.ImageImport(ctx, client.ImageImportSource{Source: out, SourceName: "-"}, refs[0],
 		client.ImageImportOptions{Changes: changes, Message: "airlock image build, recipe " + hash})
 	if err != nil {

@@ -174,12 +174,18 @@ ss -ltn | grep -c '127.0.0.1:9223'`
 		t.Errorf("image contents:\n got %s\nwant %s", got, want)
 	}
 
-	// Chromium's security updates: the image takes bookworm-security, so its chromium is
-	// the newest this host's apt knows when the host has the security archive too.
+	checkSecurityArchive(t, ctx, img)
+}
+
+// checkSecurityArchive checks img has bookworm-security among its apt sources and, when
+// this host's apt has a security archive too, that its chromium is the newest this
+// host's apt offers.
+func checkSecurityArchive(t *testing.T, ctx context.Context, img string) {
+	t.Helper()
 	sec, err := exec.CommandContext(ctx, "docker", "run", "--rm", img, "bash", "-c",
 		`cat /etc/apt/sources.list.d/security.list; dpkg-query -W -f='${Version}' chromium`).CombinedOutput()
 	if err != nil || !strings.Contains(string(sec), "bookworm-security") {
-		t.Fatalf("the browser image has no security archive: %v\n%s", err, sec)
+		t.Fatalf("image %s has no security archive: %v\n%s", img, err, sec)
 	}
 	policy, err := exec.CommandContext(ctx, "apt-cache", "policy", "chromium").Output()
 	if err != nil || !strings.Contains(string(policy), "-security") {
@@ -188,8 +194,8 @@ ss -ltn | grep -c '127.0.0.1:9223'`
 	}
 	for _, l := range strings.Split(string(policy), "\n") {
 		if cand, ok := strings.CutPrefix(strings.TrimSpace(l), "Candidate: "); ok && !strings.HasSuffix(strings.TrimSpace(string(sec)), cand) {
-			t.Errorf("the browser image has chromium %q, this host's apt offers %s (with its security updates)",
-				strings.TrimSpace(string(sec)[strings.LastIndex(string(sec), "\n")+1:]), cand)
+			t.Errorf("image %s has chromium %q, this host's apt offers %s (with its security updates)",
+				img, strings.TrimSpace(string(sec)[strings.LastIndex(string(sec), "\n")+1:]), cand)
 		}
 	}
 }

@@ -5,10 +5,12 @@
 // image carries the recipe's hash as a label, so a build whose recipe has not changed is
 // skipped.
 //
-// Three recipes ship: the default image (DefaultRecipe, airlock/sandbox), the code
+// Four recipes ship: the default image (DefaultRecipe, airlock/sandbox), the code
 // interpreter (CodeInterpreterRecipe, airlock/code-interpreter) with kernels for Python,
-// JavaScript, TypeScript and Go, and the browser (BrowserRecipe, airlock/browser):
-// headless Chromium with the DevTools protocol on port 9222. See README.md.
+// JavaScript, TypeScript and Go, the browser (BrowserRecipe, airlock/browser): headless
+// Chromium with the DevTools protocol on port 9222, and the desktop (DesktopRecipe,
+// airlock/desktop): Xvfb, a window manager and Chromium over VNC and noVNC. See
+// README.md.
 package sandboximage
 
 import (
@@ -99,6 +101,8 @@ type Recipe struct {
 	// Files are executable files (mode 0755) written into the root: absolute path inside
 	// the image → content. Their content is part of the hash.
 	Files map[string]string `json:"files,omitempty"`
+	// Expose are the TCP ports the image declares (EXPOSE <port>/tcp in its config).
+	Expose []int `json:"expose,omitempty"`
 }
 
 // Kernelspec is a Jupyter kernelspec
@@ -204,7 +208,8 @@ test -f /usr/lib/chromium/locales/en-US.pak`
 
 // Recipes are the images `airlock image build NAME` knows, by name.
 func Recipes() map[string]Recipe {
-	return map[string]Recipe{"sandbox": DefaultRecipe(), "code-interpreter": CodeInterpreterRecipe(), "browser": BrowserRecipe()}
+	return map[string]Recipe{"sandbox": DefaultRecipe(), "code-interpreter": CodeInterpreterRecipe(),
+		"browser": BrowserRecipe(), "desktop": DesktopRecipe()}
 }
 
 var (
@@ -250,6 +255,11 @@ func (r Recipe) Validate() error {
 	for p := range r.Files {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
 			return fmt.Errorf("recipe: invalid file path %q: want a clean absolute path", p)
+		}
+	}
+	for _, p := range r.Expose {
+		if p < 1 || p > 65535 {
+			return fmt.Errorf("recipe: invalid exposed port %d", p)
 		}
 	}
 	for _, p := range r.Remove {

@@ -157,10 +157,14 @@ type PoolConfig struct {
 // OpenSandbox SDKs' code interpreter asks for by default is served by Airlock's own
 // (`airlock image build code-interpreter`), and the Chrome image of OpenSandbox's
 // browser example (entrypoint /entrypoint, DevTools on 9222) by airlock/browser
-// (`airlock image build browser`; it has /entrypoint too, but no VNC on 5901).
+// (`airlock image build browser`; it has /entrypoint too, but no VNC on 5901), and the
+// image of OpenSandbox's desktop example (Xvfb, a window manager, x11vnc, noVNC) by
+// airlock/desktop (`airlock image build desktop`; VNC on 5900, noVNC on 6080 once its
+// entrypoint /opt/airlock/desktop.sh runs).
 var DefaultImageAliases = map[string]string{
 	"opensandbox/code-interpreter:latest": "airlock/code-interpreter:latest",
 	"opensandbox/chrome:latest":           "airlock/browser:latest",
+	"opensandbox/desktop:latest":          "airlock/desktop:latest",
 }
 
 // ImagesConfig configures how create requests name images.

@@ -46,6 +46,7 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 		SessionTTL:     time.Duration(s.cfg.Console.SessionTTL),
 		EndpointScheme: scheme,
 		TrustedOrigins: s.cfg.Console.TrustedOrigins,
+		GatewayDomain:  consoleGatewayDomain(s.cfg.Gateway),
 		Log:            s.log.With("component", "console"),
 	})
 	if err != nil {
@@ -55,4 +56,13 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	mux.Handle(console.Prefix, con)
 	mux.Handle("/", api)
 	return mux, con.Close, nil
+}
+
+// consoleGatewayDomain is the domain the console embeds a desktop sandbox's noVNC page
+// under: the host-form endpoints' domain, "" when the gateway is off.
+func consoleGatewayDomain(g GatewayConfig) string {
+	if g.Disabled {
+		return ""
+	}
+	return endpointDomain(g)
 }

@@ -31,7 +31,7 @@ func newImageCmd() *cobra.Command {
 	}
 	slices.Sort(names)
 	build := &cobra.Command{
-		Use:       "build [sandbox|code-interpreter|browser|execd|all]",
+		Use:       "build [sandbox|code-interpreter|browser|desktop|execd|all]",
 		Short:     "Build a sandbox image offline from Debian packages (default: the sandbox image), or the execd image",
 		ValidArgs: append(slices.Clone(names), "execd", "all"),
 		Long: `Builds an image with debootstrap and apt from a Debian mirror, then docker import. No
@@ -51,10 +51,14 @@ Docker engine.
                          plus Debian's Chromium and fonts; its entrypoint
                          ` + sandboximage.BrowserEntrypoint + ` starts headless Chromium with the
                          DevTools protocol on port 9222 (connect through the gateway).
+  desktop                ` + sandboximage.DesktopRepository + `:<version> and :latest: the browser image
+                         plus Xvfb, fluxbox, x11vnc and noVNC; its entrypoint
+                         ` + sandboximage.DesktopEntrypoint + ` starts a desktop with Chromium, VNC
+                         on port 5900 and noVNC on port 6080 (through the gateway).
   execd                  ` + sandboximage.ExecdRepository + `:<version> and :latest: the static execd (beside
                          this binary, or --execd) at /execd, run by each Kubernetes sandbox
                          pod's init container (execd --install). Seconds; needs no root.
-  all                    all four.`,
+  all                    all five.`,
 		Args: cobra.MatchAll(cobra.MaximumNArgs(1), cobra.OnlyValidArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			which := []string{"sandbox"}

@@ -3,6 +3,7 @@
 import { api, el, replace, report, note, clear, run, fmtDuration, fmtTime, endpointURL, endpointLink } from './common.js';
 import { drawMinutes } from './charts.js';
 import './timeline.js';
+import './desktop.js';
 
 const id = decodeURIComponent(location.pathname.split('/').pop());
 const q = (s) => document.getElementById(s);

@@ -153,6 +153,22 @@ func NeedBrowserImage(t testing.TB) string {
 	return needImage(t, "browser", BrowserImage())
 }
 
+// DesktopImage is the desktop image tests run: $AIRLOCK_DESKTOP_IMAGE, else
+// airlock/desktop:latest (`make image` builds it).
+func DesktopImage() string {
+	if img := os.Getenv("AIRLOCK_DESKTOP_IMAGE"); img != "" {
+		return img
+	}
+	return "airlock/desktop:latest"
+}
+
+// NeedDesktopImage skips (or fails) unless Docker runs and the desktop image exists
+// locally (`make image` builds it). It returns the image reference.
+func NeedDesktopImage(t testing.TB) string {
+	t.Helper()
+	return needImage(t, "desktop", DesktopImage())
+}
+
 // NeedBPF skips (or fails) unless the test runs as root with the BPF filesystem mounted.
 func NeedBPF(t testing.TB) {
 	t.Helper()
