@@ -4,11 +4,13 @@
 // against a real `airlock up`. The web: a container of this test (airlock/sandbox running
 // a small Python server, no Docker network: a veth from the host into its namespace
 // carries half of TEST-NET-2) serving two sites by name through the test's fake
-// resolver; the sandbox's policy allows both and nothing else.
+// resolver; the sandbox runs under the browser-allowlist preset (deploy/policies) with
+// both sites as its additions, so it reaches them and nothing else. A warm pool of the
+// image serves a create with the pool's limits.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ConnectionConfig, Sandbox } from "@alibaba-group/opensandbox";
@@ -30,6 +32,9 @@ const HOST_IP = "198.51.100.129";
 const SITE_A = "198.51.100.140";
 const SITE_B = "198.51.100.141";
 const DENIED = "198.51.100.150";
+// The browser preset of the policy library, and the warm pool's limits.
+const PRESET = "browser-allowlist";
+const POOL_LIMITS = { cpu: "1", memory: "1Gi" };
 
 let dir;
 let server;
@@ -39,6 +44,10 @@ let gateway;
 let resolver;
 let sbx;
 let browser;
+const SITES = {
+  defaultAction: "deny",
+  egress: [{ action: "allow", target: "site-a.test" }, { action: "allow", target: "site-b.test" }],
+};
 
 function sh(cmd, args) {
   return execFileSync(cmd, args, { stdio: ["ignore", "pipe", "pipe"] }).toString();
@@ -115,6 +124,8 @@ before(async () => {
   });
   domain = `127.0.0.1:${await freePort()}`;
   gateway = `127.0.0.1:${await freePort()}`;
+  mkdirSync(`${dir}/policies`);
+  copyFileSync(new URL(`../../deploy/policies/${PRESET}.yaml`, import.meta.url), `${dir}/policies/${PRESET}.yaml`);
   const lines = [
     `listen: ${domain}`,
     `stateDir: ${dir}/state`,
@@ -124,6 +135,13 @@ before(async () => {
     `  mode: ${MODE}`,
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
     `  pinRoot: /sys/fs/bpf/airlock-browsertest-${process.pid}`,
+    "policies:",
+    `  dir: ${dir}/policies`,
+    "pools:",
+    "  - name: browser",
+    `    image: ${IMAGE}`,
+    "    size: 1",
+    `    resourceLimits: {cpu: "${POOL_LIMITS.cpu}", memory: "${POOL_LIMITS.memory}"}`,
   ];
   lines.push(...dockerSection(PREFIX));
   writeFileSync(`${dir}/airlock.yaml`, lines.join("\n") + "\n");
@@ -149,10 +167,9 @@ test(`[${MODE}] a browser sandbox's DevTools endpoint needs the sandbox's creden
     image: IMAGE,
     entrypoint: ["/opt/airlock/browser.sh"],
     metadata: { suite: RUN },
-    networkPolicy: {
-      defaultAction: "deny",
-      egress: [{ action: "allow", target: "site-a.test" }, { action: "allow", target: "site-b.test" }],
-    },
+    // The preset, and the sites of this task as its additions.
+    extensions: { "airlock.dev/policy": PRESET },
+    networkPolicy: SITES,
     timeoutSeconds: 600,
     readyTimeoutSeconds: 60,
   });
@@ -236,14 +253,29 @@ test(`[${MODE}] Playwright drives the sandbox's Chromium over CDP through the ga
   console.log(`# denied navigation failed in ${took} ms (${String(err.message).split("\n")[0]})`);
   assert.ok(took < 1000, `a denied navigation fails within 1 s (took ${took} ms)`);
 
-  // An address no allowed name gave: the datapath refuses the flow, Chromium fails fast.
+  // An address no allowed name gave: refused fast. Under the preset's `l7: sni`, plain
+  // HTTP goes to egressd's L7 proxy, which answers a denied request with its 403;
+  // otherwise the datapath refuses the flow and Chromium fails with a network error.
   const page2 = await context.newPage();
   const t1 = Date.now();
-  const err2 = await page2.goto(`http://${DENIED}/`, { timeout: 5_000 }).then(() => null, (e) => e);
+  const res2 = await page2.goto(`http://${DENIED}/`, { timeout: 5_000 }).then((r) => r, (e) => e);
   const took2 = Date.now() - t1;
-  console.log(`# denied address failed in ${took2} ms (${String(err2?.message).split("\n")[0]})`);
-  assert.match(String(err2?.message), /net::ERR_/);
-  assert.ok(took2 < 1000, `a denied address fails within 1 s (took ${took2} ms)`);
+  if (res2 instanceof Error) {
+    console.log(`# denied address failed in ${took2} ms (${String(res2.message).split("\n")[0]})`);
+    assert.match(String(res2.message), /net::ERR_/);
+  } else {
+    const body = await res2.text();
+    console.log(`# denied address refused in ${took2} ms (${res2.status()} ${body.trim()})`);
+    assert.equal(res2.status(), 403);
+    assert.match(body, /blocked by the egress policy/);
+  }
+  assert.ok(took2 < 1000, `a denied address is refused within 1 s (took ${took2} ms)`);
+
+  // A Google endpoint of Chromium's background services: the preset denies it by name.
+  const t2 = Date.now();
+  const err3 = await page2.goto("https://update.googleapis.com/service/update2/json", { timeout: 5_000 }).then(() => null, (e) => e);
+  console.log(`# update.googleapis.com failed in ${Date.now() - t2} ms (${String(err3?.message).split("\n")[0]})`);
+  assert.match(String(err3?.message), /net::ERR_NAME_NOT_RESOLVED/);
 
   // The audit log: the allowed hosts and the denial, with the host.
   const seen = (records, action, host) =>
@@ -253,7 +285,8 @@ test(`[${MODE}] Playwright drives the sandbox's Chromium over CDP through the ga
     const res = await fetch(`http://${domain}/v1/sandboxes/${sbx.id}/audit?limit=10000`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } });
     assert.equal(res.status, 200);
     records = (await res.json()).records;
-    if (seen(records, "allow", "site-a.test") && seen(records, "allow", "site-b.test") && seen(records, "deny", "denied.test")) break;
+    if (seen(records, "allow", "site-a.test") && seen(records, "allow", "site-b.test") && seen(records, "deny", "denied.test") &&
+      seen(records, "deny", "update.googleapis.com")) break;
     await new Promise((r) => setTimeout(r, 100));
   }
   const triples = [...new Set(records.map((r) => `${r.source} ${r.action} ${r.dst_host ?? ""}`))];
@@ -261,4 +294,47 @@ test(`[${MODE}] Playwright drives the sandbox's Chromium over CDP through the ga
   assert.ok(seen(records, "allow", "site-a.test"), "site-a.test allowed on record");
   assert.ok(seen(records, "allow", "site-b.test"), "site-b.test allowed on record");
   assert.ok(seen(records, "deny", "denied.test"), "denied.test denied on record");
+  // Denied by the preset's rule, which the record names; Chromium's own background
+  // calls that remain despite its switches are there too.
+  const google = records.filter((r) => r.action === "deny" && /(^|\.)(google\.com|googleapis\.com)\.?$/.test(r.dst_host ?? ""));
+  console.log(`# denied Google names: ${[...new Set(google.map((r) => `${r.dst_host} (${r.reason})`))].join("; ")}`);
+  const upd = google.find((r) => (r.dst_host ?? "").replace(/\.$/, "") === "update.googleapis.com");
+  assert.ok(upd, "update.googleapis.com denied on record");
+  assert.match(upd.reason ?? "", /^deny \*\.googleapis\.com \(/, JSON.stringify(upd));
+});
+
+test(`[${MODE}] a browser sandbox claimed from a warm pool drives Chromium over CDP`, async () => {
+  const started = Date.now();
+  const pooled = await Sandbox.create({
+    connectionConfig: config(),
+    image: IMAGE,
+    entrypoint: ["/opt/airlock/browser.sh"],
+    resource: POOL_LIMITS,
+    metadata: { suite: RUN },
+    extensions: { "airlock.dev/policy": PRESET },
+    networkPolicy: SITES,
+    timeoutSeconds: 600,
+    readyTimeoutSeconds: 60,
+  });
+  let pb;
+  try {
+    const info = await pooled.getInfo();
+    assert.match(info.status?.message ?? "", /warm pool browser/, `served by the pool: ${JSON.stringify(info.status)}`);
+    const ep = await pooled.getEndpoint(CDP);
+    const anon = await fetch(`http://${ep.endpoint}/json/version`);
+    assert.equal(anon.status, 401);
+    for (let i = 0; i < 300; i++) {
+      if ((await fetch(`http://${ep.endpoint}/json/version`, { headers: ep.headers })).status === 200) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    console.log(`# pooled browser sandbox create → CDP ready: ${Date.now() - started} ms`);
+    pb = await chromium.connectOverCDP(`http://${ep.endpoint}`, { headers: ep.headers, timeout: 30_000 });
+    const page = await (pb.contexts()[0] ?? (await pb.newContext())).newPage();
+    await page.goto("http://site-a.test/", { timeout: 15_000 });
+    assert.equal(await page.title(), "Airlock site A");
+    assert.equal(await page.evaluate(() => 1 + 1), 2);
+  } finally {
+    if (pb) await Promise.race([pb.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000))]);
+    await pooled.kill().catch(() => {});
+  }
 });
