@@ -12,7 +12,12 @@
 #
 # Everything the browser fetches goes through the sandbox's egress policy; background
 # services (updates, safe browsing, metrics, sync) are off so that only the pages asked
-# for are fetched.
+# for are fetched. The switches and features below are those Playwright's launcher
+# uses for the same purpose (playwright-core's chromiumSwitches): NetworkTimeServiceQuerying
+# (clients2.google.com), AimEnabled and PreconnectToSearch (www.google.com),
+# SkipListAccountsWithoutGaiaCookies (accounts.google.com's ListAccounts), extensions and
+# default apps (their update checks), field trials (a trial can turn a feature back on).
+# The browser-allowlist policy (deploy/policies) denies what remains by name.
 set -u
 CDP_PORT=${CDP_PORT:-9222}
 CDP_INNER_PORT=${CDP_INNER_PORT:-9223}
@@ -20,7 +25,11 @@ profile=$(mktemp -d /tmp/chromium-XXXXXX)
 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
 	--no-first-run --no-default-browser-check --disable-background-networking \
 	--disable-component-update --disable-sync --disable-breakpad --disable-domain-reliability \
-	--disable-client-side-phishing-detection --disable-features=Translate,MediaRouter,OptimizationHints \
+	--disable-client-side-phishing-detection --disable-field-trial-config \
+	--disable-extensions --disable-default-apps --disable-component-extensions-with-background-pages \
+	--no-service-autorun --no-pings --disable-search-engine-choice-screen --disable-quic \
+	--disable-features=Translate,MediaRouter,OptimizationHints,OptimizationHintsFetching,OptimizationGuideModelDownloading,OptimizationTargetPrediction,NetworkTimeServiceQuerying,AimEnabled,PreconnectToSearch,AutofillServerCommunication,CertificateTransparencyComponentUpdater,InterestFeedContentSuggestions,DnsOverHttps \
+	--enable-features=SkipListAccountsWithoutGaiaCookies \
 	--metrics-recording-only --password-store=basic --use-mock-keychain \
 	--remote-debugging-port="$CDP_INNER_PORT" --remote-allow-origins='*' \
 	--user-data-dir="$profile" --window-size=1280,800 "$@" about:blank &

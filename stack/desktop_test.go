@@ -90,7 +90,7 @@ func desktopThroughGateway(t *testing.T, s *Stack, c *sdk.Client, img string) {
 			t.Errorf("%s: noVNC WebSocket without a credential: %d %v, want 401", f.name, st, err)
 		}
 		withTok := append([]string{lifecycle.AccessTokenHeader, tok}, f.hdr...)
-		if body := page(t, f.addr, f.host, f.prefix+"/vnc.html", withTok...); !strings.Contains(body, "<title>noVNC</title>") {
+		if body := getPage(t, f.addr, f.host, f.prefix+"/vnc.html", withTok...); !strings.Contains(body, "<title>noVNC</title>") {
 			t.Errorf("%s: noVNC page with the token: %.200q", f.name, body)
 		}
 		if hello, st, err := rfbHello(ctx, f.addr, f.host, f.prefix, withTok...); err != nil || !strings.HasPrefix(hello, "RFB 003.00") {
@@ -100,7 +100,7 @@ func desktopThroughGateway(t *testing.T, s *Stack, c *sdk.Client, img string) {
 	// A signed endpoint needs nothing else, for the page and its WebSocket.
 	signed := signedEndpoint(t, s, id, opensandbox.NoVNCPort)
 	host, rest, _ := strings.Cut(signed.Endpoint, "/")
-	if body := page(t, host, "", "/"+rest+"/vnc.html"); !strings.Contains(body, "<title>noVNC</title>") {
+	if body := getPage(t, host, "", "/"+rest+"/vnc.html"); !strings.Contains(body, "<title>noVNC</title>") {
 		t.Errorf("signed endpoint %s: noVNC page: %.200q", signed.Endpoint, body)
 	}
 	if hello, st, err := rfbHello(ctx, host, "", "/"+rest); err != nil || !strings.HasPrefix(hello, "RFB 003.00") {
@@ -132,9 +132,9 @@ func desktopThroughGateway(t *testing.T, s *Stack, c *sdk.Client, img string) {
 	}
 }
 
-// page GETs path from addr (Host host when set, with the header pairs) and returns the
+// getPage GETs path from addr (Host host when set, with the header pairs) and returns the
 // body of a 200, or the status and body otherwise.
-func page(t *testing.T, addr, host, path string, hdr ...string) string {
+func getPage(t *testing.T, addr, host, path string, hdr ...string) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
 	if host != "" {
