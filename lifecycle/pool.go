@@ -33,6 +33,17 @@ type PoolSpec struct {
 	// ResourceLimits are the members' limits in create-request form ({"cpu": "500m",
 	// "memory": "512Mi"}); a request matches only with the same limits.
 	ResourceLimits map[string]string
+	// Entrypoint, when set, is started in every member as soon as it is warm, under
+	// its deny-all policy and with the server's default env only (a browser image's
+	// Chromium is up before any claim). Such a pool serves only creates that ask for
+	// exactly this entrypoint and add no env: a claim then only applies the request's
+	// policy and identity, and releases nothing.
+	Entrypoint []string
+	// ReadyPort, with Entrypoint, is a TCP port the entrypoint listens on inside the
+	// sandbox (9222 for airlock/browser's DevTools): a member is claimable only once it
+	// accepts a connection there, so a claim finds the service up. 0: claimable once
+	// the entrypoint started.
+	ReadyPort int
 }
 
 // poolDenyAll is a member's policy until it is claimed: nothing leaves it.
@@ -65,6 +76,9 @@ func newPools(specs []PoolSpec, l Limits, aliases map[string]string) ([]*pool, e
 		if ps.Name == "" {
 			ps.Name = ps.Image
 		}
+		if ps.ReadyPort != 0 && (ps.Entrypoint == nil || ps.ReadyPort < 1 || ps.ReadyPort > 65535) {
+			return nil, fmt.Errorf("lifecycle: pools[%d] (%s): readyPort %d needs an entrypoint and a port in [1, 65535]", i, ps.Name, ps.ReadyPort)
+		}
 		if names[ps.Name] {
 			return nil, fmt.Errorf("lifecycle: pools[%d]: a second pool named %q (give each a name)", i, ps.Name)
 		}
@@ -90,9 +104,13 @@ func (s *Server) poolFor(v *validated) *pool {
 		return nil // members run under the default OCI runtime
 	}
 	for _, p := range s.pools {
-		if p.image == v.spec.Image && p.nano == v.spec.NanoCPUs && p.mem == v.spec.MemoryBytes && p.pids == v.spec.Pids {
-			return p
+		if p.image != v.spec.Image || p.nano != v.spec.NanoCPUs || p.mem != v.spec.MemoryBytes || p.pids != v.spec.Pids {
+			continue
 		}
+		if p.spec.Entrypoint != nil && (!slices.Equal(p.spec.Entrypoint, v.spec.Entrypoint) || len(v.spec.Env) > 0) {
+			continue // its members run their entrypoint already, with no env of a request
+		}
+		return p
 	}
 	return nil
 }
@@ -140,7 +158,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		// request's policy before the entrypoint starts.
 		s.updateEgressOf(ctx, rec)
 	}
-	if err == nil {
+	if err == nil && p.spec.Entrypoint == nil {
 		env := maps.Clone(s.cfg.DefaultEnv)
 		if env == nil {
 			env = map[string]string{}
@@ -158,7 +176,11 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	if s.cfg.PolicyGate != nil {
 		addEventLocked(rec, EventNetwork, EventNormal, "EgressAttached", fmt.Sprintf("the data plane enforces policy version %d", version))
 	}
-	addEventLocked(rec, EventLifecycle, EventNormal, "Released", "execd started the entrypoint")
+	if p.spec.Entrypoint == nil {
+		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "execd started the entrypoint")
+	} else {
+		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "the entrypoint started when the member warmed, under its deny-all policy")
+	}
 	rec.Status = Status{}
 	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	if err == nil {
@@ -307,6 +329,21 @@ func (s *Server) warmOne(ctx context.Context, p *pool) (*record, error) {
 	if err == nil {
 		err = s.awaitMember(ctx, rec)
 	}
+	if err == nil && p.spec.Entrypoint != nil {
+		env := maps.Clone(s.cfg.DefaultEnv)
+		if env == nil {
+			env = map[string]string{}
+		}
+		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: env, Entrypoint: p.spec.Entrypoint})
+		if err == nil {
+			s.mu.Lock()
+			rec.Entrypoint = slices.Clone(p.spec.Entrypoint)
+			s.mu.Unlock()
+			if p.spec.ReadyPort > 0 {
+				err = awaitPort(ctx, net.JoinHostPort(rec.Address.String(), strconv.Itoa(p.spec.ReadyPort)), s.cfg.ReadyTimeout)
+			}
+		}
+	}
 	if err != nil {
 		s.dropMember(rec)
 		return nil, err
@@ -433,4 +470,25 @@ func (s *Server) Pools() []PoolStatus {
 		out = append(out, PoolStatus{Name: p.spec.Name, Image: p.spec.Image, Size: p.spec.Size, Ready: len(p.ready), Warming: p.warming})
 	}
 	return out
+}
+
+// awaitPort waits until addr accepts a TCP connection, at most timeout.
+func awaitPort(ctx context.Context, addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	d := net.Dialer{Timeout: time.Second}
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the entrypoint did not listen on %s within %s: %w", addr, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

@@ -22,7 +22,7 @@ import (
 var browserPoolLimits = map[string]string{"cpu": "1", "memory": "1Gi"}
 
 // browserStack starts `airlock up` with the datapath mode and a warm pool of size
-// browser sandboxes (none when size is 0).
+// browser sandboxes whose Chromium starts when they warm (none when size is 0).
 func browserStack(t *testing.T, mode string, size int) (*Stack, *sdk.Client) {
 	t.Helper()
 	img := testenv.NeedBrowserImage(t)
@@ -30,7 +30,9 @@ func browserStack(t *testing.T, mode string, size int) (*Stack, *sdk.Client) {
 	return startTestStack(t, func(cfg *Config) {
 		cfg.Egress.Mode = mode
 		if size > 0 {
-			cfg.Pools = []PoolConfig{{Name: "browser", Image: img, Size: size, ResourceLimits: browserPoolLimits}}
+			// Chromium starts when a member warms: a claim finds it up.
+			cfg.Pools = []PoolConfig{{Name: "browser", Image: img, Size: size, ResourceLimits: browserPoolLimits,
+				Entrypoint: []string{"/opt/airlock/browser.sh"}, ReadyPort: opensandbox.CDPPort}}
 		}
 	})
 }
@@ -86,8 +88,8 @@ func (u *unexpected) Error() string { return "unexpected " + u.what }
 // TestStackBrowserPool: a warm pool of the browser image serves a create with its
 // limits; the claimed sandbox reports it, its DevTools endpoint needs the credential
 // (401 without, through the gateway) and drives Chromium with it (Runtime.evaluate
-// over the rewritten WebSocket URL), on both datapaths. A create with other limits is
-// served cold and works the same.
+// over the rewritten WebSocket URL), on both datapaths. The members' Chromium started
+// when they warmed; a create that adds env is served cold and works the same.
 func TestStackBrowserPool(t *testing.T) {
 	for _, mode := range []string{"ebpf", "nftables"} {
 		t.Run(mode, func(t *testing.T) {
@@ -131,6 +133,22 @@ func TestStackBrowserPool(t *testing.T) {
 			}
 			defer sess.Close()
 			if err := evalOnePlusOne(ctx, sess); err != nil {
+				t.Fatal(err)
+			}
+			// The pool's members run their entrypoint already: a create that adds env
+			// cannot be one of them and is served cold, and works the same.
+			req := browserCreate(img, browserPoolLimits)
+			req.Env = map[string]string{"AIRLOCK_TEST": "1"}
+			cold, err := c.Create(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Kill(context.Background(), cold.ID)
+			if got, err := c.WaitState(ctx, cold.ID, opensandbox.Running, 50*time.Millisecond); err != nil || strings.Contains(got.Status.Message, "warm pool") {
+				t.Fatalf("a create with env: %+v %v, want served cold", got, err)
+			}
+			cbase, chdr := cdpEndpoint(ctx, t, c, cold.ID)
+			if err := waitCDP(ctx, cbase, chdr); err != nil {
 				t.Fatal(err)
 			}
 		})

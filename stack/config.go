@@ -151,6 +151,14 @@ type PoolConfig struct {
 	// ResourceLimits as in a create request; the OpenSandbox SDKs send
 	// {cpu: "1", memory: "2Gi"} unless told otherwise.
 	ResourceLimits map[string]string `yaml:"resourceLimits"`
+	// Entrypoint, when set, starts in each member as soon as it is warm (under the
+	// member's deny-all policy); the pool then serves only creates with this
+	// entrypoint and no env (lifecycle.PoolSpec.Entrypoint). For images whose
+	// entrypoint is slow to start, such as airlock/browser's Chromium.
+	Entrypoint []string `yaml:"entrypoint"`
+	// ReadyPort, with Entrypoint: a member is claimable once the entrypoint accepts TCP
+	// connections on this port (9222 for airlock/browser).
+	ReadyPort int `yaml:"readyPort"`
 }
 
 // DefaultImageAliases are the aliases every configuration starts with: the image the

@@ -359,7 +359,8 @@ func (s *Stack) credentialVault() lifecycle.CredentialVault {
 func (s *Stack) poolSpecs() []lifecycle.PoolSpec {
 	out := make([]lifecycle.PoolSpec, 0, len(s.cfg.Pools))
 	for _, p := range s.cfg.Pools {
-		out = append(out, lifecycle.PoolSpec{Name: p.Name, Image: p.Image, Size: p.Size, ResourceLimits: p.ResourceLimits})
+		out = append(out, lifecycle.PoolSpec{Name: p.Name, Image: p.Image, Size: p.Size, ResourceLimits: p.ResourceLimits,
+			Entrypoint: p.Entrypoint, ReadyPort: p.ReadyPort})
 	}
 	return out
 }

@@ -187,6 +187,8 @@ before(async () => {
     `    image: ${IMAGE}`,
     "    size: 1",
     `    resourceLimits: {cpu: "${POOL_LIMITS.cpu}", memory: "${POOL_LIMITS.memory}"}`,
+    "    entrypoint: [/opt/airlock/browser.sh]",
+    "    readyPort: 9222",
   ];
   lines.push(...dockerSection(PREFIX));
   writeFileSync(`${dir}/airlock.yaml`, lines.join("\n") + "\n");
