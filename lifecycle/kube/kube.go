@@ -397,6 +397,7 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 }
 
 var (
-	_ lifecycle.Runtime       = (*Runtime)(nil)
-	_ lifecycle.EgressUpdater = (*Runtime)(nil)
+	_ lifecycle.Runtime        = (*Runtime)(nil)
+	_ lifecycle.EgressUpdater  = (*Runtime)(nil)
+	_ lifecycle.EgressRepairer = (*Runtime)(nil)
 )
