@@ -3,9 +3,14 @@ package kubenode
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +32,9 @@ import (
 //     the DaemonSet replaces it and after (egressd readopts the sandbox);
 //   - leader: the leading lifecycle pod deleted, the other replica takes the Lease, the
 //     sandbox is neither lost nor replaced (same pod UID, still Running) and a create
-//     works after.
+//     works after;
+//   - containerd: the node's containerd restarted; the denied connect still fails, the
+//     sandbox is Running or Failed (never unenforced) and a create works after.
 func TestFaultsOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -178,6 +185,76 @@ func TestFaultsOnNode(t *testing.T) {
 		nb := runningSandbox(ctx, t, c, `{"defaultAction":"deny"}`, "tail", "-f", "/dev/null")
 		t.Logf("a create after the takeover: %s Running and execd ready in %s", nb, time.Since(start).Round(100*time.Millisecond))
 	})
+
+	// Last, the riskiest: the node's containerd stopped and started again (its shims,
+	// and so the pods' containers, outlive it).
+	t.Run("containerd", func(t *testing.T) {
+		start := time.Now()
+		restartContainerd(t)
+		t.Logf("containerd restarted in %s", time.Since(start).Round(100*time.Millisecond))
+		for i := 0; i < 3; i++ {
+			denied("after containerd's restart")
+			time.Sleep(time.Second)
+		}
+		got, err := c.Get(ctx, sb)
+		if err != nil || (got.Status.State != opensandbox.Running && got.Status.State != opensandbox.Failed) {
+			t.Errorf("after containerd's restart the sandbox is %+v (%v), want Running or Failed", got, err)
+		} else {
+			t.Logf("after containerd's restart the sandbox is %s", got.Status.State)
+		}
+		start = time.Now()
+		nb := runningSandbox(ctx, t, c, `{"defaultAction":"deny"}`, "tail", "-f", "/dev/null")
+		t.Logf("a create after containerd's restart: %s Running and execd ready in %s", nb, time.Since(start).Round(100*time.Millisecond))
+	})
+}
+
+// restartContainerd stops the node's containerd (up.sh's, its pid in StateDir/pids)
+// with SIGTERM and starts it again as up.sh does (setsid, the same config and log),
+// recording the new pid for down.sh; it waits until its socket answers.
+func restartContainerd(t *testing.T) {
+	t.Helper()
+	pidFile := filepath.Join(StateDir, "pids", "containerd.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("stopping containerd %d: %v", pid, err)
+	}
+	for i := 0; i < 300 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatalf("containerd %d still runs 30 s after SIGTERM", pid)
+	}
+	log, err := os.OpenFile(filepath.Join(StateDir, "logs", "containerd.log"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd := exec.Command("containerd", "--config", filepath.Join(StateDir, "containerd.toml"))
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Process.Release()
+	sock := filepath.Join(RunDir, "containerd", "containerd.sock")
+	for i := 0; i < 300; i++ {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("containerd's socket %s does not answer 30 s after its start", sock)
 }
 
 // ready reports whether every container of pod is ready.
