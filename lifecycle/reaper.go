@@ -411,6 +411,44 @@ func (s *Server) resync() {
 		s.mu.Unlock()
 		e.op.Unlock()
 	}
+	s.repairEgress(ctx)
+}
+
+// repairEgress rewrites the second layer of live sandboxes whose layer went missing
+// (EgressRepairer), so a NetworkPolicy deleted by hand is back within a resync.
+func (s *Server) repairEgress(ctx context.Context) {
+	rp, ok := s.rt.(EgressRepairer)
+	if !ok {
+		return
+	}
+	var ids []string
+	s.mu.Lock()
+	for id, e := range s.sbx {
+		// Running only: a Pending sandbox's NetworkPolicy may not be made yet.
+		if e.rec.Status.State == opensandbox.Running {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	missing, err := rp.MissingEgress(ctx, ids)
+	if err != nil {
+		s.log.Warn("checking the sandboxes' second network layer failed", "err", err)
+		return
+	}
+	for _, id := range missing {
+		s.mu.Lock()
+		e, found := s.sbx[id]
+		s.mu.Unlock()
+		if !found || !e.op.TryLock() {
+			continue
+		}
+		s.log.Warn("sandbox's second network layer was missing: rewriting it", "sandbox_id", id)
+		s.updateEgressOf(ctx, e.rec)
+		e.op.Unlock()
+	}
 }
 
 // purge forgets sandboxes that have been Terminated or Failed for longer than

@@ -100,6 +100,15 @@ type EgressUpdater interface {
 	UpdateEgress(ctx context.Context, inst Instance, eg Egress) error
 }
 
+// EgressRepairer is an EgressUpdater that can tell which sandboxes lack their second
+// layer (on Kubernetes a NetworkPolicy deleted by hand): the leader's resync (every
+// Config.ResyncInterval) rewrites it with UpdateEgress.
+type EgressRepairer interface {
+	EgressUpdater
+	// MissingEgress returns those of ids (sandbox ids) whose second layer is missing.
+	MissingEgress(ctx context.Context, ids []string) ([]string, error)
+}
+
 // Instance is a sandbox's container as the runtime sees it.
 type Instance struct {
 	SandboxID   string

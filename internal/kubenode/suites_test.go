@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,9 @@ import (
 // :latest, which kubelet would try to pull (the Kubernetes mode has no image aliases,
 // so the suite asks for this name itself: AIRLOCK_TEST_CI_IMAGE).
 const nodeCodeInterpreterImage = "airlock/code-interpreter:kubenode"
+
+// nodeBrowserImage is the browser image's name in the node (not :latest, as above).
+const nodeBrowserImage = "airlock/browser:kubenode"
 
 // sdkResource is the resource limits of the suites' sandboxes on the node: two of them
 // fit beside Airlock on the 2-core one-node cluster (the SDK's default is 1 CPU, 2 GiB).
@@ -46,10 +50,12 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //   - snapshot: snapshot.test.mjs, whose tests are Docker only (skipped, the reason
 //     printed) but for the check that every snapshot route answers 501;
 //   - codeinterpreter: codeinterpreter.test.mjs on the code-interpreter image imported
-//     into the node.
-//
-// browser.test.mjs has the external-server mode too but fails on the node: see
-// deploy/kubernetes/testenv/README.md.
+//     into the node;
+//   - browser: browser.test.mjs on the browser image imported into the node (its
+//     entrypoint, /opt/airlock/browser.sh, is the image's own: execd's emptyDir sits at
+//     lifecycle/kube's ExecdDir, which hides nothing of the image), its two sites a
+//     Python server on this host at addresses of the node's bridge, their names
+//     headless Services like the others.
 func TestSDKSuitesOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -114,6 +120,26 @@ func TestSDKSuitesOnNode(t *testing.T) {
 		out := runSDKSuite(t, "codeinterpreter.test.mjs", append(external,
 			`AIRLOCK_SDK_RESOURCE={"cpu":"1","memory":"1536Mi"}`, "AIRLOCK_TEST_CI_IMAGE="+nodeCodeInterpreterImage)...)
 		t.Logf("tests/sdk/codeinterpreter.test.mjs on the node:\n%s", suiteSummary(out))
+	})
+	t.Run("browser", func(t *testing.T) {
+		br := testenv.NeedBrowserImage(t)
+		start := time.Now()
+		n.ImportImages(t, br+"="+nodeBrowserImage)
+		t.Logf("browser image imported into the node in %s", time.Since(start).Round(time.Second))
+		// The suite's sites (browser.test.mjs's SITE_A and SITE_B) and its denied name.
+		bnames := map[string]string{
+			"site-a.test": dnsName(t, n, ns, "site-a", "198.51.100.140"),
+			"site-b.test": dnsName(t, n, ns, "site-b", "198.51.100.141"),
+			"denied.test": names["denied.test"],
+		}
+		bnamesJSON, _ := json.Marshal(bnames)
+		env := append(slices.Clone(external[:len(external)-1]), "AIRLOCK_SDK_NAMES="+string(bnamesJSON),
+			`AIRLOCK_SDK_RESOURCE={"cpu":"1","memory":"1536Mi"}`, "AIRLOCK_BROWSER_IMAGE="+nodeBrowserImage,
+			"AIRLOCK_SDK_UPSTREAM_DEV="+Bridge,
+			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
+			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))
+		out := runSDKSuite(t, "browser.test.mjs", env...)
+		t.Logf("tests/sdk/browser.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 }
 

@@ -55,7 +55,7 @@ func TestAgentSandbox(t *testing.T) {
 	}
 	ts := tmpl.Spec
 	if len(ts.Containers) != 1 || len(ts.InitContainers) != 2 || ts.InitContainers[0].Image != "airlock/execd:test" ||
-		!slices.Equal(ts.Containers[0].Command, []string{"/opt/airlock/execd", "--exec", "--hold", "--", "python3", "-m", "http.server", "8080"}) ||
+		!slices.Equal(ts.Containers[0].Command, []string{"/opt/airlock-execd/execd", "--exec", "--hold", "--", "python3", "-m", "http.server", "8080"}) ||
 		ts.DNSPolicy != corev1.DNSNone || *ts.AutomountServiceAccountToken ||
 		!slices.Equal(ts.ImagePullSecrets, []corev1.LocalObjectReference{{Name: "sbx-as1-pull"}}) {
 		t.Errorf("pod template spec %+v", ts)

@@ -45,9 +45,15 @@ const (
 	ContainerName      = "sandbox"
 	InitContainerName  = "execd"
 	TrustContainerName = "trust"
-	// ExecdPath is where execd lives in the sandbox container (as on Docker); its
-	// folder is an emptyDir, read-only in the sandbox container.
-	ExecdPath   = "/opt/airlock/execd"
+	// ExecdDir is execd's emptyDir in the init containers and, read-only, in the
+	// sandbox container: a folder of Airlock's own that no image uses, because a
+	// mount hides whatever the image has at that path (an image's /opt/airlock, such
+	// as the browser image's /opt/airlock/browser.sh, stays visible). On Docker
+	// execd is copied into the container at /opt/airlock/execd instead, which
+	// hides nothing.
+	ExecdDir = "/opt/airlock-execd"
+	// ExecdPath is where execd lives in the sandbox container.
+	ExecdPath   = ExecdDir + "/execd"
 	execdVolume = "airlock-execd"
 )
 
@@ -391,6 +397,7 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 }
 
 var (
-	_ lifecycle.Runtime       = (*Runtime)(nil)
-	_ lifecycle.EgressUpdater = (*Runtime)(nil)
+	_ lifecycle.Runtime        = (*Runtime)(nil)
+	_ lifecycle.EgressUpdater  = (*Runtime)(nil)
+	_ lifecycle.EgressRepairer = (*Runtime)(nil)
 )

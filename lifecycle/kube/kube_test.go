@@ -243,12 +243,12 @@ func TestCreateEveryOption(t *testing.T) {
 		t.Fatalf("init containers %v", ps.InitContainers)
 	}
 	ic := ps.InitContainers[0]
-	if ic.Name != "execd" || ic.Image != "airlock/execd:test" || !slices.Equal(ic.Command, []string{"/execd", "--install", "/opt/airlock/execd"}) ||
-		!reflect.DeepEqual(ic.VolumeMounts, []corev1.VolumeMount{{Name: "airlock-execd", MountPath: "/opt/airlock"}}) {
+	if ic.Name != "execd" || ic.Image != "airlock/execd:test" || !slices.Equal(ic.Command, []string{"/execd", "--install", "/opt/airlock-execd/execd"}) ||
+		!reflect.DeepEqual(ic.VolumeMounts, []corev1.VolumeMount{{Name: "airlock-execd", MountPath: "/opt/airlock-execd"}}) {
 		t.Errorf("execd init container %+v", ic)
 	}
 	tc := ps.InitContainers[1]
-	if tc.Name != "trust" || tc.Image != fullSpec("x").Image || !slices.Equal(tc.Command, []string{"/opt/airlock/execd", "--install-trust", "/opt/airlock"}) ||
+	if tc.Name != "trust" || tc.Image != fullSpec("x").Image || !slices.Equal(tc.Command, []string{"/opt/airlock-execd/execd", "--install-trust", "/opt/airlock-execd"}) ||
 		!reflect.DeepEqual(tc.Env, []corev1.EnvVar{{Name: "AIRLOCK_TRUSTED_CA", Value: testCA}}) || len(tc.VolumeMounts) != 1 || tc.VolumeMounts[0].ReadOnly {
 		t.Errorf("trust init container %+v", tc)
 	}
@@ -261,7 +261,7 @@ func TestCreateEveryOption(t *testing.T) {
 	if c.Name != "sandbox" || c.Image != fullSpec("x").Image {
 		t.Errorf("container %s image %s", c.Name, c.Image)
 	}
-	wantCmd := []string{"/opt/airlock/execd", "--exec", "--hold", "--", "python3", "-m", "http.server", "8080"}
+	wantCmd := []string{"/opt/airlock-execd/execd", "--exec", "--hold", "--", "python3", "-m", "http.server", "8080"}
 	if !slices.Equal(c.Command, wantCmd) || len(c.Args) != 0 {
 		t.Errorf("command %q args %q, want %q", c.Command, c.Args, wantCmd)
 	}
@@ -286,7 +286,7 @@ func TestCreateEveryOption(t *testing.T) {
 		t.Errorf("init container limits %v (a quota needs them)", ic.Resources.Limits)
 	}
 	wantMounts := []corev1.VolumeMount{
-		{Name: "airlock-execd", MountPath: "/opt/airlock", ReadOnly: true},
+		{Name: "airlock-execd", MountPath: "/opt/airlock-execd", ReadOnly: true},
 		{Name: "vol-0", MountPath: "/data", ReadOnly: true, SubPath: "projects/a"},
 		{Name: "vol-1", MountPath: "/cache", SubPath: "pip"},
 	}
@@ -413,7 +413,7 @@ func TestCreateMinimal(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := pod.Spec.Containers[0]
-	if !slices.Equal(c.Command, []string{"/opt/airlock/execd", "--exec", "--", "sleep", "inf"}) {
+	if !slices.Equal(c.Command, []string{"/opt/airlock-execd/execd", "--exec", "--", "sleep", "inf"}) {
 		t.Errorf("command %q", c.Command)
 	}
 	if len(pod.Spec.InitContainers) != 1 || len(c.Env) != 0 || len(c.Resources.Limits) != 0 || len(pod.Spec.ImagePullSecrets) != 0 ||

@@ -162,3 +162,33 @@ func (r *Runtime) UpdateEgress(ctx context.Context, inst lifecycle.Instance, eg 
 	}
 	return nil
 }
+
+// MissingEgress returns those of ids whose pod runs (not being deleted: a sandbox
+// another replica removes is left alone) but whose NetworkPolicy is missing (deleted by
+// hand): one List of the namespace's pods and one of its NetworkPolicies of this instance.
+func (r *Runtime) MissingEgress(ctx context.Context, ids []string) ([]string, error) {
+	sel := metav1.ListOptions{LabelSelector: LabelInstance + "=" + r.cfg.Instance}
+	pods, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).List(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("kube: listing pods: %w", err)
+	}
+	live := make(map[string]bool, len(pods.Items))
+	for _, p := range pods.Items {
+		live[p.Name] = p.DeletionTimestamp == nil
+	}
+	l, err := r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace).List(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("kube: listing NetworkPolicies: %w", err)
+	}
+	have := make(map[string]bool, len(l.Items))
+	for _, np := range l.Items {
+		have[np.Name] = true
+	}
+	var out []string
+	for _, id := range ids {
+		if live[PodName(id)] && !have[PodName(id)] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}

@@ -66,3 +66,31 @@ func TestUpdateEgressDeny(t *testing.T) {
 		})
 	}
 }
+
+// TestMissingEgress checks that a NetworkPolicy deleted by hand is reported missing
+// (lifecycle's resync then rewrites it with UpdateEgress) and no longer once rewritten.
+func TestMissingEgress(t *testing.T) {
+	w := newWorld(t)
+	rt := w.runtime(t, nil)
+	ctx := t.Context()
+	inst, err := rt.Create(ctx, lifecycle.Spec{SandboxID: "np1", Image: "airlock/sandbox:test", Entrypoint: []string{"sleep", "inf"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "gone" has no pod: nothing to repair (another replica may be removing it).
+	if got, err := rt.MissingEgress(ctx, []string{"np1", "gone"}); err != nil || len(got) != 0 {
+		t.Fatalf("missing %v (%v), want none", got, err)
+	}
+	if err := w.env.Client.NetworkingV1().NetworkPolicies(w.ns).Delete(ctx, kube.PodName("np1"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rt.MissingEgress(ctx, []string{"np1"}); err != nil || !slices.Equal(got, []string{"np1"}) {
+		t.Fatalf("after the delete: missing %v (%v), want [np1]", got, err)
+	}
+	if err := rt.UpdateEgress(ctx, inst, lifecycle.Egress{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rt.MissingEgress(ctx, []string{"np1"}); err != nil || len(got) != 0 {
+		t.Fatalf("after UpdateEgress: missing %v (%v), want none", got, err)
+	}
+}

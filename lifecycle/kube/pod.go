@@ -31,9 +31,9 @@ var DroppedCapabilities = []corev1.Capability{
 const (
 	// TrustBundlePath is the image's system bundle (/etc/ssl/certs/ca-certificates.crt)
 	// followed by the CAs: SSL_CERT_FILE and REQUESTS_CA_BUNDLE.
-	TrustBundlePath = "/opt/airlock/ca-certificates.crt"
+	TrustBundlePath = ExecdDir + "/ca-certificates.crt"
 	// TrustExtraPath holds the CAs alone: NODE_EXTRA_CA_CERTS.
-	TrustExtraPath = "/opt/airlock/airlock-credential-proxy.crt"
+	TrustExtraPath = ExecdDir + "/airlock-credential-proxy.crt"
 	// TrustedCAEnv carries the PEM into the trust init container (never the sandbox's).
 	TrustedCAEnv = "AIRLOCK_TRUSTED_CA"
 )
@@ -105,7 +105,7 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 		cmd = append(cmd, "--access-token-file", ExecdTokenPath)
 	}
 	cmd = append(append(cmd, "--"), spec.Entrypoint...)
-	execdDir := filepath.Dir(ExecdPath)
+	execdDir := ExecdDir
 	no := false
 	inits := []corev1.Container{{
 		Name:            InitContainerName,
