@@ -33,6 +33,12 @@ chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
 	--metrics-recording-only --password-store=basic --use-mock-keychain \
 	--remote-debugging-port="$CDP_INNER_PORT" --remote-allow-origins='*' \
 	--user-data-dir="$profile" --window-size=1280,800 "$@" about:blank &
+# $CDP_PORT listens only once Chromium does, so that a connection to it (a warm pool's
+# readiness check, lifecycle's readyPort) means DevTools answers.
+for _ in $(seq 1 500); do
+	(exec 3<>"/dev/tcp/127.0.0.1/$CDP_INNER_PORT") 2>/dev/null && break
+	sleep 0.02
+done
 socat TCP-LISTEN:"$CDP_PORT",fork,reuseaddr TCP:127.0.0.1:"$CDP_INNER_PORT" &
 # Whichever ends first ends the sandbox's entrypoint.
 wait -n
