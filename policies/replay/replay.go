@@ -9,8 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
