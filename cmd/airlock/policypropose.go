@@ -20,8 +20,8 @@ import (
 func policyPropose(f *sandboxFlags) *cobra.Command {
 	var (
 		sandbox, since, base, auditDir, out string
-		minSiblings, minPaths              int
-		asJSON                             bool
+		minSiblings, minPaths               int
+		asJSON                              bool
 	)
 	c := &cobra.Command{
 		Use:   "propose --sandbox ID [--since T] [--base FILE|NAME|current]",
