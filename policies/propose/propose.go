@@ -115,7 +115,7 @@ func Propose(recs []audit.Record, opts Options) (*Result, error) {
 	res := &Result{Records: len(recs), Used: o.used}
 	var dests []*dest
 	for _, d := range o.names {
-		if dec := floor.DecideName(d.target, 0, ""); inFloor(dec) {
+		if dec := floor.DecideName(d.target, 0, ""); dec.InFloor() {
 			o.skip(d.target, "platform floor: "+dec.Rule+" ("+dec.Reason+")")
 			continue
 		}
@@ -123,7 +123,7 @@ func Propose(recs []audit.Record, opts Options) (*Result, error) {
 	}
 	dests = generalise(dests, cmp.Or(opts.MinSiblings, DefaultMinSiblings))
 	for _, d := range o.addrs {
-		if dec := floor.DecideAddr(d.addr, 0, ""); inFloor(dec) {
+		if dec := floor.DecideAddr(d.addr, 0, ""); dec.InFloor() {
 			o.skip(d.target, "platform floor: "+dec.Rule+" ("+dec.Reason+")")
 			continue
 		}
@@ -153,11 +153,6 @@ func Propose(recs []audit.Record, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("proposal does not compile: %w", err)
 	}
 	return res, nil
-}
-
-// inFloor reports whether dec is a denial by the operator overlay.
-func inFloor(dec policies.Decision) bool {
-	return !dec.Allowed() && strings.HasPrefix(dec.Rule, "overlay.alwaysDeny")
 }
 
 // ruleIndex finds the position of the rule r reports on in p (target and scope).
