@@ -165,6 +165,7 @@ func (c *Console) routes() {
 	m.Handle("GET /console/api/sandboxes", c.read(c.handleSandboxes))
 	m.Handle("GET /console/api/sandboxes/{id}/events", c.read(c.handleEvents))
 	m.Handle("GET /console/api/sandboxes/{id}/explain", c.read(c.handleExplain))
+	m.Handle("GET /console/api/floor", c.read(c.handleFloor))
 	m.Handle("GET /console/api/audit", c.read(c.allow(principal.ReadAudit, c.handleAuditSearch)))
 	m.Handle("GET /console/api/audit/verify", c.read(c.allow(principal.ReadAudit, c.handleVerify)))
 	m.Handle("GET /console/api/audit/export", c.read(c.allow(principal.ReadAudit, c.handleExport)))

@@ -36,6 +36,8 @@ type explainResponse struct {
 	Rule          string         `json:"rule"`
 	Reason        string         `json:"reason"`
 	Reach         string         `json:"reach,omitempty"`
+	// Floor, for a decision of the platform floor, says so (Console.floorNote).
+	Floor string `json:"floor,omitempty"`
 	Matches       []explainMatch `json:"matches"`
 }
 
@@ -85,6 +87,7 @@ func (c *Console) handleExplain(w http.ResponseWriter, r *http.Request) {
 	resp := explainResponse{Target: target, Kind: "name", Port: port, Proto: string(proto), PolicyVersion: pi.Version,
 		DefaultPolicy: isDefault, Action: string(dec.Action), WouldDeny: dec.WouldDeny, Mode: string(dec.Mode),
 		Rule: dec.Rule, Reason: dec.Reason, Matches: []explainMatch{}}
+	resp.Floor = c.floorNote(dec)
 	if resp.Proto == "" {
 		resp.Proto = "any"
 	}
