@@ -23,22 +23,23 @@ type explainMatch struct {
 // `airlock policy explain` prints, for the sandbox's stored policy (the operator default
 // when it has none) compiled with the operator overlay.
 type explainResponse struct {
-	Target        string `json:"target"`
-	Kind          string `json:"kind"` // "name" or "address"
-	Class         string `json:"class,omitempty"`
-	Port          uint16 `json:"port"`
-	Proto         string `json:"proto"`
-	PolicyVersion uint64 `json:"policyVersion"`
-	DefaultPolicy bool   `json:"defaultPolicy"`
-	Action        string `json:"action"`
-	WouldDeny     bool   `json:"wouldDeny"`
-	Mode          string `json:"mode"`
-	Rule          string `json:"rule"`
-	Reason        string `json:"reason"`
-	Reach         string `json:"reach,omitempty"`
+	Target        string         `json:"target"`
+	Kind          string         `json:"kind"` // "name" or "address"
+	Class         string         `json:"class,omitempty"`
+	Port          uint16         `json:"port"`
+	Proto         string         `json:"proto"`
+	PolicyVersion uint64         `json:"policyVersion"`
+	DefaultPolicy bool           `json:"defaultPolicy"`
+	Action        string         `json:"action"`
+	WouldDeny     bool           `json:"wouldDeny"`
+	Mode          string         `json:"mode"`
+	Rule          string         `json:"rule"`
+	Reason        string         `json:"reason"`
+	Reach         string         `json:"reach,omitempty"`
+	Matches       []explainMatch `json:"matches"`
+
 	// Floor, for a decision of the platform floor, says so (Console.floorNote).
-	Floor   string         `json:"floor,omitempty"`
-	Matches []explainMatch `json:"matches"`
+	Floor string `json:"floor,omitempty"`
 }
 
 // handleExplain answers GET /console/api/sandboxes/{id}/explain?target=&port=&proto=.
@@ -87,7 +88,6 @@ func (c *Console) handleExplain(w http.ResponseWriter, r *http.Request) {
 	resp := explainResponse{Target: target, Kind: "name", Port: port, Proto: string(proto), PolicyVersion: pi.Version,
 		DefaultPolicy: isDefault, Action: string(dec.Action), WouldDeny: dec.WouldDeny, Mode: string(dec.Mode),
 		Rule: dec.Rule, Reason: dec.Reason, Matches: []explainMatch{}}
-	resp.Floor = c.floorNote(dec)
 	if resp.Proto == "" {
 		resp.Proto = "any"
 	}
