@@ -88,6 +88,7 @@ func (c *Console) handleExplain(w http.ResponseWriter, r *http.Request) {
 	resp := explainResponse{Target: target, Kind: "name", Port: port, Proto: string(proto), PolicyVersion: pi.Version,
 		DefaultPolicy: isDefault, Action: string(dec.Action), WouldDeny: dec.WouldDeny, Mode: string(dec.Mode),
 		Rule: dec.Rule, Reason: dec.Reason, Matches: []explainMatch{}}
+	resp.Floor = c.floorNote(dec)
 	if resp.Proto == "" {
 		resp.Proto = "any"
 	}
