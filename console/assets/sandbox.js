@@ -246,6 +246,9 @@ q('stream-pause').addEventListener('click', (e) => {
 
 loadSandbox();
 loadPolicy();
+// The pending proposal view, loaded after this page's handlers are in place.
+import('./proposal.js').then((m) => m.initProposal(id));
+document.addEventListener('airlock:policy-changed', loadPolicy);
 addRoute(44772);
 addRoute(18080);
 loadChart();

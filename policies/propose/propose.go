@@ -112,7 +112,7 @@ func Propose(recs []audit.Record, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
 	o := observe(recs)
-	res := &Result{Records: len(recs), Used: o.used}
+	res := &Result{Records: len(recs), Used: o.used, Rules: []RuleReport{}}
 	var dests []*dest
 	for _, d := range o.names {
 		if dec := floor.DecideName(d.target, 0, ""); dec.InFloor() {
