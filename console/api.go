@@ -19,7 +19,7 @@ import (
 // /console/api): sandboxes and their endpoints, policies, audit and metadata, signed-URL
 // revocation, the named-policy library and the API keys. Never the server proxy, the
 // watch stream or metrics.
-var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy|audit|endpoints/[0-9]+|signed-urls/revoke))?)?|policies(/[A-Za-z0-9_.-]+)?|keys(/[A-Za-z0-9_.-]+(/rotate)?)?)$`)
+var apiRoutes = regexp.MustCompile(`^/v1/(sandboxes(/[A-Za-z0-9_.-]+(/(pause|resume|renew-expiration|metadata|policy(/proposal)?|audit|endpoints/[0-9]+|signed-urls/revoke))?)?|policies(/[A-Za-z0-9_.-]+)?|keys(/[A-Za-z0-9_.-]+(/rotate)?)?)$`)
 
 // api passes /console/api/v1/… to the lifecycle API with the session's key (the API
 // decides what its role allows): reads need a session, writes also the CSRF token and

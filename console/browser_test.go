@@ -483,6 +483,46 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 
+	// The platform floor in the explain view, then the sandbox's pending proposal (its
+	// refused denied.test): approved in the browser, it is applied to the sandbox
+	// (the policy table shows the new rule and denied.test now resolves inside).
+	do(t, ctx, "explain the metadata address and see the proposal", 30*time.Second,
+		chromedp.Navigate(base+"/console/sandboxes/"+sbID),
+		chromedp.WaitVisible(id("explain-form")),
+		setVal("ex-target", "169.254.169.254"),
+		chromedp.Click(id("ex-submit")),
+		chromedp.WaitVisible(id("explain-floor")),
+		waitJS(`(document.getElementById('proposal-status')?.textContent || '').startsWith('Pending')`),
+		waitJS(`!document.getElementById('proposal-approve').disabled`))
+	if f := get(t, ctx, "floor", chromedp.Text(id("explain-floor"))); !strings.Contains(f, "platform floor") {
+		t.Errorf("explain of 169.254.169.254: floor %q", f)
+	}
+	if y := get(t, ctx, "proposal", chromedp.Text(id("proposal-out"))); !strings.Contains(y, "denied.test") {
+		t.Errorf("the proposal does not name denied.test: %q", y)
+	}
+	shot(t, ctx, "04b-proposal")
+	do(t, ctx, "approve the proposal", 20*time.Second, chromedp.Click(id("proposal-approve")))
+	c2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
+	_, werr := chromedp.Run(c2, waitJS(`document.getElementById('proposal-msg')?.textContent`))
+	cancel2()
+	if werr != nil {
+		state := get(t, ctx, "proposal state", jsFetch[string](`(async () => {
+		  const b = document.getElementById('proposal-approve');
+		  const r = await fetch(location.pathname.replace('/console/sandboxes/', '/console/api/v1/sandboxes/') + '/policy/proposal');
+		  return 'disabled=' + b.disabled + ' msg=' + document.getElementById('proposal-msg').textContent + ' GET=' + r.status + ' ' + (await r.text()).slice(0, 300);
+		})()`))
+		t.Fatalf("no message after Approve: %s", state)
+	}
+	if m := get(t, ctx, "approval message", chromedp.Text(id("proposal-msg"))); !strings.HasPrefix(m, "Approved") {
+		t.Fatalf("after Approve the page says %q", m)
+	}
+	do(t, ctx, "see the approved policy", 20*time.Second,
+		waitJS(`[...document.querySelectorAll('#policy-rules tbody tr')].some(tr => tr.textContent.includes('denied.test'))`))
+	ex, err = x.Run(tctx, sdk.Command{Command: "getent hosts denied.test"}, nil)
+	if err != nil || !strings.Contains(strings.Join(ex.Stdout, "\n"), "203.0.113.20") {
+		t.Errorf("after the approval denied.test does not resolve in the sandbox: %v %q", err, ex.Stdout)
+	}
+
 	// Delete from the list (two clicks: arm, confirm) and see it gone.
 	do(t, ctx, "delete the sandbox", 60*time.Second,
 		chromedp.Navigate(base+"/console/"),

@@ -173,6 +173,7 @@ func (c *Console) routes() {
 	m.Handle("GET /console/api/sandboxes/{id}/desktop", c.read(c.handleDesktop))
 	m.Handle("POST /console/api/sandboxes/{id}/screenshot", c.write(c.handleScreenshot))
 	m.Handle("GET /console/api/sandboxes/{id}/browser", c.read(c.handleBrowser))
+	m.Handle("GET /console/api/floor", c.read(c.handleFloor))
 	m.Handle("GET /console/api/audit", c.read(c.allow(principal.ReadAudit, c.handleAuditSearch)))
 	m.Handle("GET /console/api/audit/verify", c.read(c.allow(principal.ReadAudit, c.handleVerify)))
 	m.Handle("GET /console/api/audit/export", c.read(c.allow(principal.ReadAudit, c.handleExport)))

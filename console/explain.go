@@ -37,6 +37,9 @@ type explainResponse struct {
 	Reason        string         `json:"reason"`
 	Reach         string         `json:"reach,omitempty"`
 	Matches       []explainMatch `json:"matches"`
+
+	// Floor, for a decision of the platform floor, says so (Console.floorNote).
+	Floor string `json:"floor,omitempty"`
 }
 
 // handleExplain answers GET /console/api/sandboxes/{id}/explain?target=&port=&proto=.
@@ -85,6 +88,7 @@ func (c *Console) handleExplain(w http.ResponseWriter, r *http.Request) {
 	resp := explainResponse{Target: target, Kind: "name", Port: port, Proto: string(proto), PolicyVersion: pi.Version,
 		DefaultPolicy: isDefault, Action: string(dec.Action), WouldDeny: dec.WouldDeny, Mode: string(dec.Mode),
 		Rule: dec.Rule, Reason: dec.Reason, Matches: []explainMatch{}}
+	resp.Floor = c.floorNote(dec)
 	if resp.Proto == "" {
 		resp.Proto = "any"
 	}

@@ -29,6 +29,8 @@ var routeActions = map[string]principal.Action{
 	"PUT /sandboxes/{id}/policy":              principal.WriteSandbox,
 	"PATCH /sandboxes/{id}/policy":            principal.WriteSandbox,
 	"DELETE /sandboxes/{id}/policy":           principal.WriteSandbox,
+	"GET /sandboxes/{id}/policy/proposal":     principal.ReadSandbox,
+	"POST /sandboxes/{id}/policy/proposal":    principal.WriteSandbox,
 	"GET /sandboxes/{id}/audit":               principal.ReadSandbox,
 	"GET /sandboxes/{id}/diagnostics/logs":    principal.ReadSandbox,
 	"GET /sandboxes/{id}/diagnostics/events":  principal.ReadSandbox,

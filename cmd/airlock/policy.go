@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockdev/airlock/egressd"
 	"github.com/airlockdev/airlock/policies"
 )
 
@@ -109,9 +110,10 @@ func newPolicyExplainCmd() *cobra.Command {
 		noBuiltin bool
 		dump      bool
 		headers   []string
+		showFloor bool
 	)
 	c := &cobra.Command{
-		Use:   "explain FILE NAME|IP | explain FILE METHOD URL",
+		Use:   "explain FILE NAME|IP | explain FILE METHOD URL | explain --floor [FILE ...]",
 		Short: "Show which rule decides a destination (or an HTTP request) and why",
 		Long: `Compiles FILE with the built-in operator overlay (cloud metadata, link-local, loopback,
 localhost; --no-builtin drops it) plus any --overlay files, and decides NAME or IP at
@@ -121,16 +123,24 @@ policy's indexes.
 
 With a METHOD and an http:// or https:// URL, decides the URL's host at its port (80 or
 443 by default) over TCP, then the request against the host's HTTP rules (headers from
---header "Name: value"), listing every HTTP rule of the host with whether it matches.`,
-		Args: cobra.RangeArgs(2, 3),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			data, err := os.ReadFile(args[0])
-			if err != nil {
-				return err
+--header "Name: value"), listing every HTTP rule of the host with whether it matches.
+
+The platform floor is what no policy rule can allow: the built-in always-deny list, this
+machine's own addresses (egressd denies its host's), the --overlay files' always-deny
+entries, and the special-address classes that only an explicit IP/CIDR rule reaches.
+--floor lists it (alone, or before an explain); a destination the floor denies is
+explained as the floor, not as a rule of FILE.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if showFloor && (len(args) == 0 || len(args) == 1) {
+				return nil
 			}
+			return cobra.RangeArgs(2, 3)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
 			ov := &policies.Overlay{}
 			if !noBuiltin {
 				ov = policies.BaseOverlay()
+				ov.DenyAddrs(egressd.HostAddrs()...)
 			}
 			for _, path := range overlays {
 				b, err := os.ReadFile(path)
@@ -142,6 +152,19 @@ With a METHOD and an http:// or https:// URL, decides the URL's host at its port
 					return err
 				}
 				ov = ov.Merge(o)
+			}
+			out := cmd.OutOrStdout()
+			floor := ov.Floor()
+			if showFloor {
+				printFloor(out, floor)
+				if len(args) < 2 {
+					return nil
+				}
+				fmt.Fprintln(out)
+			}
+			data, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
 			}
 			d, err := policies.Load(filepath.Base(args[0]), data, policies.CompileOptions{Overlay: ov})
 			if err != nil {
@@ -155,15 +178,14 @@ With a METHOD and an http:// or https:// URL, decides the URL's host at its port
 			default:
 				return fmt.Errorf("--proto %q: want tcp, udp or any", proto)
 			}
-			out := cmd.OutOrStdout()
 			if dump {
 				d.Dump(out)
 				fmt.Fprintln(out)
 			}
 			if len(args) == 3 {
-				return explainHTTP(out, d, args[1], args[2], headers)
+				return explainHTTP(out, d, floor, args[1], args[2], headers)
 			}
-			explain(out, d, args[1], port, p)
+			explain(out, d, floor, args[1], port, p)
 			return nil
 		},
 	}
@@ -173,10 +195,11 @@ With a METHOD and an http:// or https:// URL, decides the URL's host at its port
 	c.Flags().StringSliceVar(&overlays, "overlay", nil, "operator overlay file (repeatable)")
 	c.Flags().BoolVar(&noBuiltin, "no-builtin", false, "leave out the built-in always-deny list")
 	c.Flags().BoolVar(&dump, "dump", false, "print the compiled policy first")
+	c.Flags().BoolVar(&showFloor, "floor", false, "list the platform floor (what no policy rule can allow)")
 	return c
 }
 
-func explain(out io.Writer, d *policies.Decider, target string, port uint16, proto policies.Protocol) {
+func explain(out io.Writer, d *policies.Decider, floor []policies.FloorEntry, target string, port uint16, proto policies.Protocol) {
 	dec, matches := d.Explain(target, port, proto)
 	at := "any port"
 	if port != 0 {
@@ -198,6 +221,7 @@ func explain(out io.Writer, d *policies.Decider, target string, port uint16, pro
 	fmt.Fprintf(out, "mode:     %s\n", modeLine(d, dec.Rule))
 	fmt.Fprintf(out, "rule:     %s\n", dec.Rule)
 	fmt.Fprintf(out, "reason:   %s\n", dec.Reason)
+	explainFloor(out, dec, floor)
 	if port == 0 && proto == "" && kind == "name" && dec.Action == policies.Allow {
 		fmt.Fprintf(out, "reach:    %s\n", dec.Ports)
 		fmt.Fprintf(out, "dns:      query types %s; answers are classified, private/link-local/loopback addresses dropped unless an IP rule allows them\n",

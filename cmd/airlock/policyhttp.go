@@ -15,7 +15,7 @@ import (
 // explainHTTP decides one HTTP request (method, raw URL, "Name: value" headers) under d:
 // the host at the URL's port, then the host's HTTP rules, and prints every HTTP rule of
 // the host with whether it matches.
-func explainHTTP(out io.Writer, d *policies.Decider, method, rawURL string, headers []string) error {
+func explainHTTP(out io.Writer, d *policies.Decider, floor []policies.FloorEntry, method, rawURL string, headers []string) error {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return fmt.Errorf("URL %q: %w", rawURL, err)
@@ -44,7 +44,7 @@ func explainHTTP(out io.Writer, d *policies.Decider, method, rawURL string, head
 		}
 		h.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	explain(out, d, u.Hostname(), port, policies.TCP)
+	explain(out, d, floor, u.Hostname(), port, policies.TCP)
 	dec := d.Decide(u.Hostname(), port, policies.TCP)
 	fmt.Fprintf(out, "request:  %s %s\n", method, rawURL)
 	switch {

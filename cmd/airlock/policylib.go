@@ -28,7 +28,7 @@ func addPolicyServerCmds(cmd *cobra.Command) {
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.server, "server", "", "lifecycle API URL for list, show, apply and test (default $AIRLOCK_SERVER or "+sdk.DefaultBaseURL+")")
 	pf.StringVar(&f.apiKey, "api-key", "", "API key (default $OPEN_SANDBOX_API_KEY or the key airlock up stored)")
-	cmd.AddCommand(policyList(f), policyShow(f), policyApply(f), policyDiff(f), policyTest(f))
+	cmd.AddCommand(policyList(f), policyShow(f), policyApply(f), policyDiff(f), policyTest(f), policyPropose(f))
 }
 
 func policyList(f *sandboxFlags) *cobra.Command {
@@ -271,8 +271,9 @@ func policyTest(f *sandboxFlags) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "test FILE|NAME --sandbox ID [--since T]",
 		Short: "Replay a sandbox's recorded traffic against a candidate policy",
-		Long: `Reads the sandbox's audit records (DNS answers and flows) from the server, or from an
-audit log directory with --audit-dir, and decides each again with the candidate (a file,
+		Long: `Reads the sandbox's audit records (DNS answers, flows, and the HTTP requests to hosts
+with HTTP rules, by method and path) from the server, or from an audit log directory with
+--audit-dir, and decides each again with the candidate (a file,
 or a named policy of the server), with the built-in operator overlay. Prints what the
 candidate would deny that was allowed, and allow that was denied, with counts and the
 deciding rule: the safe way to roll out a tighter policy (audit mode is the other).
@@ -282,13 +283,9 @@ deciding rule: the safe way to roll out a tighter policy (audit mode is the othe
 			if sandbox == "" {
 				return errors.New("--sandbox is required")
 			}
-			var from time.Time
-			if since != "" {
-				if d, err := time.ParseDuration(since); err == nil {
-					from = time.Now().Add(-d)
-				} else if from, err = time.Parse(time.RFC3339, since); err != nil {
-					return fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 1h", since)
-				}
+			from, err := parseSince(since)
+			if err != nil {
+				return err
 			}
 			p, err := loadPolicy(cmd, f, args[0])
 			if err != nil {
@@ -307,7 +304,7 @@ deciding rule: the safe way to roll out a tighter policy (audit mode is the othe
 			if asJSON {
 				return json.NewEncoder(out).Encode(rep)
 			}
-			fmt.Fprintf(out, "%d records, %d DNS answers and flows replayed, %d unchanged\n", rep.Records, rep.Evaluated, rep.Unchanged)
+			fmt.Fprintf(out, "%d records, %d DNS answers, flows and HTTP requests replayed, %d unchanged\n", rep.Records, rep.Evaluated, rep.Unchanged)
 			for _, part := range []struct {
 				title string
 				list  []replay.Finding

@@ -160,6 +160,7 @@ q('explain-form').addEventListener('submit', async (e) => {
         `${x.target} (${x.kind}${x.class ? ', class ' + x.class : ''}) at ${at}: `, el('strong', {}, x.action + (x.wouldDeny ? ' (report mode: enforce would deny)' : ''))),
       el('dl', { class: 'summary' }, el('dt', {}, 'Rule'), el('dd', {}, x.rule), el('dt', {}, 'Reason'), el('dd', {}, x.reason),
         x.reach ? [el('dt', {}, 'Reach'), el('dd', {}, x.reach)] : '',
+        x.floor ? [el('dt', {}, 'Floor'), el('dd', { id: 'explain-floor' }, x.floor)] : '',
         el('dt', {}, 'Policy'), el('dd', {}, x.defaultPolicy ? `operator default (v${x.policyVersion})` : `v${x.policyVersion}`)),
       x.matches.length ? el('table', {},
         el('caption', {}, 'Matching rules in evaluation order'),
@@ -169,6 +170,19 @@ q('explain-form').addEventListener('submit', async (e) => {
           el('td', {}, m.decides ? 'decides' : m.shadowed ? 'shadowed' : !m.Covers ? 'other ports/protocols' : '', m.Comment ? ` (${m.Comment})` : '')))))
         : el('p', {}, 'No rule matches: the default applies.'));
   });
+});
+
+// The platform floor, listed when its details element is first opened.
+q('floor').addEventListener('toggle', async () => {
+  if (!q('floor').open || q('floor-table').querySelector('tbody').children.length) return;
+  try {
+    const f = await api('GET', '/console/api/floor');
+    q('floor-table').querySelector('tbody').append(...f.entries.map((e) => el('tr', {},
+      el('td', {}, e.rule), el('td', {}, el('code', {}, e.target)), el('td', {}, e.source), el('td', {}, e.note),
+      el('td', {}, e.overridable ? 'only by an explicit IP/CIDR rule' : 'never'))));
+  } catch (e) {
+    report(q('floor-msg'), 'Reading the platform floor failed', e);
+  }
 });
 
 // Per-minute chart of this sandbox.
@@ -234,6 +248,9 @@ q('stream-pause').addEventListener('click', (e) => {
 
 loadSandbox();
 loadPolicy();
+// The pending proposal view, loaded after this page's handlers are in place.
+import('./proposal.js').then((m) => m.initProposal(id));
+document.addEventListener('airlock:policy-changed', loadPolicy);
 addRoute(44772);
 addRoute(18080);
 loadChart();

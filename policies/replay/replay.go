@@ -6,8 +6,11 @@ package replay
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +21,8 @@ import (
 // Finding is one destination whose verdict changes under the candidate, with how often
 // the sandbox met it.
 type Finding struct {
-	// Kind is "dns" (a name asked) or "flow" (a connection or datagram flow).
+	// Kind is "dns" (a name asked), "flow" (a connection or datagram flow) or "http"
+	// (a request to a host with HTTP rules: Target is "METHOD scheme://host:port/path").
 	Kind string `json:"kind"`
 	// Target is the name, or ip:port/proto for a flow (with the names that resolved to
 	// the address, when the log has them, in Names).
@@ -37,8 +41,8 @@ type Finding struct {
 
 // Report is the result of a replay.
 type Report struct {
-	// Records is how many records were read, Evaluated how many were DNS answers or
-	// flows of the sandbox (others, such as gateway or policy records, are skipped).
+	// Records is how many records were read, Evaluated how many were DNS answers,
+	// flows or HTTP requests of the sandbox (others, such as gateway or policy records, are skipped).
 	Records   int `json:"records"`
 	Evaluated int `json:"evaluated"`
 	// Unchanged counts evaluated records whose verdict the candidate keeps.
@@ -49,7 +53,10 @@ type Report struct {
 	WouldAllow []Finding `json:"wouldAllow"`
 }
 
-// Replay decides every DNS and flow record of recs with d. Flows to an address are
+// Replay decides every DNS, flow and HTTP request record of recs with d. An HTTP
+// request (an l7 record with extra.http_rule, written for hosts with HTTP rules) is
+// decided as its host at its port, then against the host's HTTP rules by method and
+// path (the query and headers are not in the record: rules that need them see none). Flows to an address are
 // allowed when d allows the address itself, or a name that resolved to it in an earlier
 // DNS record of recs at that port (as egressd learns names). Operator rules added at run
 // time (the host's own address) are not in d, so traffic they denied may show as
@@ -61,8 +68,8 @@ func Replay(d *policies.Decider, recs []audit.Record) Report {
 	var found []Finding
 	for _, r := range recs {
 		was := r.Action
-		if r.WouldDeny {
-			was = "deny"
+		if r.WouldDeny || strings.EqualFold(strings.ReplaceAll(was, "-", "_"), "would_deny") {
+			was = "deny" // report or audit mode: what enforcement would have done
 		}
 		var f Finding
 		switch {
@@ -95,6 +102,21 @@ func Replay(d *policies.Decider, recs []audit.Record) Report {
 				}
 			}
 			f = Finding{Kind: "flow", Target: fmt.Sprintf("%s/%s", netip.AddrPortFrom(ip, port), r.Proto), Names: names[ip],
+				Would: verdict(dec), Rule: dec.Rule, Reason: dec.Reason}
+		case r.Source == audit.SourceL7 && r.DstHost != "" && r.Extra["http_rule"] == true:
+			// One HTTP request to a host with HTTP rules: the host at its port, then
+			// the request against the host's rules under the candidate.
+			method, _ := r.Extra["method"].(string)
+			path, _ := r.Extra["path"].(string)
+			if method == "" || r.DstPort <= 0 || r.DstPort > 65535 {
+				continue
+			}
+			dec := d.DecideName(r.DstHost, uint16(r.DstPort), policies.TCP)
+			if dec.Allowed() && dec.HTTP != nil {
+				dec = dec.HTTP.Decide(policies.HTTPRequest{Method: method, EscapedPath: (&url.URL{Path: path}).EscapedPath()})
+			}
+			f = Finding{Kind: "http", Target: fmt.Sprintf("%s %s://%s%s", strings.ToUpper(method), r.Proto,
+				net.JoinHostPort(policies.NormalizeName(r.DstHost), strconv.Itoa(r.DstPort)), path),
 				Would: verdict(dec), Rule: dec.Rule, Reason: dec.Reason}
 		default:
 			continue

@@ -73,3 +73,47 @@ egress:
 		t.Errorf("would allow: %+v", rep.WouldAllow)
 	}
 }
+
+// TestReplayHTTPRequests replays requests to a host with HTTP rules (l7 records with
+// extra.http_rule): a candidate that allows GET under /repos/ only would deny the POST
+// that was allowed and allow the GET that a stricter rule had denied; a request
+// record read back from a log (extra as JSON values) decides the same way.
+func TestReplayHTTPRequests(t *testing.T) {
+	req := func(method, path, action string) audit.Record {
+		return audit.Record{SandboxID: "sb1", Source: audit.SourceL7, Proto: "https", DstHost: "API.test", DstIP: "203.0.113.5",
+			DstPort: 443, Action: action, Extra: map[string]any{"method": method, "path": path, "http_rule": true}}
+	}
+	d, err := policies.Load("candidate.yaml", []byte(`egress:
+  - action: allow
+    target: api.test
+    http:
+      rules:
+        - {action: allow, methods: [GET], path: "/repos/*"}
+`), policies.CompileOptions{Overlay: policies.BaseOverlay()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := Replay(d, []audit.Record{
+		req("GET", "/repos/a/b", "allow"),
+		req("get", "/repos/a/c", "deny"),
+		req("POST", "/repos/a/b", "allow"),
+		req("POST", "/repos/a/b", "allow"),
+		req("GET", "/REPOS/a", "allow"), // path case matters
+		{SandboxID: "sb1", Source: audit.SourceL7, DstHost: "api.test", DstPort: 443, Action: "allow"}, // the connection
+	})
+	if rep.Evaluated != 5 || rep.Unchanged != 1 {
+		t.Errorf("counts: %+v", rep)
+	}
+	if len(rep.WouldDeny) != 2 || rep.WouldDeny[0].Target != "POST https://api.test:443/repos/a/b" || rep.WouldDeny[0].Count != 2 ||
+		rep.WouldDeny[0].Rule != "egress[0].http.default" || rep.WouldDeny[1].Target != "GET https://api.test:443/REPOS/a" {
+		t.Errorf("would deny: %+v", rep.WouldDeny)
+	}
+	if len(rep.WouldAllow) != 1 || rep.WouldAllow[0].Kind != "http" || rep.WouldAllow[0].Rule != "egress[0].http.rules[0]" {
+		t.Errorf("would allow: %+v", rep.WouldAllow)
+	}
+	// A would_deny action (audit mode) counts as refused.
+	rec := req("GET", "/repos/x", "would_deny")
+	if rep := Replay(d, []audit.Record{rec}); len(rep.WouldAllow) != 1 || rep.WouldAllow[0].Was != "deny" {
+		t.Errorf("would_deny record: %+v", rep)
+	}
+}
