@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/airlockdev/airlock/opensandbox"
@@ -44,6 +46,10 @@ type PoolSpec struct {
 	// accepts a connection there, so a claim finds the service up. 0: claimable once
 	// the entrypoint started.
 	ReadyPort int
+	// ReadyPath, with ReadyPort, makes readiness an HTTP GET of this path on that port
+	// answering 2xx (airlock/browser: /json/version, which a starting Chromium answers
+	// only once it can serve DevTools), rather than a TCP connect.
+	ReadyPath string
 }
 
 // poolDenyAll is a member's policy until it is claimed: nothing leaves it.
@@ -78,6 +84,9 @@ func newPools(specs []PoolSpec, l Limits, aliases map[string]string) ([]*pool, e
 		}
 		if ps.ReadyPort != 0 && (ps.Entrypoint == nil || ps.ReadyPort < 1 || ps.ReadyPort > 65535) {
 			return nil, fmt.Errorf("lifecycle: pools[%d] (%s): readyPort %d needs an entrypoint and a port in [1, 65535]", i, ps.Name, ps.ReadyPort)
+		}
+		if ps.ReadyPath != "" && (ps.ReadyPort == 0 || !strings.HasPrefix(ps.ReadyPath, "/")) {
+			return nil, fmt.Errorf("lifecycle: pools[%d] (%s): readyPath %q needs readyPort and must start with /", i, ps.Name, ps.ReadyPath)
 		}
 		if names[ps.Name] {
 			return nil, fmt.Errorf("lifecycle: pools[%d]: a second pool named %q (give each a name)", i, ps.Name)
@@ -340,7 +349,7 @@ func (s *Server) warmOne(ctx context.Context, p *pool) (*record, error) {
 			rec.Entrypoint = slices.Clone(p.spec.Entrypoint)
 			s.mu.Unlock()
 			if p.spec.ReadyPort > 0 {
-				err = awaitPort(ctx, net.JoinHostPort(rec.Address.String(), strconv.Itoa(p.spec.ReadyPort)), s.cfg.ReadyTimeout)
+				err = awaitReady(ctx, net.JoinHostPort(rec.Address.String(), strconv.Itoa(p.spec.ReadyPort)), p.spec.ReadyPath, s.cfg.ReadyTimeout)
 			}
 		}
 	}
@@ -472,18 +481,34 @@ func (s *Server) Pools() []PoolStatus {
 	return out
 }
 
-// awaitPort waits until addr accepts a TCP connection, at most timeout.
-func awaitPort(ctx context.Context, addr string, timeout time.Duration) error {
+// awaitReady waits until addr accepts a TCP connection or, with path, answers a GET of
+// path with 2xx, at most timeout.
+func awaitReady(ctx context.Context, addr, path string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	d := net.Dialer{Timeout: time.Second}
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
 	for {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			c.Close()
-			return nil
+		var err error
+		if path == "" {
+			var c net.Conn
+			if c, err = d.DialContext(ctx, "tcp", addr); err == nil {
+				c.Close()
+				return nil
+			}
+		} else {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+			var resp *http.Response
+			if resp, err = client.Do(req); err == nil {
+				io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+				resp.Body.Close()
+				if resp.StatusCode/100 == 2 {
+					return nil
+				}
+				err = fmt.Errorf("GET %s answered %s", path, resp.Status)
+			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the entrypoint did not listen on %s within %s: %w", addr, timeout, err)
+			return fmt.Errorf("the entrypoint was not ready on %s within %s: %w", addr, timeout, err)
 		}
 		select {
 		case <-ctx.Done():

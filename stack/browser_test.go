@@ -32,7 +32,8 @@ func browserStack(t *testing.T, mode string, size int) (*Stack, *sdk.Client) {
 		if size > 0 {
 			// Chromium starts when a member warms: a claim finds it up.
 			cfg.Pools = []PoolConfig{{Name: "browser", Image: img, Size: size, ResourceLimits: browserPoolLimits,
-				Entrypoint: []string{"/opt/airlock/browser.sh"}, ReadyPort: opensandbox.CDPPort}}
+				Entrypoint: []string{"/opt/airlock/browser.sh"}, ReadyPort: opensandbox.CDPPort,
+				ReadyPath: "/json/version"}}
 		}
 	})
 }

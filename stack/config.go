@@ -159,6 +159,9 @@ type PoolConfig struct {
 	// ReadyPort, with Entrypoint: a member is claimable once the entrypoint accepts TCP
 	// connections on this port (9222 for airlock/browser).
 	ReadyPort int `yaml:"readyPort"`
+	// ReadyPath, with ReadyPort: readiness is a GET of this path answering 2xx
+	// (/json/version for airlock/browser).
+	ReadyPath string `yaml:"readyPath"`
 }
 
 // DefaultImageAliases are the aliases every configuration starts with: the image the

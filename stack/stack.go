@@ -360,7 +360,7 @@ func (s *Stack) poolSpecs() []lifecycle.PoolSpec {
 	out := make([]lifecycle.PoolSpec, 0, len(s.cfg.Pools))
 	for _, p := range s.cfg.Pools {
 		out = append(out, lifecycle.PoolSpec{Name: p.Name, Image: p.Image, Size: p.Size, ResourceLimits: p.ResourceLimits,
-			Entrypoint: p.Entrypoint, ReadyPort: p.ReadyPort})
+			Entrypoint: p.Entrypoint, ReadyPort: p.ReadyPort, ReadyPath: p.ReadyPath})
 	}
 	return out
 }

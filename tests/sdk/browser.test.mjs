@@ -189,6 +189,7 @@ before(async () => {
     `    resourceLimits: {cpu: "${POOL_LIMITS.cpu}", memory: "${POOL_LIMITS.memory}"}`,
     "    entrypoint: [/opt/airlock/browser.sh]",
     "    readyPort: 9222",
+    "    readyPath: /json/version",
   ];
   lines.push(...dockerSection(PREFIX));
   writeFileSync(`${dir}/airlock.yaml`, lines.join("\n") + "\n");
