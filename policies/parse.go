@@ -403,7 +403,7 @@ func (p *parser) conflicts(rules []Rule, path string) {
 		}
 		key := t.String()
 		for _, q := range byTarget[key] {
-			if q.r.Action != r.Action && scopesOverlap(q.r, r) {
+			if q.r.Action != r.Action && ScopesOverlap(q.r, r) {
 				p.errs = append(p.errs, &Error{Source: p.src, Line: r.Line, Column: r.column,
 					Path: fmt.Sprintf("%s[%d]", path, i),
 					Reason: fmt.Sprintf("%s %s conflicts with %s[%d] (%s %s, line %d): same target, overlapping ports and protocols, different action",
@@ -415,7 +415,9 @@ func (p *parser) conflicts(rules []Rule, path string) {
 	}
 }
 
-func scopesOverlap(a, b Rule) bool {
+// ScopesOverlap reports whether two rules' ports and protocols share something (no
+// protocols or no ports: all of them).
+func ScopesOverlap(a, b Rule) bool {
 	protoOverlap := len(a.Protocols) == 0 || len(b.Protocols) == 0
 	for _, x := range a.Protocols {
 		protoOverlap = protoOverlap || slices.Contains(b.Protocols, x)

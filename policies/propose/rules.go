@@ -157,7 +157,7 @@ func extend(res *Result, base *policies.Policy, floor *policies.Overlay, dests [
 	}
 	kept2 := out.Egress[:0]
 	for _, r := range out.Egress {
-		if r.Action == policies.Deny && slices.ContainsFunc(add, func(a policies.Rule) bool { return sameTarget(a, r) && overlaps(a, r) }) {
+		if r.Action == policies.Deny && slices.ContainsFunc(add, func(a policies.Rule) bool { return sameTarget(a, r) && policies.ScopesOverlap(a, r) }) {
 			continue
 		}
 		kept2 = append(kept2, r)
@@ -233,26 +233,4 @@ func sameTarget(a, b policies.Rule) bool {
 	ta, ea := policies.ParseTarget(a.Target)
 	tb, eb := policies.ParseTarget(b.Target)
 	return ea == nil && eb == nil && ta.String() == tb.String()
-}
-
-// overlaps reports whether two rules' ports and protocols share something.
-func overlaps(a, b policies.Rule) bool {
-	protos := len(a.Protocols) == 0 || len(b.Protocols) == 0
-	for _, p := range a.Protocols {
-		protos = protos || slices.Contains(b.Protocols, p)
-	}
-	if !protos {
-		return false
-	}
-	if len(a.Ports) == 0 || len(b.Ports) == 0 {
-		return true
-	}
-	for _, x := range a.Ports {
-		for _, y := range b.Ports {
-			if x.First <= y.Last && y.First <= x.Last {
-				return true
-			}
-		}
-	}
-	return false
 }
