@@ -68,13 +68,8 @@ const streamKeepalive = 15 * time.Second
 // with Last-Event-ID continues after that seq. The stream ends with `event: expired`
 // when the session does.
 func (c *Console) handleEvents(w http.ResponseWriter, r *http.Request) {
-	if !c.needAudit(w) {
-		return
-	}
-	id := r.PathValue("id")
-	var sb struct{ ID string }
-	if err := c.apiGet(r.Context(), "/v1/sandboxes/"+id, &sb); err != nil {
-		writeAPIError(w, err)
+	id, ok := c.auditedSandbox(w, r)
+	if !ok {
 		return
 	}
 	fl, ok := w.(http.Flusher)
@@ -325,4 +320,20 @@ func sanitizeName(s string) string {
 		}
 		return '_'
 	}, s)
+}
+
+// auditedSandbox is the path's sandbox id for a view of its audit records, once the
+// console has an audit log and the API shows the sandbox to the session's key (a user
+// sees its own only); otherwise it has answered the error and ok is false.
+func (c *Console) auditedSandbox(w http.ResponseWriter, r *http.Request) (id string, ok bool) {
+	if !c.needAudit(w) {
+		return "", false
+	}
+	id = r.PathValue("id")
+	var sb struct{ ID string }
+	if err := c.apiGet(r.Context(), "/v1/sandboxes/"+id, &sb); err != nil {
+		writeAPIError(w, err)
+		return "", false
+	}
+	return id, true
 }

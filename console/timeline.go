@@ -48,13 +48,8 @@ var commandOps = map[string]bool{"command": true, "code": true, "session.run": t
 // sandbox to be visible to the session's key (the API decides: a user sees its own
 // sandboxes only).
 func (c *Console) handleTimeline(w http.ResponseWriter, r *http.Request) {
-	if !c.needAudit(w) {
-		return
-	}
-	id := r.PathValue("id")
-	var sb struct{ ID string }
-	if err := c.apiGet(r.Context(), "/v1/sandboxes/"+id, &sb); err != nil {
-		writeAPIError(w, err)
+	id, ok := c.auditedSandbox(w, r)
+	if !ok {
 		return
 	}
 	var cmds, flows []audit.Record
