@@ -298,6 +298,19 @@ func benchPolicy(ctx context.Context, t *testing.T, c *sdk.Client) {
 		}
 		put.Latencies = append(put.Latencies, time.Since(t0))
 	}
+	// Where the time goes: lifecycle's PolicyEnforced events give the gate's share (from
+	// handing the change to the runtime's second layer to egressd's confirmation).
+	if d, err := c.Diagnostics(ctx, sb.ID, opensandbox.DiagnosticEvents, sdk.DiagnosticOptions{Scope: "network", Delivery: "inline"}); err != nil {
+		t.Logf("the sandbox's network events: %v", err)
+	} else if text, err := c.DiagnosticText(ctx, d); err == nil {
+		var lines []string
+		for l := range strings.SplitSeq(text, "\n") {
+			if strings.Contains(l, "PolicyEnforced") || strings.Contains(l, "enforced after") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("lifecycle's PolicyEnforced events (%d):\n%s", len(lines), strings.Join(lines[max(0, len(lines)-5):], "\n"))
+	}
 	// The last PUT (i=19) denies 198.51.100.9: a connect() from the pod fails at once
 	// with EPERM, so the version egressd reports is the one the pod's traffic meets.
 	x, err := c.Execd(ctx, sb.ID)
