@@ -141,8 +141,19 @@ DISPLAY=:0 wmctrl -l`
 		for (let i = 0; i < d.length; i += 4) if (d[i] > 240 && d[i+1] < 16 && d[i+2] > 240) n++;
 		return n > 20000 ? n : 0; })()`
 	pctx, pcancel := context.WithTimeout(ctx, 60*time.Second)
-	n, err := chromedp.Run(pctx, chromedp.Poll[int](canvasMagenta, chromedp.WithPollingInFrame(frames[0]),
-		chromedp.WithPollingInterval(200*time.Millisecond)))
+	var n int
+	// The frame may still be navigating from its first empty document to noVNC's page
+	// when the poll starts: that context goes away under the poll, which then starts
+	// again in the new one.
+	for try := 0; ; try++ {
+		n, err = chromedp.Run(pctx, chromedp.Poll[int](canvasMagenta, chromedp.WithPollingInFrame(frames[0]),
+			chromedp.WithPollingInterval(200*time.Millisecond)))
+		if err == nil || try == 4 || !strings.Contains(err.Error(), "Execution context was destroyed") {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+		frames = get(t, ctx, "the desktop frame", chromedp.Nodes(chromedp.ID("desktop-frame")))
+	}
 	pcancel()
 	if err != nil {
 		shot(t, ctx, "desktop-01-no-canvas")
