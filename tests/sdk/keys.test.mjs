@@ -114,11 +114,13 @@ test("a user key works with the unchanged SDK, on its own sandboxes only", async
     const r = await fetch(`http://${domain}${p}`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } });
     assert.equal(r.status, 404, p);
   }
-  // The gateway admits a key by its role as the API does: Bob's user key finds no
-  // sandbox of Alice's there either (404), while Alice's endpoint, with its token, works.
+  // The gateway of `airlock up` admits a key by its role as the API does: Bob's user key
+  // finds no sandbox of Alice's there either (404). A gateway that refuses API keys
+  // (--refuse-api-key, the Kubernetes manifests) answers 401. Alice's endpoint, with its
+  // token, works.
   const ep = await sbx.getEndpoint(44772);
   assert.equal(ep.endpoint, `${gateway}/sandboxes/${sbx.id}/proxy/44772`);
-  assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } })).status, 404);
+  assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: { "OPEN-SANDBOX-API-KEY": bob.key } })).status, EXTERNAL ? 401 : 404);
   assert.equal((await fetch(`http://${ep.endpoint}/ping`, { headers: ep.headers })).status, 200);
 
   // The admin sees the sandbox and who created it.
