@@ -168,12 +168,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		s.updateEgressOf(ctx, rec)
 	}
 	if err == nil && p.spec.Entrypoint == nil {
-		env := maps.Clone(s.cfg.DefaultEnv)
-		if env == nil {
-			env = map[string]string{}
-		}
-		maps.Copy(env, v.spec.Env)
-		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: env, Entrypoint: v.spec.Entrypoint})
+		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: s.releaseEnv(v.spec.Env), Entrypoint: v.spec.Entrypoint})
 	}
 	if err != nil {
 		s.log.Warn("warm pool member failed at claim; serving the create cold", "pool", p.spec.Name, "sandbox_id", rec.ID, "err", err)
@@ -339,11 +334,7 @@ func (s *Server) warmOne(ctx context.Context, p *pool) (*record, error) {
 		err = s.awaitMember(ctx, rec)
 	}
 	if err == nil && p.spec.Entrypoint != nil {
-		env := maps.Clone(s.cfg.DefaultEnv)
-		if env == nil {
-			env = map[string]string{}
-		}
-		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: env, Entrypoint: p.spec.Entrypoint})
+		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: s.releaseEnv(nil), Entrypoint: p.spec.Entrypoint})
 		if err == nil {
 			s.mu.Lock()
 			rec.Entrypoint = slices.Clone(p.spec.Entrypoint)
@@ -516,4 +507,15 @@ func awaitReady(ctx context.Context, addr, path string, timeout time.Duration) e
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// releaseEnv is the env execd is released with: DefaultEnv, then env over it (never
+// nil).
+func (s *Server) releaseEnv(env map[string]string) map[string]string {
+	out := maps.Clone(s.cfg.DefaultEnv)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, env)
+	return out
 }
