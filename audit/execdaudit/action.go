@@ -60,6 +60,7 @@ type Action struct {
 	// process groups of a command (procgroup.go): bootStart is the request's arrival
 	// on CLOCK_BOOTTIME (0: not looked for).
 	bootStart  time.Duration
+	watch      *groupWatch
 	groups     []procGroup
 	groupsAmbi bool
 }
@@ -197,8 +198,8 @@ func (a *Action) event(line []byte) {
 	case "init":
 		if a.commandID == "" {
 			a.commandID = ev.Text
-			if a.bootStart > 0 {
-				a.groups, a.groupsAmbi = newGroups(a.info.InitPID, a.bootStart)
+			if a.watch != nil {
+				a.groups, a.groupsAmbi = takeGroups(a.info.InitPID, a.watch.end())
 			}
 		}
 	case "execution_complete":
@@ -258,6 +259,7 @@ func (a *Action) Finish(status int) {
 		return
 	}
 	a.finished = true
+	a.watch.end()
 	if status != 0 {
 		a.status = status
 	}

@@ -88,6 +88,7 @@ func (o *Observer) Start(r *http.Request, path string, info Info) *Action {
 		principal: principal.IDFromContext(r.Context())}
 	if op == opCommand && info.InitPID > 0 {
 		a.bootStart = bootNow()
+		a.watch = watchGroups(info.InitPID, a.bootStart)
 	}
 	switch op {
 	case opCommand, opSessionRun, opCode:

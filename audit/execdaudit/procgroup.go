@@ -18,7 +18,8 @@ import (
 // kernel names the group of the process behind each flow (extra.execution.pgid of a
 // flow record). This side finds the group on the host, from /proc, when execd's init
 // event says the command started: the groups of execd's children that started after
-// the request arrived and that no other command took. execd's answer only tells when
+// the request arrived (watched from then on, so that a command already ended is
+// still seen) and that no other command took. execd's answer only tells when
 // to look; what it says is not used. Ids are the host's (pid namespace of /proc).
 
 // procRoot is where the host's /proc is mounted (tests may point it elsewhere).
@@ -105,13 +106,88 @@ func children(pid int) []int {
 	return out
 }
 
-// newGroups returns the process groups of initPID's children, other than initPID's
-// own (the entrypoint's), that have a member started no earlier than since - one tick
-// (boot time) and that no earlier call took. One group is taken and returned; several
-// (commands started together) are returned untaken with ambiguous set.
-func newGroups(initPID int, since time.Duration) (groups []procGroup, ambiguous bool) {
+// groupWatch collects, from a command's arrival until execd says it started, the
+// process groups takeGroups may take: a command that ends within milliseconds (a curl
+// refused at once) is gone from /proc by the time execd's init event is read, so
+// the host looks while it runs, every watchTick for the first watchFast, then every
+// watchSlow, at most watchMax.
+type groupWatch struct {
+	initPID int
+	since   time.Duration
+	stop    chan struct{}
+	done    chan struct{}
+	found   []int // groups seen, in order; read after done
+}
+
+const (
+	watchTick = time.Millisecond
+	watchFast = 200 * time.Millisecond
+	watchSlow = 10 * time.Millisecond
+	watchMax  = 30 * time.Second
+)
+
+// watchGroups starts looking for the groups of initPID's children that started no
+// earlier than since (boot time).
+func watchGroups(initPID int, since time.Duration) *groupWatch {
+	w := &groupWatch{initPID: initPID, since: since, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *groupWatch) run() {
+	defer close(w.done)
+	seen := map[int]bool{}
+	scan := func() {
+		for _, g := range scanGroups(w.initPID, w.since) {
+			if !seen[g] {
+				seen[g] = true
+				w.found = append(w.found, g)
+			}
+		}
+	}
+	start := time.Now()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			scan()
+			return
+		case <-t.C:
+			scan()
+			switch d := time.Since(start); {
+			case d > watchMax:
+				return
+			case d > watchFast:
+				t.Reset(watchSlow)
+			default:
+				t.Reset(watchTick)
+			}
+		}
+	}
+}
+
+// end stops the watch and returns the groups it saw (nil for a nil watch). Safe to
+// call more than once.
+func (w *groupWatch) end() []int {
+	if w == nil {
+		return nil
+	}
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+	return w.found
+}
+
+// scanGroups returns the process groups of initPID's children, other than initPID's
+// own (the entrypoint's), that have a member started no earlier than since - one
+// tick (boot time).
+func scanGroups(initPID int, since time.Duration) []int {
 	if initPID <= 0 {
-		return nil, false
+		return nil
 	}
 	seen := map[int]bool{}
 	var found []int
@@ -123,6 +199,13 @@ func newGroups(initPID int, since time.Duration) (groups []procGroup, ambiguous 
 		seen[pgrp] = true
 		found = append(found, pgrp)
 	}
+	return found
+}
+
+// takeGroups returns those of found (groups of initPID's children, from scanGroups or
+// a groupWatch) that no earlier call took. One group is taken and returned; several
+// (commands started together) are returned untaken with ambiguous set.
+func takeGroups(initPID int, found []int) (groups []procGroup, ambiguous bool) {
 	now := time.Now()
 	claims.Lock()
 	var out []procGroup

@@ -13,6 +13,9 @@ import (
 // pid → {pgrp, starttime in ticks}.
 func fakeProc(t *testing.T, kids map[int][2]int) string {
 	t.Helper()
+	claims.Lock()
+	claims.m = map[[2]int]time.Time{} // a fresh host: nothing taken
+	claims.Unlock()
 	root := t.TempDir()
 	write := func(p, s string) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -34,6 +37,11 @@ func fakeProc(t *testing.T, kids map[int][2]int) string {
 	write(filepath.Join(root, "100", "task", "100", "children"), strings.Join(list, " ")+" ")
 	write(filepath.Join(root, "100", "task", "101", "children"), "")
 	return root
+}
+
+// newGroups is one look at /proc, as at a command's init event.
+func newGroups(initPID int, since time.Duration) ([]procGroup, bool) {
+	return takeGroups(initPID, scanGroups(initPID, since))
 }
 
 // TestNewGroups: a command's group is the one new group among the init's children
@@ -66,5 +74,39 @@ func TestNewGroups(t *testing.T) {
 	}
 	if got, _ := newGroups(0, since); got != nil {
 		t.Errorf("no init pid: %+v", got)
+	}
+}
+
+// TestGroupWatchSeesEndedCommand: a command whose processes are gone by the time
+// execd's init event is read (a curl refused within milliseconds) keeps its group:
+// the watch saw it while it ran.
+func TestGroupWatchSeesEndedCommand(t *testing.T) {
+	old := procRoot
+	root := fakeProc(t, map[int][2]int{700: {700, 7001}})
+	procRoot = root
+	w := watchGroups(100, 70*time.Second)
+	t.Cleanup(func() { w.end(); procRoot = old })
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// the watch has looked once the first tick has passed; wait for a second one
+		time.Sleep(5 * watchTick)
+		if time.Now().After(deadline) || len(scanGroups(100, 70*time.Second)) == 1 {
+			break
+		}
+	}
+	time.Sleep(20 * watchTick)
+	// the command ends: execd reaps it, it leaves the init's children
+	if err := os.WriteFile(filepath.Join(root, "100", "task", "100", "children"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := scanGroups(100, 70*time.Second); len(got) != 0 {
+		t.Fatalf("one look after the end still sees %v", got)
+	}
+	got, ambiguous := takeGroups(100, w.end())
+	if ambiguous || len(got) != 1 || got[0].PGID != 700 {
+		t.Fatalf("groups after the command ended = %+v, %v; want 700", got, ambiguous)
+	}
+	if again := w.end(); len(again) != 1 {
+		t.Errorf("a second end returns %v", again)
 	}
 }
