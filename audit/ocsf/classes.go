@@ -20,7 +20,7 @@ func (m Mapper) network(w *jw, r *record.Record) {
 	if attributed {
 		profiles = append(profiles, "host") // actor is the host profile's
 	}
-	header(w, r, ClassNetworkActivity, activity, name, profiles, "")
+	header(w, r, ClassNetworkActivity, activity, name, profiles)
 	if attributed {
 		flowActor(w, proc)
 	}
@@ -119,7 +119,7 @@ func (m Mapper) dns(w *jw, r *record.Record) {
 	if rc != "" {
 		activity, name = 2, "Response"
 	}
-	header(w, r, ClassDNSActivity, activity, name, []string{"security_control"}, "")
+	header(w, r, ClassDNSActivity, activity, name, []string{"security_control"})
 	endpoint(w, "src_endpoint", r.Src, r.SandboxID, "", 0)
 	connection(w, r.Proto)
 	if r.DstHost != "" {
@@ -172,7 +172,7 @@ func (m Mapper) http(w *jw, r *record.Record) {
 	case !ok:
 		activity, name = 99, "Other"
 	}
-	header(w, r, ClassHTTPActivity, activity, name, []string{"security_control"}, "")
+	header(w, r, ClassHTTPActivity, activity, name, []string{"security_control"})
 	inbound := r.Source == record.SourceGateway || r.Source == record.SourceIngress
 	host := hostOnly(r.DstHost)
 	if inbound {
@@ -252,7 +252,7 @@ func (m Mapper) vault(w *jw, r *record.Record) {
 	case "delete":
 		activity, name = 4, "Delete"
 	}
-	header(w, r, ClassAPIActivity, activity, name, nil, "")
+	header(w, r, ClassAPIActivity, activity, name, nil)
 	api(w, r, r.Rule, "credential vault")
 	footer(w, r)
 }
@@ -289,31 +289,9 @@ func api(w *jw, r *record.Record, operation, service string) {
 // policy writes a policy record as Device Config State Change: the sandbox (or, for
 // the policy library, this host) and the policy version now in force.
 func (m Mapper) policy(w *jw, r *record.Record) {
-	header(w, r, ClassDeviceConfigState, 1, "Log", []string{"security_control"}, "")
+	header(w, r, ClassDeviceConfigState, 1, "Log", []string{"security_control"})
 	m.device(w, r.SandboxID)
 	policy(w, r, "egress")
-	footer(w, r)
-}
-
-// policyAPI writes the API call behind a policy change (extra.route "PUT /v1/...") as
-// API Activity: Update.
-func (m Mapper) policyAPI(w *jw, r *record.Record) {
-	header(w, r, ClassAPIActivity, 3, "Update", nil, ".api")
-	route := extraString(r, "route")
-	if route == "" {
-		route = "policy"
-	}
-	api(w, r, route, "lifecycle API")
-	if method, path, ok := strings.Cut(route, " "); ok {
-		w.open("http_request")
-		if _, known := httpActivity[method]; known {
-			w.str("http_method", method)
-		}
-		w.open("url")
-		w.str("path", path)
-		w.close()
-		w.close()
-	}
 	footer(w, r)
 }
 
@@ -345,7 +323,7 @@ func (m Mapper) eventLog(w *jw, r *record.Record) {
 	if r.Action == record.ActionLoss {
 		name = "Loss"
 	}
-	header(w, r, ClassEventLog, 99, name, []string{"host"}, "")
+	header(w, r, ClassEventLog, 99, name, []string{"host"})
 	n, ok := extraInt(r, "lost")
 	if !ok {
 		n, _ = extraInt(r, "suppressed")
@@ -359,6 +337,6 @@ func (m Mapper) eventLog(w *jw, r *record.Record) {
 
 // base writes a record of a source this package does not know as a Base Event.
 func (m Mapper) base(w *jw, r *record.Record) {
-	header(w, r, ClassBase, 99, "Other", nil, "")
+	header(w, r, ClassBase, 99, "Other", nil)
 	footer(w, r)
 }

@@ -30,7 +30,7 @@ func (m Mapper) control(w *jw, r *record.Record) {
 	if !ok {
 		activity = 3
 	}
-	header(w, r, ClassAPIActivity, activity, apiActivityNames[activity], nil, "")
+	header(w, r, ClassAPIActivity, activity, apiActivityNames[activity], nil)
 	w.open("actor")
 	if id := extraString(r, "principal"); id != "" {
 		w.open("user")

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/airlockdev/airlock/audit"
 )
 
 // TestControlRecordsAsAPIActivity: control-plane records (source control) come out
@@ -78,5 +81,27 @@ func TestControlRecordsAsAPIActivity(t *testing.T) {
 				t.Errorf("mutation %q: errors %v, want one with %q", tc.name, errs, tc.want)
 			}
 		})
+	}
+}
+
+// TestPolicyChangeIsOneAPIActivity: a policy change made through the API is a policy
+// record (Device Config State Change) and a control record (API Activity naming the
+// principal); the policy record adds no API Activity of its own, so a SIEM counts one
+// API call once.
+func TestPolicyChangeIsOneAPIActivity(t *testing.T) {
+	recs := []audit.Record{
+		{Time: time.Now(), SandboxID: "sb1", Source: audit.SourcePolicy, Src: "127.0.0.1:50003", Action: "allow",
+			Reason: "policy changed: put", PolicyVersion: 3, Extra: map[string]any{"change": "put", "route": "PUT /v1/sandboxes/sb1/policy"}},
+		{Time: time.Now(), SandboxID: "sb1", Source: audit.SourceControl, Src: "127.0.0.1:50003", Action: "allow",
+			Extra: map[string]any{"op": "policy.put", "principal": "admin", "status": 200, "method": "PUT",
+				"path": "/v1/sandboxes/sb1/policy", "target_type": "sandbox", "target": "sb1"}},
+	}
+	events, _ := readEvents(t, writeLog(t, recs, 0))
+	classes := map[any]int{}
+	for _, ev := range events {
+		classes[ev["class_uid"]]++
+	}
+	if len(events) != 2 || classes[float64(ClassDeviceConfigState)] != 1 || classes[float64(ClassAPIActivity)] != 1 {
+		t.Fatalf("events by class %v for one policy change through the API; want one 5019 and one 6003", classes)
 	}
 }

@@ -44,7 +44,7 @@ func (m Mapper) execd(w *jw, r *record.Record) {
 	if !ok {
 		activity, name = 99, "Other"
 	}
-	header(w, r, ClassProcessActivity, activity, name, nil, "")
+	header(w, r, ClassProcessActivity, activity, name, nil)
 	execdActor(w, r)
 	m.device(w, r.SandboxID)
 	w.open("process")
@@ -79,7 +79,7 @@ func (m Mapper) execd(w *jw, r *record.Record) {
 // fileEvent writes a file or directory operation as File System Activity: the file
 // (name, type, path, size, SHA-256) and, for a move, the file it became.
 func (m Mapper) fileEvent(w *jw, r *record.Record, activity int) {
-	header(w, r, ClassFileActivity, activity, fileActivityNames[activity], nil, "")
+	header(w, r, ClassFileActivity, activity, fileActivityNames[activity], nil)
 	execdActor(w, r)
 	m.device(w, r.SandboxID)
 	folder := strings.HasPrefix(extraString(r, "op"), "dir.")

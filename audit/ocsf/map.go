@@ -6,16 +6,15 @@
 // Classes: Network Activity (4001) for flow records and refusals (source bpf), DNS
 // Activity (4003) for dns, HTTP Activity (4002) for gateway requests, ingress
 // refusals, L7 decisions and Credential Vault decisions on a request, API Activity
-// (6003) for control-plane changes (Credential Vault changes; a policy change made
-// through the lifecycle API also gets one), Device Config State Change (5019) for
-// policy versions (source policy), Event Log Activity (1008) for the writer's own
-// loss and suppressed records, Process Activity (1007) for agent actions through
-// execd (commands, code, sessions, PTYs) and File System Activity (1001) for its file
-// operations (source execd), API Activity (6003) also for control-plane calls (source
-// control: the principal, the op, the target and the answer), and Base Event (0) for
-// a source this package does not know. Every event's metadata points back to its
-// chain record: original_event_uid is
-// the record's seq, uid the seq (with a suffix for the second event of one record),
+// (6003) for Credential Vault changes and for control-plane calls (source control:
+// the principal, the op, the target and the answer; a policy change made through the
+// API is one such call, so its policy record gets no API Activity of its own), Device
+// Config State Change (5019) for policy versions (source policy), Event Log Activity
+// (1008) for the writer's own loss and suppressed records, Process Activity (1007)
+// for agent actions through execd (commands, code, sessions, PTYs) and File System
+// Activity (1001) for its file operations (source execd), and Base Event (0) for a
+// source this package does not know. Each record is one event, whose metadata points
+// back to its chain record: original_event_uid and uid are the record's seq,
 // correlation_uid the record's chain hash; message is the record's reason; unmapped
 // keeps Airlock's own fields (the sandbox, action, rule, mode, policy version, prev
 // hash and the extra keys the event does not map). Records never carry secret values,
@@ -87,9 +86,8 @@ type Mapper struct {
 	Host string
 }
 
-// Append appends the OCSF events of r to b, one JSON object per line (each ending in
-// "\n"): one event, two for a policy change made through the API (Device Config State
-// Change and API Activity). r must have been written (Seq and Hash set).
+// Append appends the OCSF event of r to b, one JSON object ending in "\n". r must
+// have been written (Seq and Hash set).
 func (m Mapper) Append(b []byte, r *record.Record) []byte {
 	w := jw{b: b}
 	switch {
@@ -110,11 +108,6 @@ func (m Mapper) Append(b []byte, r *record.Record) []byte {
 		m.control(&w, r)
 	case r.Source == record.SourcePolicy:
 		m.policy(&w, r)
-		if r.Src != "" {
-			w.b = append(w.b, '\n')
-			w.comma = false
-			m.policyAPI(&w, r)
-		}
 	default:
 		m.base(&w, r)
 	}
@@ -122,8 +115,7 @@ func (m Mapper) Append(b []byte, r *record.Record) []byte {
 }
 
 // header opens an event and writes the classification, time, metadata and status.
-// uid is the metadata.uid suffix ("" for a record's first event).
-func header(w *jw, r *record.Record, class, activity int, activityName string, profiles []string, uid string) {
+func header(w *jw, r *record.Record, class, activity int, activityName string, profiles []string) {
 	w.comma = false
 	w.open("")
 	w.int("class_uid", int64(class))
@@ -158,7 +150,7 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 	w.b = append(w.b, '"')
 	w.key("uid")
 	w.b = strconv.AppendUint(append(w.b, '"'), r.Seq, 10)
-	w.b = append(append(w.b, uid...), '"')
+	w.b = append(w.b, '"')
 	w.str("correlation_uid", r.Hash)
 	if len(profiles) > 0 {
 		w.array("profiles")

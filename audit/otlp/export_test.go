@@ -21,8 +21,7 @@ import (
 	"github.com/airlockdev/airlock/internal/otlptest"
 )
 
-// sample is a record of each kind the derived metrics count, plus a policy change
-// (two OCSF events for one record).
+// sample is a record of each kind the derived metrics count, plus a policy change.
 func sample(now time.Time) []audit.Record {
 	return []audit.Record{
 		{Time: now, SandboxID: "sb1", Source: audit.SourceDNS, Proto: "udp", DstHost: "pypi.org", QType: "A", Action: "allow"},
@@ -119,8 +118,8 @@ func TestLogsEqualTheChain(t *testing.T) {
 	}
 	defer ex.Close()
 	want, wantSeq, wantHash := events(t, dir)
-	if len(want) != 7 {
-		t.Fatalf("chain has %d OCSF events, want 7 (6 records, one policy change with two)", len(want))
+	if len(want) != 6 {
+		t.Fatalf("chain has %d OCSF events, want 6 (one per record)", len(want))
 	}
 	waitFor(t, "the collector to receive every event", func() bool { return col.Logs.LogRecordCount() >= len(want) })
 	time.Sleep(200 * time.Millisecond) // nothing more may follow
