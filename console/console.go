@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/principal"
 )
@@ -78,6 +79,10 @@ type Config struct {
 	// ("airlock.localhost"): a desktop sandbox's page embeds noVNC from
 	// "<6080-id-exp-tag>.<GatewayDomain>" (desktop.go). Empty: no live desktop.
 	GatewayDomain string
+	// Audit receives a control record (source control) for every sign-in, failed or
+	// refused sign-in and sign-out (op console.sign_in, console.sign_out; the
+	// principal when known, never the key or a session id); nil means none.
+	Audit interface{ Append(audit.Record) }
 	// Log receives login, logout and failure records (never the key or a session id).
 	Log *slog.Logger
 	// Now is the clock (tests); default time.Now.

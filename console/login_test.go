@@ -1,16 +1,22 @@
 package console
 
 import (
+	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/airlockdev/airlock/audit"
 )
 
 // loginFrom posts the sign-in form to the handler as if from remote ("ip:port") and
@@ -186,4 +192,80 @@ func TestLoginGlobalCeiling(t *testing.T) {
 	if code := h.loginFrom("192.0.2.200:1", testKey, nil); code != http.StatusSeeOther {
 		t.Errorf("a minute later: %d, want 303", code)
 	}
+}
+
+// TestSignInsAudited: a failed sign-in, a sign-in and a sign-out are control records in
+// the audit chain (op, outcome, the principal once known, the client), and neither
+// the key tried, the key used nor the session id is anywhere in the audit directory.
+func TestSignInsAudited(t *testing.T) {
+	h := newHarness(t, testKey)
+	h.con.cfg.Audit = h.aw // as stack wires it
+	c := h.client()
+	const wrong = "wrong-key-0123456789"
+	if r := h.login(c, wrong); r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("wrong key: %d", r.StatusCode)
+	}
+	r := h.login(c, testKey)
+	if r.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d", r.StatusCode)
+	}
+	var sid string
+	for _, ck := range r.Cookies() {
+		if ck.Name == CookieName {
+			sid = ck.Value
+		}
+	}
+	tok := h.csrf(c)
+	if r, _ := h.do(c, "POST", "/console/logout", "", map[string]string{CSRFHeader: tok, "Origin": h.srv.URL}); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("logout: %d", r.StatusCode)
+	}
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 3 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		recs, _, err := audit.Query(h.dir, audit.Filter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = got[:0]
+		for _, rec := range recs {
+			if rec.Source == audit.SourceControl {
+				got = append(got, fmt.Sprint(rec.Extra["op"], " ", rec.Action, " ", rec.Extra["status"], " ", rec.Extra["principal"], " ", rec.Src != ""))
+			}
+		}
+	}
+	want := []string{
+		"console.sign_in deny 401 <nil> true",
+		"console.sign_in allow 303 admin true",
+		"console.sign_out allow 204 admin true",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("sign-in records:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, secret := range []string{wrong, testKey, sid} {
+		if secret == "" {
+			t.Fatal("no session cookie")
+		}
+		if hit := grepDir(t, h.dir, secret); hit != "" {
+			t.Errorf("a secret is in the audit directory (%s)", hit)
+		}
+	}
+}
+
+// grepDir returns the first file under dir that contains s, "" when none does.
+func grepDir(t *testing.T, dir, s string) string {
+	t.Helper()
+	var hit string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || hit != "" {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), s) {
+			hit = p
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hit
 }

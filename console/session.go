@@ -323,12 +323,14 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	d := pageData{Title: "Sign in", NoAuth: c.cfg.APIKey == ""}
 	if err := c.origins.check(r); err != nil {
 		d.Error = "Sign-in refused: " + err.Error() + "."
+		c.signInRecord(r, opSignIn, principal.Principal{}, http.StatusForbidden, "sign-in refused: "+err.Error())
 		c.render(w, http.StatusForbidden, "login.html", d)
 		return
 	}
 	slot, ok := c.logins.take(loginClient(r.RemoteAddr))
 	if !ok {
 		c.log.Warn("console sign-in refused", "reason", "too many failures", "client", r.RemoteAddr)
+		c.signInRecord(r, opSignIn, principal.Principal{}, http.StatusTooManyRequests, "sign-in refused: too many failed sign-ins")
 		d.Error = "Too many failed sign-ins: wait a minute and try again."
 		c.render(w, http.StatusTooManyRequests, "login.html", d)
 		return
@@ -344,6 +346,7 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	who, ok := c.authenticate(key)
 	if !ok {
 		c.log.Warn("console sign-in failed", "client", r.RemoteAddr)
+		c.signInRecord(r, opSignIn, principal.Principal{}, http.StatusUnauthorized, "sign-in failed: wrong API key")
 		d.Error = "Wrong API key."
 		c.render(w, http.StatusUnauthorized, "login.html", d)
 		return
@@ -357,11 +360,18 @@ func (c *Console) handleLogin(w http.ResponseWriter, r *http.Request) {
 	// still sends the cookie afterwards is told that its session expired.
 	setCookie(w, r, id, 0)
 	c.log.Info("console sign-in", "client", r.RemoteAddr, "principal_id", who.ID, "role", string(who.Role))
+	c.signInRecord(r, opSignIn, who, http.StatusSeeOther, "")
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
 func (c *Console) handleLogout(w http.ResponseWriter, r *http.Request) {
 	if ck, err := r.Cookie(CookieName); err == nil {
+		if s, _ := c.sessions.fromRequest(r); s != nil {
+			s.mu.Lock()
+			who := s.who
+			s.mu.Unlock()
+			c.signInRecord(r, opSignOut, who, http.StatusNoContent, "")
+		}
 		c.sessions.remove(ck.Value)
 	}
 	setCookie(w, r, "", -1)

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/console"
 	"github.com/airlockdev/airlock/policies"
 )
@@ -37,11 +38,16 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	if s.cfg.Gateway.TLS != "" && !s.cfg.Gateway.Disabled {
 		scheme = "https"
 	}
+	var signIns interface{ Append(audit.Record) } // sign-in records, when the stack audits
+	if s.Audit != nil {
+		signIns = s.Audit
+	}
 	con, err := console.New(console.Config{
 		API:            api,
 		APIKey:         s.APIKey,
 		Authenticate:   s.Lifecycle.Keys().Authenticate,
 		AuditDir:       s.cfg.Audit.Dir,
+		Audit:          signIns,
 		Overlay:        ov,
 		SessionTTL:     time.Duration(s.cfg.Console.SessionTTL),
 		EndpointScheme: scheme,

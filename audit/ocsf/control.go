@@ -25,6 +25,10 @@ var apiActivityNames = map[int]string{1: "Create", 2: "Read", 3: "Update", 4: "D
 // answered with an error (extra.outcome failure).
 func (m Mapper) control(w *jw, r *record.Record) {
 	op := extraString(r, "op")
+	if op == "console.sign_in" || op == "console.sign_out" {
+		m.authentication(w, r, op == "console.sign_out")
+		return
+	}
 	verb := op[strings.LastIndexByte(op, '.')+1:]
 	activity, ok := controlActivity[verb]
 	if !ok {
@@ -78,6 +82,13 @@ func (m Mapper) control(w *jw, r *record.Record) {
 		}
 		w.end()
 	}
+	controlHTTP(w, r)
+	footer(w, r, "op", "method", "path", "request_id", "status", "principal", "principal_name", "target", "target_type")
+}
+
+// controlHTTP writes a control record's request (method, request id, path) and answer
+// (status) as http_request and http_response.
+func controlHTTP(w *jw, r *record.Record) {
 	w.open("http_request")
 	if method := extraString(r, "method"); method != "" {
 		if _, known := httpActivity[method]; known {
@@ -94,5 +105,39 @@ func (m Mapper) control(w *jw, r *record.Record) {
 		w.int("code", code)
 		w.close()
 	}
-	footer(w, r, "op", "method", "path", "request_id", "status", "principal", "principal_name", "target", "target_type")
+}
+
+// authentication writes a console sign-in (op console.sign_in) or sign-out
+// (console.sign_out) as Authentication (3002): Logon or Logoff, the principal as user
+// (name "unknown" for a failed sign-in, which has none), the console as service, an
+// API key as the protocol (Other), the client as src_endpoint; a failed or refused
+// sign-in has status Failure and its reason as status_detail.
+func (m Mapper) authentication(w *jw, r *record.Record, logoff bool) {
+	activity, name := 1, "Logon"
+	if logoff {
+		activity, name = 2, "Logoff"
+	}
+	header(w, r, ClassAuthentication, activity, name, nil)
+	w.open("user")
+	if id := extraString(r, "principal"); id != "" {
+		w.str("uid", id)
+		w.str("name", extraString(r, "principal_name"))
+	} else {
+		w.str("name", "unknown")
+	}
+	w.close()
+	w.int("auth_protocol_id", 99)
+	w.str("auth_protocol", "API key")
+	w.bool("is_remote", true)
+	w.open("service")
+	w.str("name", "Airlock console")
+	w.close()
+	if ip, _ := splitAddr(r.Src); ip != "" {
+		endpoint(w, "src_endpoint", r.Src, "", "", 0)
+	}
+	if r.Action == "deny" {
+		w.str("status_detail", r.Reason)
+	}
+	controlHTTP(w, r)
+	footer(w, r, "op", "method", "path", "request_id", "status", "principal", "principal_name")
 }

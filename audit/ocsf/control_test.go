@@ -19,7 +19,7 @@ func TestControlRecordsAsAPIActivity(t *testing.T) {
 	s := testSchema(t)
 	var control []map[string]any
 	for _, ev := range events {
-		if ev["metadata"].(map[string]any)["event_code"] == "control" {
+		if ev["metadata"].(map[string]any)["event_code"] == "control" && ev["class_uid"] == float64(ClassAPIActivity) {
 			control = append(control, ev)
 		}
 	}
@@ -103,5 +103,44 @@ func TestPolicyChangeIsOneAPIActivity(t *testing.T) {
 	}
 	if len(events) != 2 || classes[float64(ClassDeviceConfigState)] != 1 || classes[float64(ClassAPIActivity)] != 1 {
 		t.Fatalf("events by class %v for one policy change through the API; want one 5019 and one 6003", classes)
+	}
+}
+
+// TestSignInsAsAuthentication: console sign-ins and sign-outs (control records of op
+// console.sign_*) come out as Authentication: a failed sign-in is a Logon with status
+// Failure, user "unknown" and the reason; a sign-out a Logoff naming the principal.
+func TestSignInsAsAuthentication(t *testing.T) {
+	events, _ := readEvents(t, writeLog(t, records(), 0))
+	s := testSchema(t)
+	var auth []map[string]any
+	for _, ev := range events {
+		if ev["class_uid"] == float64(ClassAuthentication) {
+			auth = append(auth, ev)
+		}
+	}
+	if len(auth) != 2 {
+		t.Fatalf("%d Authentication events, want 2", len(auth))
+	}
+	for i, want := range []struct {
+		activity, status int
+		user, detail     string
+	}{
+		{1, statusFail, "unknown", "sign-in failed: wrong API key"},
+		{2, statusSuccess, "pk_1", ""},
+	} {
+		ev := auth[i]
+		if errs := s.validateEvent(ev, classNamesByUID); len(errs) > 0 {
+			t.Errorf("authentication event %d invalid: %v", i, errs)
+		}
+		if got := fmt.Sprint(ev["activity_id"], ev["status_id"]); got != fmt.Sprint(want.activity, want.status) {
+			t.Errorf("authentication event %d: activity, status %s, want %d %d", i, got, want.activity, want.status)
+		}
+		u := ev["user"].(map[string]any)
+		if u["uid"] != want.user && u["name"] != want.user {
+			t.Errorf("authentication event %d: user %v, want %s", i, u, want.user)
+		}
+		if d, _ := ev["status_detail"].(string); d != want.detail {
+			t.Errorf("authentication event %d: status_detail %q, want %q", i, d, want.detail)
+		}
 	}
 }

@@ -8,7 +8,8 @@
 // refusals, L7 decisions and Credential Vault decisions on a request, API Activity
 // (6003) for Credential Vault changes and for control-plane calls (source control:
 // the principal, the op, the target and the answer; a policy change made through the
-// API is one such call, so its policy record gets no API Activity of its own), Device
+// API is one such call, so its policy record gets no API Activity of its own; a
+// console sign-in or sign-out is Authentication, 3002), Device
 // Config State Change (5019) for policy versions (source policy), Event Log Activity
 // (1008) for the writer's own loss and suppressed records, Process Activity (1007)
 // for agent actions through execd (commands, code, sessions, PTYs) and File System
@@ -44,6 +45,7 @@ const (
 	ClassDNSActivity       = 4003
 	ClassDeviceConfigState = 5019
 	ClassAPIActivity       = 6003
+	ClassAuthentication    = 3002
 )
 
 // metadataHead opens metadata with what every event has.
@@ -65,7 +67,7 @@ const (
 var classNames = map[int]string{
 	ClassBase: "Base Event", ClassEventLog: "Event Log Activity", ClassNetworkActivity: "Network Activity",
 	ClassHTTPActivity: "HTTP Activity", ClassDNSActivity: "DNS Activity", ClassDeviceConfigState: "Device Config State Change",
-	ClassAPIActivity: "API Activity", ClassFileActivity: "File System Activity", ClassProcessActivity: "Process Activity",
+	ClassAPIActivity: "API Activity", ClassAuthentication: "Authentication", ClassFileActivity: "File System Activity", ClassProcessActivity: "Process Activity",
 }
 
 // httpActivity is HTTP Activity's activity_id for a request method (http_request.http_method).

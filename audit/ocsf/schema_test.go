@@ -432,6 +432,7 @@ var classNamesByUID = map[int]string{
 	ClassBase: "base_event", ClassEventLog: "event_log_actvity", ClassNetworkActivity: "network_activity",
 	ClassHTTPActivity: "http_activity", ClassDNSActivity: "dns_activity", ClassDeviceConfigState: "device_config_state_change",
 	ClassAPIActivity: "api_activity", ClassFileActivity: "file_activity", ClassProcessActivity: "process_activity",
+	ClassAuthentication: "authentication",
 }
 
 // TestSchemaVersion: metadata.version is the vendored schema's version.
