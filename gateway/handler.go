@@ -163,6 +163,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer dec.entry.Release()
 	h.app.renewer.touch(dec.entry, dec.sb, start)
 
+	// A caller admitted by its own API key reaches lifecycle's egress API as itself
+	// (below); the key is kept before the credentials are stripped.
+	callerKey := ""
+	if dec.access == "principal_key" {
+		callerKey = r.Header.Get(opensandbox.HeaderAPIKey)
+	}
 	// Rewrite: the sandbox sees neither the gateway's headers nor the route prefix.
 	for _, k := range strippedHeaders {
 		delete(r.Header, k)
@@ -179,11 +185,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r.Header["X-Forwarded-Prefix"] = []string{dec.cand.Prefix}
 	}
 
-	// The egress API port is lifecycle's (App.EgressAPI), with the operator's credential.
+	// The egress API port is lifecycle's (App.EgressAPI), with the operator's credential,
+	// or the caller's own API key when that admitted it: lifecycle then checks and
+	// records the call as that principal's, not the gateway's.
 	if eg := h.app.EgressAPI; eg != nil && dec.cand.Port == opensandbox.EgressAPIPort {
 		setEscapedPath(r.URL, "/sandboxes/"+dec.sb.ID+egressAPIProxy+r.URL.EscapedPath())
 		for k, v := range eg.Headers {
 			r.Header[http.CanonicalHeaderKey(k)] = v
+		}
+		if callerKey != "" {
+			r.Header.Set(opensandbox.HeaderAPIKey, callerKey)
 		}
 		dec.dial = eg.Dial
 	}

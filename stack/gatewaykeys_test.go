@@ -126,3 +126,77 @@ func TestGatewayAdmitsPrincipalKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGatewayEgressAPIAsCaller: a user's call to its sandbox's egress API (port 18080)
+// through the gateway, admitted by the user's own key, reaches lifecycle as that user:
+// the control record of the policy change names the user's principal, not the
+// gateway's; the sandbox's access token still works and is recorded as the gateway's.
+func TestGatewayEgressAPIAsCaller(t *testing.T) {
+	img := testenv.NeedSandboxImage(t)
+	s, admin := startTestStack(t, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	alice, err := admin.CreateKey(ctx, "alice", principal.User)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := sdk.New(sdk.Config{BaseURL: "http://" + s.Addr.String(), APIKey: alice.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := ac.Create(ctx, sdk.CreateRequest{Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ac.WaitState(ctx, sb.ID, opensandbox.Running, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := ac.Endpoint(ctx, sb.ID, opensandbox.EgressAPIPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := func(target string, hdr map[string]string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPatch, ep.URL("http")+"/policy",
+			strings.NewReader(`[{"action":"allow","target":"`+target+`"}]`))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("PATCH /policy (%s) through the gateway: %d %s", target, resp.StatusCode, b)
+		}
+		return resp.StatusCode
+	}
+	patch("alice.example", map[string]string{opensandbox.HeaderAPIKey: alice.Key}) // the key only
+	patch("token.example", ep.Headers)                                                // the sandbox's access token
+	want := map[string]string{"alice.example": alice.ID, "token.example": "gateway"}
+	got := map[string]string{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < 2 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		var patches []audit.Record
+		if err := audit.Scan(s.AuditDir(), audit.Filter{SandboxID: sb.ID}, func(r audit.Record) error {
+			if r.Source == audit.SourceControl && r.Extra["op"] == "egress.policy.patch" {
+				patches = append(patches, r)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(patches) == 2 {
+			got["alice.example"], _ = patches[0].Extra["principal"].(string)
+			got["token.example"], _ = patches[1].Extra["principal"].(string)
+		}
+	}
+	for target, who := range want {
+		if got[target] != who {
+			t.Errorf("the egress API call adding %s is recorded as principal %q, want %q", target, got[target], who)
+		}
+	}
+}
