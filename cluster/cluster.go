@@ -70,6 +70,10 @@ type Config struct {
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; default none (host volumes refused).
 	AllowedHostRoots []string `yaml:"allowedHostRoots"`
+	// MaxPTYSessions caps the interactive terminals (execd PTY sessions) each sandbox
+	// holds open at once (over it, POST /pty answers 409 PTY_LIMIT_EXCEEDED); default 0:
+	// execd's own (16); negative: no limit.
+	MaxPTYSessions int `yaml:"maxPTYSessions"`
 	// Gateway is the gateway's public host[:port] for endpoints, BaseDomain selects the
 	// host form (<port>-<id>.<BaseDomain>). Empty Gateway (the default): endpoints point
 	// at this server's proxy.
@@ -228,7 +232,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
 		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
-		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace,
+		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace, MaxPTYSessions: cfg.MaxPTYSessions,
 		Log: cfg.Log.With("component", "kube"),
 	})
 	if err != nil {

@@ -113,6 +113,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.Uint16Var(&lf.cfg.L7Port, "l7-port", lf.cfg.L7Port, "egressd's --l7-port (its transparent L7 proxy on the --dns address), which each sandbox's NetworkPolicy admits; 0: none")
 	f.StringSliceVar(&lf.deny, "deny", nil, "a CIDR or address no sandbox's NetworkPolicy admits whatever its policy allows (repeatable): the cluster's pod, Service and node ranges, as egressd's --deny")
 	f.StringSliceVar(&c.AllowedHostRoots, "allowed-host-root", c.AllowedHostRoots, "node directories under which host-path volumes may be mounted (none: host volumes refused)")
+	f.IntVar(&c.MaxPTYSessions, "max-pty-sessions", c.MaxPTYSessions, "interactive terminals (execd PTY sessions) each sandbox may hold open at once; over it POST /pty answers 409 (0: execd's default, 16; negative: no limit)")
 	f.StringVar(&c.Gateway, "gateway", c.Gateway, "the gateway's public host[:port] for endpoints (empty: this server's proxy)")
 	f.StringVar(&c.BaseDomain, "base-domain", c.BaseDomain, "host-form endpoints <port>-<id>.<base domain> (a wildcard DNS name pointing at the gateway)")
 	f.StringSliceVar(&lf.signingKeys, "signing-key", nil, "ID=base64:SECRET key to mint signed endpoints (also AIRLOCK_SIGNING_KEYS); the gateways verify with the same keys")

@@ -99,6 +99,10 @@ type Config struct {
 	// AllowedHostRoots are the node directories under which host-path volumes may be
 	// mounted; empty disables host-path volumes.
 	AllowedHostRoots []string
+	// MaxPTYSessions is execd's --max-pty-sessions in every sandbox: the interactive
+	// terminals (PTY sessions) a sandbox may hold open at once; 0: execd's default
+	// (execd.DefaultMaxPTYSessions, 16); negative: no limit.
+	MaxPTYSessions int
 	// SystemNamespace holds the gateway and lifecycle pods, the only sources of ingress
 	// to sandboxes (NetworkPolicy); default "airlock-system".
 	SystemNamespace string

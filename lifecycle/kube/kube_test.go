@@ -432,6 +432,24 @@ func TestCreateMinimal(t *testing.T) {
 	}
 }
 
+// TestCreateMaxPTYSessions: Config.MaxPTYSessions reaches execd's command line in the
+// pod (execd's cap itself is tested on Docker: lifecycle/docker ptycap_test.go).
+func TestCreateMaxPTYSessions(t *testing.T) {
+	w := newWorld(t)
+	rt := w.runtime(t, func(c *kube.Config) { c.MaxPTYSessions = 3 })
+	ctx := t.Context()
+	if _, err := rt.Create(ctx, lifecycle.Spec{SandboxID: "pty1", Image: "debian:12", Entrypoint: []string{"sleep", "inf"}}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := w.env.Client.CoreV1().Pods(w.ns).Get(ctx, "sbx-pty1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := pod.Spec.Containers[0].Command; !slices.Equal(c, []string{"/opt/airlock-execd/execd", "--exec", "--max-pty-sessions", "3", "--", "sleep", "inf"}) {
+		t.Errorf("command %q", c)
+	}
+}
+
 // TestCreateBadInput: each is refused with its error and leaves nothing behind.
 func TestCreateBadInput(t *testing.T) {
 	w := newWorld(t)

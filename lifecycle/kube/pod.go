@@ -7,6 +7,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -103,6 +104,9 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	}
 	if spec.ExecdToken != "" {
 		cmd = append(cmd, "--access-token-file", ExecdTokenPath)
+	}
+	if r.cfg.MaxPTYSessions != 0 {
+		cmd = append(cmd, "--max-pty-sessions", strconv.Itoa(r.cfg.MaxPTYSessions))
 	}
 	cmd = append(append(cmd, "--"), spec.Entrypoint...)
 	execdDir := ExecdDir
