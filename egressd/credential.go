@@ -235,6 +235,9 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 				return
 			}
 			r.URL.Scheme, r.URL.Host, r.RequestURI = t.scheme, net.JoinHostPort(t.host, fmt.Sprint(t.dst.Port())), ""
+			if r.ProtoMajor == 2 {
+				w = &h2Writer{ResponseWriter: w}
+			}
 			cp.mitm.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), credTargetKey{}, t)))
 		}),
 		ReadHeaderTimeout: l7SniffTimeout,
@@ -256,9 +259,10 @@ func (cp *credentialProxy) serve(c net.Conn, seen []byte, t credTarget, isTLS bo
 	}()
 }
 
-// Bounds of one intercepted connection's upstream pool. The sandbox's connection
-// carries one request at a time (HTTP/1.1), so one idle connection is enough; the
-// second absorbs a request that starts while the previous response is being closed.
+// Bounds of one intercepted connection's upstream pool. Over HTTP/1.1 the sandbox's
+// connection carries one request at a time, so one idle connection is enough and the
+// second absorbs a request that starts while the previous response is being closed;
+// over HTTP/2 its concurrent streams open more upstream connections as they need.
 const (
 	upstreamIdleConns   = 2
 	upstreamIdleTimeout = 90 * time.Second
@@ -311,7 +315,10 @@ func (cp *credentialProxy) leaf(sandbox, host string) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.NextProtos = []string{"http/1.1"}
+	// HTTP/2 or HTTP/1.1, as the client prefers: over HTTP/2 every stream is a request
+	// of its own to the handler, so each is checked (HTTP rules) and injected alone;
+	// its answers lose the upstream's connection-specific fields (h2Writer).
+	cfg.NextProtos = []string{"h2", "http/1.1"}
 	cp.mu.Lock()
 	if len(cp.certs) >= maxLeafCache {
 		clear(cp.certs)

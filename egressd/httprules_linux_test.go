@@ -56,6 +56,10 @@ func (w *world) rulesServer(t *testing.T, writes *atomic.Int32) (caPEM []byte) {
 		if r.Method != http.MethodGet {
 			writes.Add(1)
 		}
+		// as Node's http server answers: HTTP/1.1 connection fields, which an HTTP/2
+		// answer to the sandbox must not carry
+		rw.Header().Set("Connection", "keep-alive")
+		rw.Header().Set("Keep-Alive", "timeout=5")
 		fmt.Fprintf(rw, "%s %s", r.Method, r.URL.Path)
 	})
 	for _, port := range []string{"80", "443"} {

@@ -1,0 +1,53 @@
+package egressd
+
+import (
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/egressd/vault"
+	"github.com/airlockdev/airlock/internal/dnstest"
+	"github.com/airlockdev/airlock/internal/lctest"
+	"github.com/airlockdev/airlock/sdk"
+)
+
+// TestEgressdHTTPRulesHTTP2: an intercepted host speaks HTTP/2 with the sandbox when
+// the client offers it, and every stream of one HTTP/2 connection is checked on its
+// own: a GET then a DELETE on the same connection (curl reuses it: no new connect)
+// get 200 and 403 naming the rule, each audited, and the DELETE never reaches the
+// server. The server answers with HTTP/1.1's Keep-Alive field, as Node's does; the
+// HTTP/2 answers must not carry it (curl ends such a stream with PROTOCOL_ERROR).
+// Both datapaths.
+func TestEgressdHTTPRulesHTTP2(t *testing.T) {
+	store, err := vault.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
+	var writes atomic.Int32
+	caPEM := w.rulesServer(t, &writes)
+	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP}, 300))
+	const policy = `{"defaultAction":"deny","egress":[
+	  {"action":"allow","target":"rules.test","http":{
+	    "rules":[{"action":"deny","methods":["DELETE"],"path":"/repos/*"}],
+	    "access":"read-only"}}]}`
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		const out = ` -o /dev/null -w '%{http_code} %{http_version} %{num_connects}\n' `
+		code, got := sh(t, x, "curl -sS -m 5 --http2"+out+"https://rules.test/repos/o/r --next -X DELETE"+out+"https://rules.test/repos/o/r")
+		lines := strings.Split(strings.TrimSpace(got), "\n")
+		if code != 0 || len(lines) != 2 || lines[0] != "200 2 1" || lines[1] != "403 2 0" {
+			t.Fatalf("GET then DELETE over one HTTP/2 connection = %d %q, want [200 2 1] [403 2 0] (status, HTTP version, new connections)", code, got)
+		}
+		w.waitAudit(t, sb.ID, "the DELETE stream denied", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "deny" && r.Rule == "egress[0].http.rules[0]" && r.Extra["method"] == "DELETE"
+		})
+		w.waitAudit(t, sb.ID, "the GET stream allowed", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "allow" && r.Extra["method"] == "GET"
+		})
+		if n := writes.Load(); n != 0 {
+			t.Errorf("the server saw %d requests other than GET", n)
+		}
+	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+}
