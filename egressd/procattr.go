@@ -32,7 +32,10 @@ const clkTck = 100
 // unknown). extra.execution.by is "execd" for execd itself, "entrypoint" for a process
 // in execd's own process group (the entrypoint execd supervises runs there), and
 // "group" for any other group: an execd command's (its record's
-// extra.process_group.pgid is the same) or one a process made for itself.
+// extra.process_group.pgid is the same) or one a process made for itself. Without the
+// init's host pid (a pod: egressd sees no pid of it), the kernel's ids in the
+// sandbox's own pid namespace say the same: execd is 1 there, its group 1. "unknown"
+// when neither is known.
 func processExtra(p *datapath.Process, initPID int) (proc, exec map[string]any) {
 	proc = map[string]any{"pid": p.PID, "tid": p.TID, "ppid": p.PPID, "pgid": p.PGID, "name": p.Comm}
 	if p.Start > 0 {
@@ -62,12 +65,16 @@ func processExtra(p *datapath.Process, initPID int) (proc, exec map[string]any) 
 		}
 	}
 	exec = map[string]any{"pgid": p.PGID}
+	pid, pgid, init := int(p.PID), int(p.PGID), initPID
+	if initPID <= 0 && p.NSPID > 0 {
+		pid, pgid, init = int(p.NSPID), int(p.NSPGID), 1
+	}
 	switch {
-	case initPID <= 0:
+	case init <= 0:
 		exec["by"] = "unknown"
-	case int(p.PID) == initPID:
+	case pid == init:
 		exec["by"] = "execd"
-	case int(p.PGID) == initPID:
+	case pgid == init:
 		exec["by"] = "entrypoint"
 	default:
 		exec["by"] = "group"

@@ -155,8 +155,20 @@ print('sent')"`); got != "sent" {
 	}
 	if flow := denials(recs, "udp", "169.254.169.254", 9999); len(flow) != 1 {
 		t.Errorf("%d records of one denied flow of 20 datagrams, want 1", len(flow))
-	} else if p, _ := flow[0].Extra["packets"].(float64); p != 20 {
-		t.Errorf("the flow's record counts %v packets, want 20: %+v", flow[0].Extra["packets"], flow[0])
+	} else {
+		if p, _ := flow[0].Extra["packets"].(float64); p != 20 {
+			t.Errorf("the flow's record counts %v packets, want 20: %+v", flow[0].Extra["packets"], flow[0])
+		}
+		// Process attribution in the pod: the kernel names python3, a process of an
+		// execd command's group (execd is 1 in the pod's pid namespace).
+		proc, _ := flow[0].Extra["process"].(map[string]any)
+		execution, _ := flow[0].Extra["execution"].(map[string]any)
+		if exe, _ := proc["exe_name"].(string); !strings.HasPrefix(exe, "python3") || execution["by"] != "group" {
+			t.Errorf("the denied flow's process %v, execution %v; want python3 in a command's group", proc, execution)
+		}
+		if nsPID, _ := proc["ns_pid"].(float64); nsPID <= 1 {
+			t.Errorf("the denied flow's process has no pid in the pod's namespace: %v", proc)
+		}
 	}
 	txtDenied := false
 	for _, r := range recs {
