@@ -179,6 +179,17 @@ func TestEgressdGitHTTPRules(t *testing.T) {
 		if code, out := run(t, x, "env -u GIT_SSL_CAINFO git ls-remote https://git.test/repo.git main"); code != 0 || !strings.HasSuffix(out, "refs/heads/main") {
 			t.Errorf("git ls-remote with the system store only = %d %q", code, out)
 		}
+		// Where the system store lacks the CA (on Kubernetes the bundle is execd's), git
+		// reads GIT_SSL_CAINFO, and fails without it.
+		noStore := "mkdir -p /tmp/empty-store && GIT_SSL_CAPATH=/tmp/empty-store "
+		if code, out := run(t, x, noStore+"git ls-remote https://git.test/repo.git main"); code != 0 || !strings.HasSuffix(out, "refs/heads/main") {
+			t.Errorf("git ls-remote with GIT_SSL_CAINFO only = %d %q", code, out)
+		}
+		if code, out := run(t, x, noStore+"env -u GIT_SSL_CAINFO git ls-remote https://git.test/repo.git main"); code == 0 || !strings.Contains(out, "certificate") {
+			t.Errorf("git ls-remote with neither GIT_SSL_CAINFO nor the system store = %d %q, want a certificate error", code, out)
+		} else {
+			t.Logf("without the CA: %s", out)
+		}
 		audited(t, sb.ID, "info/refs of upload-pack allowed", "allow", "egress[0].http.git.fetch", "GET", "/repo.git/info/refs")
 		audited(t, sb.ID, "upload-pack allowed", "allow", "egress[0].http.git.fetch", "POST", "/repo.git/git-upload-pack")
 
