@@ -62,8 +62,8 @@ type Spec struct {
 	Platform *PlatformSpec
 	// TrustedCAPEM, when set, holds PEM CA certificates the sandbox must trust (the
 	// credential proxy's interception CA): the runtime adds them to the image's system
-	// trust store and points SSL_CERT_FILE, REQUESTS_CA_BUNDLE and NODE_EXTRA_CA_CERTS
-	// at them. Never a key.
+	// trust store and points SSL_CERT_FILE, REQUESTS_CA_BUNDLE, GIT_SSL_CAINFO and
+	// NODE_EXTRA_CA_CERTS at them. Never a key.
 	TrustedCAPEM []byte
 	// Hold starts execd held (execd --hold): the user's entrypoint and the execd API
 	// wait until lifecycle's POST /_airlock/release, which the Server sends once the

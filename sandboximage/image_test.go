@@ -84,8 +84,8 @@ ps -o pid= -p 1 >/dev/null && echo procps`
 }
 
 // TestCodeInterpreterImageContents checks the code-interpreter image carries a kernelspec
-// whose program exists for every language, the recipe label, and Node.js with tslab's
-// ZeroMQ binding loadable.
+// whose program exists for every language, the recipe label, Node.js with tslab's
+// ZeroMQ binding loadable, and git with its HTTPS transport.
 func TestCodeInterpreterImageContents(t *testing.T) {
 	img := testenv.NeedCodeInterpreterImage(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -103,12 +103,14 @@ for k in /usr/local/share/jupyter/kernels/*/kernel.json /usr/share/jupyter/kerne
   python3 -c 'import json,os,sys; s=json.load(open(sys.argv[1])); assert os.access(s["argv"][0], os.X_OK), s; print(s["language"])' "$k"
 done | sort | tr '\n' ' '
 cd /usr/local/lib/node_modules/tslab && node -e 'require("zeromq"); console.log("zeromq")'
-test -x /opt/code-interpreter/code-interpreter.sh && echo ci`
+test -x /opt/code-interpreter/code-interpreter.sh && echo ci
+git --version | cut -d' ' -f1,2
+test -x "$(git --exec-path)/git-remote-https" && echo https`
 	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network", "none", img, "bash", "-c", script).CombinedOutput()
 	if err != nil {
 		t.Fatalf("docker run: %v\n%s", err, out)
 	}
-	want := "go javascript python typescript zeromq ci"
+	want := "go javascript python typescript zeromq ci git version https"
 	if got := strings.Join(strings.Fields(string(out)), " "); got != want {
 		t.Errorf("image contents:\n got %s\nwant %s", got, want)
 	}

@@ -147,12 +147,17 @@ func DefaultRecipe() Recipe {
 //   - go: Airlock's gokernel (the yaegi interpreter; standard library only, no toolchain
 //     and no network needed at run time).
 //
+// It also has git (Debian's, HTTPS through libcurl-gnutls, which trusts the system
+// bundle /etc/ssl/certs/ca-certificates.crt that the sandbox's trust init fills), as
+// OpenSandbox's code-interpreter image does: agents clone repositories, and the egress
+// policy's `git: fetch` / `git: push` presets are tested with it (egressd).
+//
 // Java has no kernel: none can be had from Debian, the npm registry or the Go module
 // proxy (IJava is published on GitHub only).
 func CodeInterpreterRecipe() Recipe {
 	r := DefaultRecipe()
 	r.Repository = CodeInterpreterRepository
-	r.Packages = append(r.Packages, "nodejs")
+	r.Packages = append(r.Packages, "nodejs", "git")
 	r.Env = append(r.Env, "NODE_PATH=/usr/local/lib/node_modules")
 	r.NPM = []string{"tslab@1.0.22"}
 	r.GoKernel = true
@@ -171,6 +176,8 @@ func CodeInterpreterRecipe() Recipe {
 	r.Verify = `set -e
 cd /usr/local/lib/node_modules/tslab && node -e 'require("zeromq")'
 python3 -c 'import ipykernel'
+git --version
+test -x /usr/lib/git-core/git-remote-https
 test -x ` + GoKernelPath + `
 for k in ` + KernelDir + `/*/kernel.json /usr/share/jupyter/kernels/*/kernel.json; do
   test -x "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["argv"][0])' "$k")"

@@ -45,8 +45,8 @@ Docker engine.
                          image plus Jupyter kernels for Python (ipykernel), JavaScript and
                          TypeScript (tslab, from the npm registry with the host's npm) and
                          Go (airlock-gokernel, found beside this binary or at --gokernel);
-                         bash is served by execd itself. No Java kernel. About three
-                         minutes.
+                         bash is served by execd itself. No Java kernel. Also git.
+                         About three minutes.
   browser                ` + sandboximage.BrowserRepository + `:<version> and :latest: the sandbox image
                          plus Debian's Chromium and fonts; its entrypoint
                          ` + sandboximage.BrowserEntrypoint + ` starts headless Chromium with the

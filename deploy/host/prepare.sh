@@ -72,7 +72,7 @@ probes=(
   /usr/include/bpf/bpf_helpers.h:libbpf-dev
   ip:iproute2                # tests: network namespaces and veths
   openssl:openssl            # SDK tests: the vault suite's test CA
-  git:git
+  git:git                    # tests: egressd's git smart-HTTP server (git http-backend)
   gcc:gcc                    # go test -race
   chromium:chromium          # console browser tests (chromedp drives headless Chromium)
   /usr/lib/cni/bridge:containernetworking-plugins  # the one-node cluster (deploy/kubernetes/testenv)

@@ -21,11 +21,14 @@ const (
 	ExtraCAPath = "/usr/local/share/ca-certificates/airlock-credential-proxy.crt"
 )
 
-// trustEnv points OpenSSL, Python requests and Node at the trust store with the extra
-// CAs; it overrides the create request's values of these names.
+// trustEnv points OpenSSL, Python requests, Node and git at the trust store with the
+// extra CAs; it overrides the create request's values of these names. (Debian's git
+// uses libcurl-gnutls, which reads the system store too; GIT_SSL_CAINFO says so
+// explicitly, as on Kubernetes, where the bundle is elsewhere.)
 func trustEnv() map[string]string {
 	return map[string]string{
 		"SSL_CERT_FILE":       SystemBundle,
+		"GIT_SSL_CAINFO":      SystemBundle,
 		"REQUESTS_CA_BUNDLE":  SystemBundle,
 		"NODE_EXTRA_CA_CERTS": ExtraCAPath,
 	}

@@ -266,7 +266,7 @@ func TestCreateEveryOption(t *testing.T) {
 		t.Errorf("command %q args %q, want %q", c.Command, c.Args, wantCmd)
 	}
 	wantEnv := []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "B", Value: "2"},
-		{Name: "NODE_EXTRA_CA_CERTS", Value: kube.TrustExtraPath}, {Name: "REQUESTS_CA_BUNDLE", Value: kube.TrustBundlePath},
+		{Name: "GIT_SSL_CAINFO", Value: kube.TrustBundlePath}, {Name: "NODE_EXTRA_CA_CERTS", Value: kube.TrustExtraPath}, {Name: "REQUESTS_CA_BUNDLE", Value: kube.TrustBundlePath},
 		{Name: "SSL_CERT_FILE", Value: kube.TrustBundlePath}}
 	if !reflect.DeepEqual(c.Env, wantEnv) {
 		t.Errorf("env %v, want %v", c.Env, wantEnv)

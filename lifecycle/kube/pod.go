@@ -31,7 +31,8 @@ var DroppedCapabilities = []corev1.Capability{
 // into execd's emptyDir (the image's own files cannot change on Kubernetes).
 const (
 	// TrustBundlePath is the image's system bundle (/etc/ssl/certs/ca-certificates.crt)
-	// followed by the CAs: SSL_CERT_FILE and REQUESTS_CA_BUNDLE.
+	// followed by the CAs: SSL_CERT_FILE, REQUESTS_CA_BUNDLE and GIT_SSL_CAINFO (git's
+	// libcurl does not read SSL_CERT_FILE).
 	TrustBundlePath = ExecdDir + "/ca-certificates.crt"
 	// TrustExtraPath holds the CAs alone: NODE_EXTRA_CA_CERTS.
 	TrustExtraPath = ExecdDir + "/airlock-credential-proxy.crt"
@@ -84,6 +85,7 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 		}
 		envs["SSL_CERT_FILE"] = TrustBundlePath
 		envs["REQUESTS_CA_BUNDLE"] = TrustBundlePath
+		envs["GIT_SSL_CAINFO"] = TrustBundlePath
 		envs["NODE_EXTRA_CA_CERTS"] = TrustExtraPath
 	}
 	env := make([]corev1.EnvVar, 0, len(envs))
