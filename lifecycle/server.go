@@ -288,7 +288,9 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registry, s)
 	s.snaps = snapshots{limits: cfg.Snapshots, byID: map[string]*snapshotRecord{}}
 	if sr, ok := cfg.Runtime.(Snapshotter); ok {
-		s.snaps.rt = sr
+		if sc, ok := sr.(SnapshotChecker); !ok || sc.CanSnapshot() == nil {
+			s.snaps.rt = sr
+		}
 	}
 	if ss, ok := cfg.Store.(SnapshotStore); ok {
 		s.snaps.store = ss
