@@ -288,7 +288,10 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registry, s)
 	s.snaps = snapshots{limits: cfg.Snapshots, byID: map[string]*snapshotRecord{}}
 	if sr, ok := cfg.Runtime.(Snapshotter); ok {
-		if sc, ok := sr.(SnapshotChecker); !ok || sc.CanSnapshot() == nil {
+		if sc, ok := sr.(SnapshotChecker); ok {
+			s.snaps.off = sc.CanSnapshot()
+		}
+		if s.snaps.off == nil {
 			s.snaps.rt = sr
 		}
 	}

@@ -189,6 +189,7 @@ func (s *Server) vaultCopier() VaultCopier {
 // Server.mu.
 type snapshots struct {
 	rt     Snapshotter
+	off    error // why a SnapshotChecker runtime cannot snapshot (rt is then nil)
 	store  SnapshotStore
 	limits SnapshotLimits
 	byID   map[string]*snapshotRecord
@@ -197,6 +198,9 @@ type snapshots struct {
 // supported reports (nil) whether this server can snapshot: a runtime and a store that
 // both do.
 func (s *Server) snapshotsSupported() error {
+	if s.snaps.off != nil {
+		return s.snaps.off
+	}
 	if s.snaps.rt == nil {
 		return fmt.Errorf("%w: snapshots are not supported on the %s runtime yet", ErrNotImplemented, s.rt.Kind())
 	}

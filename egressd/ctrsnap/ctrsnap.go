@@ -225,9 +225,8 @@ func (c *Client) diff(ctx context.Context, containerID, sn, key, parent string) 
 		return nil, fmt.Errorf("ctrsnap: pausing the container: %w", err)
 	}
 	defer func() {
-		if _, err := tasks.Resume(context.WithoutCancel(ctx), &tasksapi.ResumeTaskRequest{ContainerID: containerID}); err != nil {
-			_ = err // a task that ended meanwhile has nothing to resume
-		}
+		// A task that ended meanwhile has nothing to resume: the error is not the commit's.
+		_, _ = tasks.Resume(context.WithoutCancel(ctx), &tasksapi.ResumeTaskRequest{ContainerID: containerID})
 	}()
 	upper, err := snaps.Mounts(ctx, &snapshotsapi.MountsRequest{Snapshotter: sn, Key: key})
 	if err != nil {
