@@ -13,7 +13,8 @@ func TestSnapshotRecords(t *testing.T) {
 	env := kubetest.Shared(t, kubetest.AirlockCRDs())
 	ns := env.Namespace(t, "kubestore")
 	a, b := newStore(t, env, ns, "a"), newStore(t, env, ns, "b")
-	if err := a.PutSandbox("s1abc", []byte(`{"id":"s1abc","image":"x","entrypoint":["sh"],"status":{"state":"Pending"},"accessToken":"tok"}`)); err != nil {
+	if err := a.PutSandbox("s1abc", []byte(`{"id":"s1abc","image":"x","entrypoint":["sh"],"metadata":{},`+
+		`"createdAt":"2026-11-25T10:00:00Z","status":{"state":"Pending"},"accessToken":"tok"}`)); err != nil {
 		t.Fatal(err)
 	}
 	for _, doc := range []string{`{"id":"snap-a","status":{"state":"Creating"}}`, `{"id":"snap-a","status":{"state":"Ready"}}`} {
