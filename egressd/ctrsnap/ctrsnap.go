@@ -281,15 +281,6 @@ func (c *Client) Remove(ctx context.Context, ref string) error {
 	return nil
 }
 
-// Exists reports whether image ref exists.
-func (c *Client) Exists(ctx context.Context, ref string) (bool, error) {
-	_, err := imagesapi.NewImagesClient(c.conn).Get(c.ctx(ctx), &imagesapi.GetImageRequest{Name: ref})
-	if status.Code(err) == codes.NotFound {
-		return false, nil
-	}
-	return err == nil, err
-}
-
 // manifest reads the image manifest target names: target itself, or the linux entry
 // of this node's architecture of an index.
 func (c *Client) manifest(ctx context.Context, target *types.Descriptor) (ocispec.Manifest, error) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlockdev/airlock/lifecycle"
@@ -80,9 +81,9 @@ func (r *Runtime) Snapshot(ctx context.Context, inst lifecycle.Instance, snapsho
 	if err := r.CanSnapshot(); err != nil {
 		return art, err
 	}
-	pod, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, PodName(inst.SandboxID), metav1.GetOptions{})
+	pod, err := r.sandboxPod(ctx, inst.SandboxID)
 	if err != nil {
-		return art, fmt.Errorf("kube: reading the sandbox's pod: %w", err)
+		return art, err
 	}
 	var cid string
 	for _, cs := range pod.Status.ContainerStatuses {
@@ -108,6 +109,27 @@ func (r *Runtime) Snapshot(ctx context.Context, inst lifecycle.Instance, snapsho
 		return art, err
 	}
 	return lifecycle.SnapshotArtifact{Ref: out.Ref, Bytes: out.Bytes}, nil
+}
+
+// sandboxPod is sandbox id's pod: named PodName(id), or (the agent-sandbox provider's
+// controller may name it otherwise) the one labelled with the sandbox id.
+func (r *Runtime) sandboxPod(ctx context.Context, id string) (*corev1.Pod, error) {
+	pods := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace)
+	pod, err := pods.Get(ctx, PodName(id), metav1.GetOptions{})
+	if err == nil {
+		return pod, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("kube: reading the sandbox's pod: %w", err)
+	}
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: LabelSandboxID + "=" + id})
+	if err != nil {
+		return nil, fmt.Errorf("kube: finding the sandbox's pod: %w", err)
+	}
+	if len(list.Items) == 0 {
+		return nil, fmt.Errorf("kube: sandbox %s has no pod", id)
+	}
+	return &list.Items[0], nil
 }
 
 // RemoveSnapshot implements lifecycle.Snapshotter: the egressd of the image's node
