@@ -104,6 +104,12 @@ type Config struct {
 	// reaches at EgressdPort with the API key (nodeVault). Needs EgressdPort and an
 	// APIKey; default off (a create with credentialProxy is then refused).
 	Vault bool `yaml:"vault"`
+	// Snapshots serves snapshots and restore: the egressd of a sandbox's node
+	// (`airlock egressd --containerd-socket`), reached at EgressdPort with the APIKey,
+	// commits the pod's container into an image kept on that node (kube.SnapshotConfig);
+	// the records live in TokenNamespace (kubestore). Needs EgressdPort and an APIKey;
+	// default off (the snapshot routes answer 501).
+	Snapshots bool `yaml:"snapshots"`
 	// Identity names this replica in the Lease (`airlock lifecycle`: default $POD_NAME,
 	// then the host name); LeaseDuration is how long a stopped leader's Lease blocks a
 	// takeover, default 15s.
@@ -229,10 +235,18 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	var snaps *kube.SnapshotConfig
+	if cfg.Snapshots {
+		if cfg.EgressdPort <= 0 || cfg.APIKey == "" {
+			return nil, errors.New("cluster: snapshots need the nodes' egressd (EgressdPort) and an API key")
+		}
+		snaps = &kube.SnapshotConfig{EgressdPort: cfg.EgressdPort, APIKey: cfg.APIKey, EgressdNamespace: cfg.SystemNamespace}
+	}
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
 		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace, MaxPTYSessions: cfg.MaxPTYSessions,
+		Snapshots: snaps,
 		Log: cfg.Log.With("component", "kube"),
 	})
 	if err != nil {

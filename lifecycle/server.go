@@ -288,7 +288,12 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registry, s)
 	s.snaps = snapshots{limits: cfg.Snapshots, byID: map[string]*snapshotRecord{}}
 	if sr, ok := cfg.Runtime.(Snapshotter); ok {
-		s.snaps.rt = sr
+		if sc, ok := sr.(SnapshotChecker); ok {
+			s.snaps.off = sc.CanSnapshot()
+		}
+		if s.snaps.off == nil {
+			s.snaps.rt = sr
+		}
 	}
 	if ss, ok := cfg.Store.(SnapshotStore); ok {
 		s.snaps.store = ss

@@ -31,6 +31,14 @@ type Snapshotter interface {
 	RemoveSnapshot(ctx context.Context, ref string) error
 }
 
+// SnapshotChecker is implemented by a Snapshotter that may be configured without what
+// it needs (the Kubernetes runtime without the node agent): CanSnapshot returns nil,
+// or an error; the server then answers the snapshot routes 501 as for a runtime
+// without snapshots.
+type SnapshotChecker interface {
+	CanSnapshot() error
+}
+
 // VaultCopier is a CredentialVault that copies one holder's credentials and bindings to
 // another inside the vault (egressd/vault.Store.CopyVault): values stay sealed there
 // and never pass through lifecycle. Snapshots use it to re-bind a sandbox's vault: to
@@ -181,6 +189,7 @@ func (s *Server) vaultCopier() VaultCopier {
 // Server.mu.
 type snapshots struct {
 	rt     Snapshotter
+	off    error // why a SnapshotChecker runtime cannot snapshot (rt is then nil)
 	store  SnapshotStore
 	limits SnapshotLimits
 	byID   map[string]*snapshotRecord
@@ -189,6 +198,9 @@ type snapshots struct {
 // supported reports (nil) whether this server can snapshot: a runtime and a store that
 // both do.
 func (s *Server) snapshotsSupported() error {
+	if s.snaps.off != nil {
+		return s.snaps.off
+	}
 	if s.snaps.rt == nil {
 		return fmt.Errorf("%w: snapshots are not supported on the %s runtime yet", ErrNotImplemented, s.rt.Kind())
 	}
@@ -215,7 +227,11 @@ func (s *Server) loadSnapshots(ctx context.Context) error {
 		if err := json.Unmarshal(doc, &r); err != nil {
 			return fmt.Errorf("store: snapshot %q: %w", id, err)
 		}
-		if r.Status.State == SnapshotCreating || r.Status.State == SnapshotDeleting {
+		busy := r.Status.State == SnapshotCreating || r.Status.State == SnapshotDeleting
+		if busy && s.sharedSnapshots() && time.Since(r.Status.LastTransitionAt) < snapshotTimeout {
+			busy = false // another replica may be making or deleting it
+		}
+		if busy {
 			r.Status = SnapshotStatus{State: SnapshotFailed, Reason: "snapshot_interrupted",
 				Message: "the server stopped while the snapshot was being made or deleted", LastTransitionAt: time.Now().UTC()}
 			if err := s.putSnapshotLocked(&r); err != nil {
@@ -268,6 +284,7 @@ func (s *Server) snapshotFor(ctx context.Context, id string) (snapshotRecord, er
 	if err := s.snapshotsSupported(); err != nil {
 		return snapshotRecord{}, err
 	}
+	s.syncSnapshots()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.snaps.byID[id]

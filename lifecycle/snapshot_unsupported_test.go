@@ -12,7 +12,8 @@ import (
 	"github.com/airlockdev/airlock/policies/library"
 )
 
-// kubeLike is a Runtime that cannot snapshot (the Kubernetes runtime today).
+// kubeLike is a Runtime that cannot snapshot (a runtime of kind kubernetes without
+// snapshots, as the Kubernetes runtime without kube.Config.Snapshots).
 type kubeLike struct{}
 
 func (kubeLike) Kind() string                                   { return "kubernetes" }

@@ -36,6 +36,7 @@ func (s *Server) CreateSnapshot(ctx context.Context, id, name string) (Snapshot,
 	if err := s.snapshotsSupported(); err != nil {
 		return Snapshot{}, err
 	}
+	s.syncSnapshots()
 	e, err := s.lookup(id)
 	if err != nil {
 		return Snapshot{}, err
@@ -168,6 +169,7 @@ func (s *Server) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 	if err := s.snapshotsSupported(); err != nil {
 		return Snapshot{}, err
 	}
+	s.syncSnapshots()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.snaps.byID[id]
@@ -191,6 +193,7 @@ func (s *Server) ListSnapshots(ctx context.Context, f SnapshotFilter) (ListSnaps
 	if err := s.snapshotsSupported(); err != nil {
 		return ListSnapshotsResponse{}, err
 	}
+	s.syncSnapshots()
 	s.mu.Lock()
 	var all []Snapshot
 	for _, r := range s.snaps.byID {
@@ -230,6 +233,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := s.snapshotsSupported(); err != nil {
 		return err
 	}
+	s.syncSnapshots()
 	s.mu.Lock()
 	r, ok := s.snaps.byID[id]
 	if !ok || !r.visibleTo(ctx) {

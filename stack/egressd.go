@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
+	"github.com/airlockdev/airlock/egressd/ctrsnap"
 	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
 	"github.com/airlockdev/airlock/egressd/vault"
@@ -130,6 +132,13 @@ type EgressdConfig struct {
 	// serves to lifecycle replicas on MetricsListen (watch.VaultPath, behind APIKey):
 	// `airlock egressd --vault-dir` on Kubernetes. Empty: none.
 	VaultDir string `yaml:"-"`
+	// ContainerdSocket, when set with APIKey, is the node's containerd socket, through
+	// which Run serves the snapshot node API on MetricsListen (watch.SnapshotPath,
+	// egressd.SnapshotHandler): lifecycle replicas on Kubernetes commit a sandbox pod's
+	// container into a node-local image there. ContainerdNamespace is the kubelet's
+	// containerd namespace; default k8s.io. `airlock egressd --containerd-socket`.
+	ContainerdSocket    string `yaml:"-"`
+	ContainerdNamespace string `yaml:"-"`
 	// Registry receives the metrics; nil: a new registry with the Go and process
 	// collectors.
 	Registry *prometheus.Registry `yaml:"-"`
@@ -348,6 +357,15 @@ func (e *Egressd) Run(ctx context.Context) error {
 		mux.Handle("GET "+watch.EnforcedPath+"{id}", e.StatusHandler())
 		if e.ownVault != nil && e.cfg.APIKey != "" {
 			mux.Handle(watch.VaultPath, e.VaultHandler(e.ownVault, e.cfg.APIKey))
+		}
+		if e.cfg.ContainerdSocket != "" && e.cfg.APIKey != "" {
+			ns := cmp.Or(e.cfg.ContainerdNamespace, "k8s.io")
+			ctr, err := ctrsnap.New(e.cfg.ContainerdSocket, ns)
+			if err != nil {
+				return errors.Join(err, e.closeAudit())
+			}
+			defer ctr.Close()
+			mux.Handle(watch.SnapshotPath, e.SnapshotHandler(ctr, e.cfg.APIKey))
 		}
 		defer serveHTTP(e.cfg.MetricsListen, mux, e.cfg.Log).Close()
 	}

@@ -121,6 +121,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.PolicyDir, "policy-dir", c.PolicyDir, "the policy library directory (a mounted ConfigMap); empty: no named policies")
 	f.StringVar(&c.DefaultPolicy, "default-policy", c.DefaultPolicy, "named policy of sandboxes created without one")
 	f.IntVar(&c.EgressdPort, "egressd-port", c.EgressdPort, "port of every node's egressd status route (its --metrics-listen on the node address): entrypoints start and policy changes answer once it enforces them; 0: no gate (no egressd)")
+	f.BoolVar(&c.Snapshots, "snapshots", c.Snapshots, "serve snapshots (POST /sandboxes/{id}/snapshots, restore by snapshotId): each node's egressd (--containerd-socket), reached at --egressd-port with the API key, commits a sandbox's container into an image kept on that node")
 	f.BoolVar(&c.Vault, "vault", c.Vault, "serve the Credential Vault (credentialProxy sandboxes): each sandbox's vault lives in its node's egressd (--vault-dir), reached at --egressd-port with the API key")
 	f.StringArrayVar(&lf.pools, "pool", nil, "a warm pool, name=NAME,image=IMAGE,size=N[,cpu=…][,memory=…] (repeatable; an empty value is none): held pods, enforced deny-all, that a create with the same image and limits claims")
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")

@@ -280,6 +280,8 @@ func lifecycleCalls(sys, sbx, tok string) []access {
 			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys},
 			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "airlock-lifecycle"},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "airlock-lifecycle"},
+			// Snapshots: the egressd pod of a snapshot's node, whose address removes it.
+			{verb: "list", resource: "pods", namespace: sys},
 		},
 		verbs("", "pods", sbx, "get", "list", "watch", "create", "delete"),
 		verbs("", "secrets", sbx, "get", "create", "patch", "delete"),

@@ -37,6 +37,7 @@ type layout struct {
 	namespaceCount int
 	gatewayService corev1.ServiceType // default LoadBalancer
 	egressdAudit   string             // egressd's audit hostPath; default /var/lib/airlock
+	containerd     string             // the node containerd's folder (egressd's hostPath); default /run/containerd
 	gatewayAudit   string             // the gateway's audit hostPath (per pod: <pod name>/audit); default an emptyDir
 	deny           []string           // lifecycle's --deny (and egressd's)
 }
@@ -49,6 +50,7 @@ var layouts = []layout{
 	{dir: "overlays/testnode", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens",
 		extraObjects: []string{"Service/airlock-system/airlock-lifecycle-nodeport"}, namespaceCount: 3,
 		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd",
+		containerd:   "/run/airlock-kube/containerd",
 		gatewayAudit: "/var/lib/airlock-kube/gateway", deny: []string{"10.244.0.0/24", "10.96.0.0/16"}},
 }
 
@@ -341,7 +343,7 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
 		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
 		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0",
-		"--vault")
+		"--vault", "--snapshots")
 	var deny []string
 	for _, a := range args {
 		if d, ok := strings.CutPrefix(a, "--deny="); ok {
@@ -428,25 +430,31 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
 		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
 		"--dns-local-address=169.254.20.10", "--l7-port=15001", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102",
-		"--cgroup-root=/host/sys/fs/cgroup", "--vault-dir=/var/lib/airlock/vault")
+		"--cgroup-root=/host/sys/fs/cgroup", "--vault-dir=/var/lib/airlock/vault",
+		"--containerd-socket=/host/run/containerd/containerd.sock")
 	host := map[string]string{}
 	for _, v := range p.Volumes {
 		if v.HostPath != nil {
 			host[v.HostPath.Path] = v.Name
 		}
 	}
-	for _, path := range []string{"/sys/fs/bpf", cmp.Or(l.egressdAudit, "/var/lib/airlock"), "/sys/fs/cgroup"} {
+	ctrDir := cmp.Or(l.containerd, "/run/containerd")
+	for _, path := range []string{"/sys/fs/bpf", cmp.Or(l.egressdAudit, "/var/lib/airlock"), "/sys/fs/cgroup", ctrDir} {
 		if host[path] == "" {
 			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
 		}
 	}
-	if len(host) != 3 {
-		t.Errorf("egressd: host paths %v, want only bpffs, /var/lib/airlock (the audit directory and its key) and /sys/fs/cgroup", host)
+	if len(host) != 4 {
+		t.Errorf("egressd: host paths %v, want only bpffs, /var/lib/airlock (the audit directory and its key), /sys/fs/cgroup and containerd's folder", host)
 	}
 	// The node's cgroups (where the pods' cgroups are found) are only read.
 	for _, m := range c.VolumeMounts {
 		if m.Name == host["/sys/fs/cgroup"] && (m.MountPath != "/host/sys/fs/cgroup" || !m.ReadOnly) {
 			t.Errorf("egressd: the node's /sys/fs/cgroup is mounted at %s (read-only %v), want read-only at /host/sys/fs/cgroup", m.MountPath, m.ReadOnly)
+		}
+		// containerd's socket (snapshots) on a read-only mount, where a socket connects.
+		if m.Name == host[ctrDir] && (m.MountPath != "/host/run/containerd" || !m.ReadOnly) {
+			t.Errorf("egressd: containerd's folder is mounted at %s (read-only %v), want read-only at /host/run/containerd", m.MountPath, m.ReadOnly)
 		}
 	}
 }

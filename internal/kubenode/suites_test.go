@@ -47,8 +47,10 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     folder and the records read from its audit log;
 //   - keys: keys.test.mjs (user keys made through /v1/keys, kept in the cluster store
 //     that both lifecycle replicas read);
-//   - snapshot: snapshot.test.mjs, whose tests are Docker only (skipped, the reason
-//     printed) but for the check that every snapshot route answers 501;
+//   - snapshot: snapshot.test.mjs, the whole snapshot lifecycle on the node (the node's
+//     egressd commits through its containerd, restores run there: see
+//     TestSnapshotOnNode), its fork of 3 sandboxes (AIRLOCK_SDK_FORK: five do not fit
+//     on the 2-core node beside the others);
 //   - codeinterpreter: codeinterpreter.test.mjs on the code-interpreter image imported
 //     into the node;
 //   - browser: browser.test.mjs on the browser image imported into the node (its
@@ -111,7 +113,8 @@ func TestSDKSuitesOnNode(t *testing.T) {
 		t.Logf("tests/sdk/keys.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("snapshot", func(t *testing.T) {
-		out := runSDKSuite(t, "snapshot.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)...)
+		out := runSDKSuite(t, "snapshot.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource,
+			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage, "AIRLOCK_SDK_FORK=3")...)
 		t.Logf("tests/sdk/snapshot.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("codeinterpreter", func(t *testing.T) {

@@ -112,6 +112,10 @@ type Config struct {
 	// ExecdPort is execd's port, declared as the sandbox container's port "execd";
 	// default 44772 (opensandbox.ExecdPort).
 	ExecdPort int
+	// Snapshots enables snapshots (lifecycle.Snapshotter: the nodes' egressd commits a
+	// sandbox's container into a node-local image; snapshot.go); nil: the snapshot
+	// routes answer 501.
+	Snapshots *SnapshotConfig
 	// Log receives the runtime's records (never a credential); default: discarded.
 	Log *slog.Logger
 }

@@ -196,6 +196,7 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 			pod.Spec.NodeSelector = sel
 		}
 	}
+	restoreOnNode(pod, spec.Image)
 	if r.cfg.RuntimeClassName != "" {
 		rc := r.cfg.RuntimeClassName
 		pod.Spec.RuntimeClassName = &rc

@@ -182,3 +182,44 @@ type Enforced struct {
 	// PolicyVersion is the policy version the datapath enforces.
 	PolicyVersion uint64 `json:"policyVersion"`
 }
+
+// SnapshotPath is the snapshot node API of egressd on Kubernetes (`airlock egressd
+// --containerd-socket`), on the same listener as EnforcedPath and behind the API key:
+// POST SnapshotPath+"<sandbox id>" (body SnapshotCommit) commits the sandbox pod's
+// container into a node-local image in the node's containerd and answers 200 with
+// SnapshotCommitted (404 when this node does not run the sandbox or the container is
+// not its pod's); POST SnapshotPath+"remove" (body SnapshotRemove) deletes such an
+// image (204, also when it is gone already).
+const SnapshotPath = "/v1/snapshot/"
+
+// SnapshotCommit is the body of a commit: the pod's namespace and name, the sandbox
+// container's name and containerd id (the pod status's containerID without its
+// "containerd://"), the image reference to make, the snapshot's id, and environment
+// variables to leave out of the image (the runtime's own).
+type SnapshotCommit struct {
+	Namespace   string   `json:"namespace"`
+	Pod         string   `json:"pod"`
+	Container   string   `json:"container"`
+	ContainerID string   `json:"containerId"`
+	Ref         string   `json:"ref"`
+	SnapshotID  string   `json:"snapshotId"`
+	DropEnv     []string `json:"dropEnv,omitempty"`
+}
+
+// SnapshotCommitted is the answer of a commit: the image, its manifest digest and the
+// bytes of its new layer (compressed).
+type SnapshotCommitted struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// SnapshotRemove is the body of a remove: the image reference a commit made.
+type SnapshotRemove struct {
+	Ref string `json:"ref"`
+}
+
+// SnapshotRefPrefix starts every snapshot image reference on Kubernetes:
+// SnapshotRefPrefix+"<node name>:<snapshot id>". The node's egressd removes only such
+// images.
+const SnapshotRefPrefix = "airlock.local/snapshot/"

@@ -144,6 +144,8 @@ export async function killSuite(connectionConfig, run) {
 //   AIRLOCK_SDK_RESOURCE   JSON resource limits of every sandbox the suites create
 //                          ({"cpu":"250m","memory":"512Mi"}: the node is small); unset:
 //                          the SDK's default (1 CPU, 2 GiB)
+//   AIRLOCK_SDK_FORK       how many sandboxes snapshot.test.mjs's fork makes (default 5;
+//                          3 on the 2-core test node)
 //   AIRLOCK_SDK_POOL       JSON warm pool to claim from: {"name", "size", "image",
 //                          "resource", "domain"} (domain: the lifecycle replica holding
 //                          the pool, the Lease holder on Kubernetes); unset: no pool test
