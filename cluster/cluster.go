@@ -247,7 +247,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace, MaxPTYSessions: cfg.MaxPTYSessions,
 		Snapshots: snaps,
-		Log: cfg.Log.With("component", "kube"),
+		Log:       cfg.Log.With("component", "kube"),
 	})
 	if err != nil {
 		return nil, err
