@@ -51,3 +51,45 @@ func TestEgressdHTTPRulesHTTP2(t *testing.T) {
 		}
 	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
 }
+
+// TestEgressdMCPRules: a real sandbox calls an MCP server's tools through the
+// interception, on each datapath: the allowlisted tool reaches the server, another
+// tool gets 403 naming the rule and never reaches it, and both decisions are audited
+// with their rules. curl offers HTTP/2, so each call is a stream checked on its own.
+func TestEgressdMCPRules(t *testing.T) {
+	store, err := vault.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
+	var writes atomic.Int32
+	caPEM := w.rulesServer(t, &writes)
+	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP}, 300))
+	const policy = `{"defaultAction":"deny","egress":[
+	  {"action":"allow","target":"rules.test","http":{"rules":[
+	    {"action":"allow","methods":["POST"],"path":"/mcp","jsonrpc":["tools/call"],"mcpTools":["search"]}]}}]}`
+	w.eachBackend(t, policy, func(t *testing.T, d *Daemon, sb *sdk.Sandbox, x *sdk.Execd) {
+		before := writes.Load()
+		call := func(tool string) string {
+			body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + tool + `"}}`
+			_, out := sh(t, x, `curl -sS -m 5 -H 'Content-Type: application/json' -d '`+body+`' -w ' %{http_code}' https://rules.test/mcp`)
+			return strings.TrimSpace(out)
+		}
+		if got := call("search"); !strings.HasSuffix(got, " 200") || writes.Load() != before+1 {
+			t.Fatalf("the allowlisted tool: %q, server calls %d, want 200 and 1", got, writes.Load()-before)
+		}
+		got := call("delete_repo")
+		if !strings.HasSuffix(got, " 403") || !strings.Contains(got, `"rule":"egress[0].http.default"`) {
+			t.Errorf("another tool: %q, want 403 naming egress[0].http.default", got)
+		}
+		if n := writes.Load() - before; n != 1 {
+			t.Errorf("the server saw %d tool calls, want 1 (the refused one must not reach it)", n)
+		}
+		w.waitAudit(t, sb.ID, "the refused tool call", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "deny" && r.Rule == "egress[0].http.default" && r.Extra["method"] == "POST"
+		})
+		w.waitAudit(t, sb.ID, "the allowed tool call", func(r audit.Record) bool {
+			return r.Source == audit.SourceL7 && r.Action == "allow" && r.Rule == "egress[0].http.rules[0]"
+		})
+	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+}
