@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -139,9 +140,28 @@ func TestBenchHTTPRulesProxy(t *testing.T) {
 	}
 	sSmall := measure("https small via SNI splice", 1000, get(spliced, "/small"))
 	iSmall := measure("https small via interception, 50 http rules", 1000, get(intercepted, "/small"))
-	sBig := measure("https 1 MiB via SNI splice", 100, get(spliced, "/big"))
-	iBig := measure("https 1 MiB via interception, 50 http rules", 100, get(intercepted, "/big"))
+	// 1 MiB responses: paired rounds in alternating order, so that load from elsewhere on
+	// the machine hits both paths alike; the ratio is the median of the rounds' ratios.
+	const rounds, perRound = 8, 25
+	var ratios []float64
+	var sBig, iBig benchreport.Sample
+	for r := range rounds {
+		var s, i benchreport.Sample
+		if r%2 == 0 {
+			s = measure("https 1 MiB via SNI splice", perRound, get(spliced, "/big"))
+			i = measure("https 1 MiB via interception, 50 http rules", perRound, get(intercepted, "/big"))
+		} else {
+			i = measure("https 1 MiB via interception, 50 http rules", perRound, get(intercepted, "/big"))
+			s = measure("https 1 MiB via SNI splice", perRound, get(spliced, "/big"))
+		}
+		ratios = append(ratios, i.Rate()/s.Rate())
+		sBig.Latencies, sBig.Wall = append(sBig.Latencies, s.Latencies...), sBig.Wall+s.Wall
+		iBig.Latencies, iBig.Wall = append(iBig.Latencies, i.Latencies...), iBig.Wall+i.Wall
+	}
+	slices.Sort(ratios)
 	added := float64(iSmall.Quantile(0.5)-sSmall.Quantile(0.5)) / float64(time.Millisecond)
 	benchreport.Ratio("egressd", "interception p50 added, ms (small response)", added, "≤", 1.5)
-	benchreport.Ratio("egressd", "interception / splice throughput (1 MiB responses)", iBig.Rate()/sBig.Rate(), "≥", 0.7)
+	benchreport.Ratio("egressd", "interception / splice throughput (1 MiB responses, median of 8 paired rounds)",
+		(ratios[rounds/2-1]+ratios[rounds/2])/2, "≥", 0.7)
+	benchreport.Ratio("egressd", "interception / splice throughput (1 MiB responses, all rounds merged)", iBig.Rate()/sBig.Rate(), "", 0)
 }
