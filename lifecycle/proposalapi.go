@@ -200,7 +200,9 @@ func (a *proposalAPI) handleDecide(w http.ResponseWriter, r *http.Request) {
 		fail(a.pol.log, w, r, err)
 		return
 	}
-	noteControl(r, "decision", d.Decision)
+	if d.Decision == "approve" || d.Decision == "reject" { // never an arbitrary string in the record
+		noteControl(r, "decision", d.Decision)
+	}
 	if err := a.check(r, d); err != nil {
 		fail(a.pol.log, w, r, err)
 		return
