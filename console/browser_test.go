@@ -501,7 +501,11 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the proposal does not name denied.test: %q", y)
 	}
 	shot(t, ctx, "04b-proposal")
-	do(t, ctx, "approve the proposal", 20*time.Second, chromedp.Click(id("proposal-approve")))
+	// Approved with a "save as" name: written into the policy library, which serves it,
+	// and the sandbox runs under it.
+	do(t, ctx, "approve the proposal into the library", 20*time.Second,
+		setVal("proposal-save-as", "learned-in-console"),
+		chromedp.Click(id("proposal-approve")))
 	c2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
 	_, werr := chromedp.Run(c2, waitJS(`document.getElementById('proposal-msg')?.textContent`))
 	cancel2()
@@ -513,11 +517,19 @@ func TestConsoleInBrowser(t *testing.T) {
 		})()`))
 		t.Fatalf("no message after Approve: %s", state)
 	}
-	if m := get(t, ctx, "approval message", chromedp.Text(id("proposal-msg"))); !strings.HasPrefix(m, "Approved") {
+	if m := get(t, ctx, "approval message", chromedp.Text(id("proposal-msg"))); !strings.HasPrefix(m, "Approved: saved in the policy library as learned-in-console") {
 		t.Fatalf("after Approve the page says %q", m)
 	}
 	do(t, ctx, "see the approved policy", 20*time.Second,
-		waitJS(`[...document.querySelectorAll('#policy-rules tbody tr')].some(tr => tr.textContent.includes('denied.test'))`))
+		waitJS(`[...document.querySelectorAll('#policy-rules tbody tr')].some(tr => tr.textContent.includes('denied.test'))`),
+		waitJS(`document.body.textContent.includes('named policy learned-in-console')`),
+		waitJS(`(document.getElementById('proposal-last')?.textContent || '').includes('saved as library policy learned-in-console')`))
+	if b, err := os.ReadFile(filepath.Join(s.Library.Dir(), "learned-in-console.yaml")); err != nil || !strings.Contains(string(b), "target: denied.test") {
+		t.Errorf("the library file of the approval (%v):\n%s", err, b)
+	}
+	if np, ok := s.Library.Get("learned-in-console"); !ok || np.Version != 1 {
+		t.Errorf("the library does not serve learned-in-console: %+v", np)
+	}
 	ex, err = x.Run(tctx, sdk.Command{Command: "getent hosts denied.test"}, nil)
 	if err != nil || !strings.Contains(strings.Join(ex.Stdout, "\n"), "203.0.113.20") {
 		t.Errorf("after the approval denied.test does not resolve in the sandbox: %v %q", err, ex.Stdout)

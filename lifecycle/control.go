@@ -28,6 +28,7 @@ var controlOps = map[string]string{
 	"PUT /sandboxes/{id}/policy":              "policy.put",
 	"PATCH /sandboxes/{id}/policy":            "policy.patch",
 	"DELETE /sandboxes/{id}/policy":           "policy.delete",
+	"POST /sandboxes/{id}/policy/proposal":    "policy.proposal",
 	"POST /sandboxes/{id}/snapshots":          "snapshot.create",
 	"DELETE /snapshots/{sid}":                 "snapshot.delete",
 	"POST /keys":                              "key.create",
@@ -37,9 +38,11 @@ var controlOps = map[string]string{
 
 // controlNote is what the request's handlers tell the control record of their request
 // (a pointer in the request's context, controlNoteKey): the principal the server proxy
-// admitted, which Handler cannot see.
+// admitted, which Handler cannot see, and fields only the handler knows (extra, added
+// to the record's extra: a proposal's decision, the library policy it wrote).
 type controlNote struct {
-	who principal.Principal
+	who   principal.Principal
+	extra map[string]any
 }
 
 type controlNoteKey struct{}
@@ -49,6 +52,17 @@ type controlNoteKey struct{}
 func noteProxyPrincipal(r *http.Request, who principal.Principal) {
 	if n, ok := r.Context().Value(controlNoteKey{}).(*controlNote); ok {
 		n.who = who
+	}
+}
+
+// noteControl adds key=value to the extra of r's control record (when r is recorded).
+// Values are what a record may hold: never a key or a vault value.
+func noteControl(r *http.Request, key string, value any) {
+	if n, ok := r.Context().Value(controlNoteKey{}).(*controlNote); ok {
+		if n.extra == nil {
+			n.extra = map[string]any{}
+		}
+		n.extra[key] = value
 	}
 }
 
@@ -234,7 +248,11 @@ func (s *Server) recordControl(w http.ResponseWriter, r *http.Request, serve fun
 	if (status == http.StatusUnauthorized || status == http.StatusForbidden) && strings.Contains(r.Pattern, "/proxy/") {
 		return // a refusal of the server proxy: recorded there (source ingress)
 	}
-	s.cfg.Audit.Append(controlRecord(r, op, note.who, status, sw.Header().Get("Location"), nil, start))
+	rec := controlRecord(r, op, note.who, status, sw.Header().Get("Location"), nil, start)
+	for k, v := range note.extra {
+		rec.Extra[k] = v
+	}
+	s.cfg.Audit.Append(rec)
 }
 
 // recordRefusal appends the record of a request Handler refused (401 without a valid

@@ -68,12 +68,15 @@ var (
 	// ErrPrecondition: what the operation needs was not set up, for example a Credential
 	// Vault for a sandbox created without credentialProxy (412 PRECONDITION_FAILED).
 	ErrPrecondition = &Error{http.StatusPreconditionFailed, "PRECONDITION_FAILED", "precondition failed"}
+	// ErrPolicyExists: a policy of that name is already in the library and the request
+	// did not ask to replace it (409 POLICY_EXISTS).
+	ErrPolicyExists = &Error{http.StatusConflict, "POLICY_EXISTS", "a policy of that name is already in the library"}
 )
 
 var sentinels = []*Error{
 	ErrInvalidJSON, ErrInvalidRequest, ErrInvalidResources, ErrInvalidVolume,
 	ErrImageUnavailable, ErrUnauthorized, ErrAccessDenied, ErrForbidden, ErrNotFound, ErrSnapshotNotFound, ErrSnapshotLimit, ErrKeyNotFound, ErrNoRoute, ErrInvalidState,
-	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition,
+	ErrNotImplemented, ErrUnavailable, ErrUpstream, ErrPrecondition, ErrPolicyExists,
 }
 
 // httpError maps err to its status and envelope. Errors that wrap no sentinel are

@@ -41,7 +41,7 @@ func (s *Server) routes() {
 	s.policies.routes(m)
 	(&libraryAPI{lib: s.lib, reg: s, log: s.log}).routes(m)
 	(&auditAPI{dir: s.cfg.AuditDir, log: s.log}).routes(m)
-	(&proposalAPI{pol: s.policies, dir: s.cfg.AuditDir}).routes(m)
+	(&proposalAPI{pol: s.policies, reg: s, lib: s.cfg.Library, dir: s.cfg.AuditDir, floor: s.cfg.Floor}).routes(m)
 	(&keysAPI{keys: s.keys, log: s.log}).routes(m)
 	diag, _ := s.rt.(Diagnoser)
 	(&diagnosticsAPI{

@@ -241,6 +241,16 @@ func (a *policyAPI) handlePut(w http.ResponseWriter, r *http.Request) {
 
 // applyNamed answers PUT /v1/sandboxes/{id}/policy?name=NAME.
 func (a *policyAPI) applyNamed(w http.ResponseWriter, r *http.Request, id, name string) {
+	if err := a.setNamed(r, id, name); err != nil {
+		fail(a.log, w, r, err)
+		return
+	}
+	a.write(w, r, id)
+}
+
+// setNamed puts sandbox id under library policy name, audits the change (change
+// named) and waits until the data plane enforces it (await).
+func (a *policyAPI) setNamed(r *http.Request, id, name string) error {
 	v, err := a.reg.SetNamedPolicy(id, name)
 	if a.audit != nil && err == nil {
 		a.audit.Append(audit.Record{
@@ -250,12 +260,11 @@ func (a *policyAPI) applyNamed(w http.ResponseWriter, r *http.Request, id, name 
 		})
 	}
 	if err != nil {
-		fail(a.log, w, r, err)
-		return
+		return err
 	}
 	a.log.Info("policy changed", "sandbox_id", id, "change", "named", "policy", name, "policy_version", v)
 	a.await(r.Context(), id, v)
-	a.write(w, r, id)
+	return nil
 }
 
 // handlePatch merges a JSON array of rules (OpenSandbox PATCH /policy semantics:

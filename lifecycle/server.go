@@ -32,6 +32,7 @@ import (
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle/watch"
 	"github.com/airlockdev/airlock/opensandbox"
+	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/principal"
 )
 
@@ -141,6 +142,11 @@ type Config struct {
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;
 	// empty answers that route 501.
 	AuditDir string
+	// Floor is the operator overlay the data plane compiles every sandbox policy under
+	// (airlock up: egressd's, policies.BaseOverlay plus this host's addresses and
+	// egress.deny): a policy proposal (GET /sandboxes/{id}/policy/proposal) never holds
+	// a rule for what it always denies. Nil: policies.BaseOverlay().
+	Floor *policies.Overlay
 	// Diagnostics bounds the diagnostics API (GET /sandboxes/{id}/diagnostics/logs and
 	// /events, docs/spec/diagnostic-api.yml): payload size, inline size, download URL
 	// lifetime. The runtime's logs and events come from its Diagnoser methods.

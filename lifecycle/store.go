@@ -110,6 +110,11 @@ type record struct {
 	// principals existed, which only roles seeing every sandbox reach. Answers carry
 	// it as airlock.createdBy (SandboxExtension).
 	Owner string `json:"owner,omitempty"`
+	// Proposal is the last decision on the sandbox's policy proposal (POST
+	// /sandboxes/{id}/policy/proposal); the next proposal reads the audit records after
+	// the seq it covered. Persisted with the record, so a restart (or another replica)
+	// keeps it. Nil: no decision yet.
+	Proposal *ProposalMark `json:"proposal,omitempty"`
 	// traceParent is the W3C traceparent of the create that made the sandbox, for the
 	// data plane's spans of its first attach (watch.Sandbox.TraceParent); in memory
 	// only, empty when traces are off or after a restart.
@@ -136,6 +141,10 @@ func (r *record) clone() *record {
 	if r.ExpiresAt != nil {
 		t := *r.ExpiresAt
 		c.ExpiresAt = &t
+	}
+	if r.Proposal != nil {
+		m := *r.Proposal
+		c.Proposal = &m
 	}
 	return &c
 }

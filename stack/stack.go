@@ -38,6 +38,7 @@ import (
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/policies/library"
 )
 
@@ -267,6 +268,14 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 	if s.execdKey, err = execdtoken.LoadOrCreate(filepath.Join(s.cfg.StateDir, "execd-key")); err != nil {
 		return err
 	}
+	// Proposals leave out what egressd's overlay always denies (this host's addresses
+	// included), as the console's explain shows it.
+	floor := policies.BaseOverlay()
+	if !s.cfg.Egress.Disabled {
+		if floor, err = s.egressConfig().Overlay(); err != nil {
+			return err
+		}
+	}
 	srv, err := lifecycle.New(lifecycle.Config{
 		Runtime:       s.Docker,
 		Store:         s.Store,
@@ -288,6 +297,7 @@ func (s *Stack) startLifecycle(ctx context.Context) error {
 		Endpoint:             s.endpoint,
 		Audit:                s.Audit,
 		AuditDir:             s.cfg.Audit.Dir,
+		Floor:                floor,
 		AgentActions:         s.cfg.Audit.AgentActions,
 		ReadyGate:            s.readyGate(),
 		PolicyGate:           s.policyGate(),

@@ -22,9 +22,10 @@ func policyPropose(f *sandboxFlags) *cobra.Command {
 		sandbox, since, base, auditDir, out string
 		minSiblings, minPaths               int
 		asJSON                              bool
+		decide                              proposalDecision
 	)
 	c := &cobra.Command{
-		Use:   "propose --sandbox ID [--since T] [--base FILE|NAME|current]",
+		Use:   "propose --sandbox ID [--since T] [--base FILE|NAME|current] | propose --sandbox ID --approve|--reject|--write NAME [--replace]",
 		Short: "Propose a minimal policy from what a sandbox did (its audit records)",
 		Long: `Reads the sandbox's audit records (DNS answers, flows, L7 decisions and the HTTP
 requests to hosts with HTTP rules) from the server, or from an audit log directory with
@@ -45,11 +46,22 @@ The output is the policy in the library's YAML, each rule with its counts (recor
 seen, refused then); save it with -o, check it with "airlock policy test FILE
 --sandbox ID" (it allows everything that was refused and denies nothing that was
 allowed) and apply it with "airlock policy apply ID FILE" or put it in policies.dir.
---since takes an RFC 3339 time or a duration back from now (1h, 30m).`,
+--since takes an RFC 3339 time or a duration back from now (1h, 30m).
+
+With --approve, --reject or --write NAME the command decides the server's pending
+proposal for the sandbox instead (the one the console shows: its refusals since the
+last decision, on top of its current policy): it prints it, then approves it (applied
+to the sandbox), rejects it, or with --write approves it into the server's policy
+library as NAME.yaml (admin and operator keys; a name taken is refused unless
+--replace) and puts the sandbox under that named policy. Every decision is audited
+with the key's principal.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sandbox == "" {
 				return errors.New("--sandbox is required")
+			}
+			if decide.wanted() || decide.replace {
+				return decideProposal(cmd, f, sandbox, decide)
 			}
 			from, err := parseSince(since)
 			if err != nil {
@@ -115,6 +127,10 @@ allowed) and apply it with "airlock policy apply ID FILE" or put it in policies.
 	c.Flags().IntVar(&minSiblings, "min-siblings", propose.DefaultMinSiblings, "names under one parent that become a wildcard (negative: never)")
 	c.Flags().IntVar(&minPaths, "min-paths", propose.DefaultMinPaths, "paths under one first segment that become a prefix (negative: never)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the proposal and its report as JSON")
+	c.Flags().BoolVar(&decide.approve, "approve", false, "approve the server's pending proposal: apply it to the sandbox")
+	c.Flags().BoolVar(&decide.reject, "reject", false, "reject the server's pending proposal")
+	c.Flags().StringVar(&decide.write, "write", "", "approve the server's pending proposal into its policy library as NAME and put the sandbox under it")
+	c.Flags().BoolVar(&decide.replace, "replace", false, "with --write: replace the library's policy NAME")
 	return c
 }
 

@@ -1,7 +1,9 @@
 // A sandbox's pending policy proposal: its refusals (denied and would-deny) since the
 // last decision, on top of its policy (GET /v1/sandboxes/{id}/policy/proposal, through
-// the console's API pass-through). An operator approves it (applied to the sandbox) or
-// rejects it; the API audits either with the operator's principal.
+// the console's API pass-through). An operator approves it (applied to the sandbox, or
+// with a "save as" name written into the policy library as that named policy, which
+// the sandbox then runs under) or rejects it; the API audits either with the
+// operator's principal and keeps the decision across restarts.
 import { api, el, replace, report, note, clear, run } from './common.js';
 
 export function initProposal(id) {
@@ -27,6 +29,11 @@ export function initProposal(id) {
       el('p', { id: 'proposal-status' }, p.pending
         ? `Pending: ${rules.length} rule(s) would allow what the sandbox was refused.`
         : 'Nothing pending: the policy allows everything the sandbox did since the last decision.'),
+      p.lastDecision ? el('p', { id: 'proposal-last' }, el('small', {},
+        `Last decision: ${p.lastDecision.decision === 'approve' ? 'approved' : 'rejected'}` +
+        (p.lastDecision.principal ? ` by ${p.lastDecision.principal}` : '') +
+        ` at ${new Date(p.lastDecision.at).toLocaleString(undefined, { hour12: false })}` +
+        (p.lastDecision.savedAs ? `, saved as library policy ${p.lastDecision.savedAs}` : '') + '.')) : '',
       rules.length ? el('table', {},
         el('caption', {}, 'Proposed rules (added first)'),
         el('thead', {}, el('tr', {}, ['Rule', 'Target', 'Scope', 'Seen', 'Refused', 'HTTP'].map((h) => el('th', { scope: 'col' }, h)))),
@@ -39,13 +46,19 @@ export function initProposal(id) {
 
   async function decide(decision, button) {
     if (!current) return;
+    const saveAs = decision === 'approve' ? q('proposal-save-as').value.trim() : '';
+    const body = { decision, digest: current.digest };
+    if (saveAs) Object.assign(body, { saveAs, replace: q('proposal-replace').checked });
     const done = await run(button, msg, decision === 'approve' ? 'Approve' : 'Reject', async () => {
-      await api('POST', path, { decision, digest: current.digest });
+      await api('POST', path, body);
       return true;
     });
     if (!done) return;
     await load();
-    note(msg, decision === 'approve' ? 'Approved: the proposed policy is applied to the sandbox.' : 'Rejected.');
+    note(msg, decision !== 'approve' ? 'Rejected.'
+      : saveAs ? `Approved: saved in the policy library as ${saveAs}; the sandbox runs under it.`
+        : 'Approved: the proposed policy is applied to the sandbox.');
+    if (saveAs) q('proposal-save-as').value = '';
     document.dispatchEvent(new CustomEvent('airlock:policy-changed'));
   }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/airlockdev/airlock/lifecycle/boltstore"
 	"github.com/airlockdev/airlock/lifecycle/docker"
 	"github.com/airlockdev/airlock/lifecycle/watch"
+	"github.com/airlockdev/airlock/policies"
 )
 
 // Network is the bridge network harnesses use (never airlock0, so that tests do not
@@ -138,6 +139,8 @@ type Options struct {
 	OCIRuntime string
 	// Snapshots is passed to lifecycle.Config (snapshot limits).
 	Snapshots lifecycle.SnapshotLimits
+	// Floor is passed to lifecycle.Config (the overlay policy proposals leave out).
+	Floor *policies.Overlay
 }
 
 // Harness is a lifecycle server on the real Docker engine, served by an httptest
@@ -218,6 +221,7 @@ func New(t testing.TB, o Options) *Harness {
 		ImageAliases:    o.ImageAliases,
 		Library:         o.Library,
 		Snapshots:       o.Snapshots,
+		Floor:           o.Floor,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -122,6 +122,26 @@ type SandboxStatus struct {
 	// lifecycle did and saw (create, state transitions, policy versions, egress
 	// attached).
 	Events []Event `json:"events,omitempty"`
+	// Proposal is the last decision on the sandbox's policy proposal (lifecycle's
+	// ProposalMark): later proposals read the audit records after LastSeq.
+	Proposal *ProposalMark `json:"proposal,omitempty"`
+}
+
+// ProposalMark is the last decision on a sandbox's policy proposal
+// (lifecycle.ProposalMark).
+type ProposalMark struct {
+	// Decision is approve or reject.
+	Decision string `json:"decision"`
+	// Digest is the hex SHA-256 of the decided proposal's YAML.
+	Digest string `json:"digest"`
+	// LastSeq is the last audit record seq the decided proposal read.
+	LastSeq uint64 `json:"lastSeq"`
+	// Principal is the id of the principal that decided.
+	Principal string `json:"principal,omitempty"`
+	// +kubebuilder:validation:Format=date-time
+	At string `json:"at"`
+	// SavedAs is the library policy the approval wrote, if any.
+	SavedAs string `json:"savedAs,omitempty"`
 }
 
 // Event is one diagnostic event of a sandbox (lifecycle.Event).
