@@ -72,13 +72,13 @@ func ClaimHost(cfg Config) (*Claim, error) {
 		log.Warn("host state not claimed: no lock directory", "dir", LockDir, "err", err)
 		return c, nil
 	}
-	keys := []string{"nft-" + c.nsKey() + c.table}
+	paths := []string{nftLock(c.nsKey(), c.table)}
 	if c.pinRoot != "" {
-		keys = append(keys, "bpf-"+strings.ReplaceAll(strings.Trim(filepath.Clean(c.pinRoot), "/"), "/", "_"))
+		paths = append(paths, pinLock(c.pinRoot))
 	}
 	var prev []string
-	for _, k := range keys {
-		f, pid, err := lock(filepath.Join(LockDir, k+".lock"))
+	for _, p := range paths {
+		f, pid, err := lock(p)
 		if err != nil {
 			c.release()
 			return nil, err
@@ -90,6 +90,17 @@ func ClaimHost(cfg Config) (*Claim, error) {
 	}
 	c.replaceStale(cfg, prev)
 	return c, nil
+}
+
+// nftLock is the lock file of the tables named table in the namespace nsKey ("" for
+// the host's).
+func nftLock(nsKey, table string) string {
+	return filepath.Join(LockDir, "nft-"+nsKey+table+".lock")
+}
+
+// pinLock is the lock file of the eBPF pin root dir.
+func pinLock(dir string) string {
+	return filepath.Join(LockDir, "bpf-"+strings.ReplaceAll(strings.Trim(filepath.Clean(dir), "/"), "/", "_")+".lock")
 }
 
 // lock opens path, takes its flock without waiting and writes this process's pid in
@@ -187,6 +198,9 @@ func (c *Claim) Done(attached int) {
 	if attached == 0 {
 		if removed := c.remove(true); len(removed) > 0 {
 			c.log.Info("removed host state at stop (no sandbox left to enforce)", "removed", strings.Join(removed, "; "))
+		}
+		for _, f := range c.locks { // nothing left to own: no lock file left either
+			os.Remove(f.Name())
 		}
 	} else {
 		c.log.Info("kept host state at stop: its sandboxes stay enforced until the next start adopts them",

@@ -139,6 +139,30 @@ func RemoveTable(netnsPath, table string) ([]string, error) {
 	return removed, nil
 }
 
+// Tables returns the names of the inet and netdev tables in the namespace at netnsPath
+// ("" = the caller's), each name once, whoever made them: for cleaners that pick the
+// ones they own by name (enforcer.RemoveDead).
+func Tables(netnsPath string) ([]string, error) {
+	conn, closeFn, err := dial(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	var names []string
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev} {
+		ts, err := conn.ListTablesOfFamily(fam)
+		if err != nil {
+			return nil, fmt.Errorf("listing nftables tables: %w", err)
+		}
+		for _, t := range ts {
+			if !slices.Contains(names, t.Name) {
+				names = append(names, t.Name)
+			}
+		}
+	}
+	return names, nil
+}
+
 // HasSandboxes reports whether the inet table named table (TableName when empty)
 // exists and holds a sandbox's chain (state a previous run left, which New would
 // adopt).
