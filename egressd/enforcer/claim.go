@@ -103,10 +103,13 @@ func pinLock(dir string) string {
 	return filepath.Join(LockDir, "bpf-"+strings.ReplaceAll(strings.Trim(filepath.Clean(dir), "/"), "/", "_")+".lock")
 }
 
-// lock opens path, takes its flock without waiting and writes this process's pid in
-// it. It returns the pid the file held before (its last owner), or ErrInUse with the
-// live owner's pid.
+// lock opens path (creating its directory), takes its flock without waiting and writes
+// this process's pid in it. It returns the pid the file held before (its last owner),
+// or ErrInUse with the live owner's pid.
 func lock(path string) (*os.File, string, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, "", err
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, "", err
