@@ -22,6 +22,8 @@ import {
   freePort,
   killSuite,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
@@ -30,7 +32,7 @@ const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `snap${process.pid}`;
 const PREFIX = `altest-sdk-snap${process.pid}-`;
-const PIN = `/sys/fs/bpf/airlock-snaptest-${process.pid}`;
+const HOST_STATE = egressHostState("snap");
 // Snapshots need the Docker runtime: elsewhere the routes answer 501.
 const DOCKER = dockerOnly("snapshots are built on the Docker runtime only; Kubernetes answers 501 (checked below)");
 
@@ -99,7 +101,7 @@ before(async () => {
     `  listen: 127.0.0.1:${await freePort()}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: ${PIN}`,
+    ...HOST_STATE.lines,
     ...dockerSection(PREFIX),
   ];
   writeFileSync(cfg, lines.join("\n") + "\n");
@@ -127,7 +129,7 @@ after(async () => {
     }
   }
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
-  rmSync(PIN, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (resolver) resolver.close();
 });
 
