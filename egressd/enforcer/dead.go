@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/airlockdev/airlock/egressd/nftfilter"
 )
@@ -28,7 +29,8 @@ const defaultPinRoot = "airlock"
 // that never claims its state (tests driving nftfilter or the eBPF backend directly)
 // holds no lock: run this only when no such test runs. It returns one line per removal
 // and per entry kept because its owner lives; errors are joined, the other entries are
-// still handled. A bad pattern is an error before anything is removed.
+// still handled. A bad pattern is an error before anything is removed. Free lock files
+// whose state is gone are removed too (removeOrphanLocks).
 func RemoveDead(patterns []string) ([]string, error) {
 	for _, p := range patterns {
 		if _, err := path.Match(p, ""); err != nil {
@@ -86,5 +88,42 @@ func RemoveDead(patterns []string) ([]string, error) {
 		dir := filepath.Join(BPFDir, e.Name())
 		withLock("pinned eBPF state "+dir, pinLock(dir), func() error { return os.RemoveAll(dir) })
 	}
+	if err := removeOrphanLocks(); err != nil {
+		errs = append(errs, err)
+	}
 	return out, errors.Join(errs...)
+}
+
+// removeOrphanLocks removes the free lock files of LockDir whose state (a table of the
+// host's namespace, a directory of BPFDir) no longer exists: an egressd stopped with
+// sandboxes keeps its lock file, and `airlock down --purge` or a test removed the state
+// afterwards.
+func removeOrphanLocks() error {
+	live := map[string]bool{}
+	tables, err := nftfilter.Tables("")
+	if err != nil {
+		return err
+	}
+	for _, t := range tables {
+		live[nftLock("", t)] = true
+	}
+	ents, _ := os.ReadDir(BPFDir)
+	for _, e := range ents {
+		live[pinLock(filepath.Join(BPFDir, e.Name()))] = true
+	}
+	locks, err := os.ReadDir(LockDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range locks {
+		p := filepath.Join(LockDir, e.Name())
+		if live[p] || filepath.Ext(p) != ".lock" || strings.HasPrefix(e.Name(), "nft-ns") {
+			continue // state exists, not a lock, or another namespace's (not checked here)
+		}
+		if f, _, err := lock(p); err == nil {
+			os.Remove(p)
+			f.Close()
+		}
+	}
+	return nil
 }

@@ -57,6 +57,10 @@ func TestRemoveDead(t *testing.T) {
 			os.Remove(f.Name())
 		}
 	})
+	orphan := nftLock("", "altestgone_"+tag) // its state is gone: the lock file goes too
+	if err := os.WriteFile(orphan, []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	out, err := RemoveDead([]string{"altestdead_*", "altestlive_*"})
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +83,14 @@ func TestRemoveDead(t *testing.T) {
 	}
 	if _, err := os.Stat(livePin); err != nil {
 		t.Errorf("live pin root %s: %v, want kept", livePin, err)
+	}
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphan lock file %s: %v, want removed", orphan, err)
+	}
+	for _, f := range held {
+		if _, err := os.Stat(f.Name()); err != nil {
+			t.Errorf("the live egressd's lock file %s: %v, want kept", f.Name(), err)
+		}
 	}
 	if out, err := RemoveDead([]string{"altestdead_*"}); err != nil || len(out) != 0 {
 		t.Errorf("second run: %v %v, want nothing", out, err)
