@@ -51,8 +51,9 @@ type Config struct {
 	// Idle timeouts of established flows; defaults 1h (TCP), 2m (UDP), 30s (other).
 	TCPIdle, UDPIdle, OtherIdle time.Duration
 	// L7Mark and L7MarkMask are the packet mark given to TCP 80/443 of sandboxes in
-	// L7 mode (the redirect rule matches it); default datapath.DefaultL7Mark and
-	// DefaultL7MarkMask.
+	// L7 mode (the redirect rule matches it); default: the mark of egressd's nftables
+	// tables (nftfilter.L7MarkFor, through OpenMarked), datapath.DefaultL7Mark and
+	// DefaultL7MarkMask when opened with Open.
 	L7Mark, L7MarkMask uint32
 	// FlowWindow groups packets into flows: a denied (or, with Policy.CountFlows,
 	// allowed) packet of a 5-tuple whose last one is less than this old belongs to the
@@ -82,6 +83,38 @@ func (c Config) Open(netns string, log *slog.Logger) (datapath.Datapath, error) 
 		return nil, err // not a typed nil in the interface
 	}
 	return d, nil
+}
+
+// PinPath is the bpffs directory of c's pinned state (PinRoot, default applied);
+// egressd/enforcer locks it and removes it when no sandbox is left.
+func (c Config) PinPath() string {
+	c.defaults()
+	return c.PinRoot
+}
+
+// PinnedSandboxes counts the sandboxes the state pinned under c's pin root enforces
+// (entries of the pinned cfg_by_ifindex map); 0 when nothing is pinned, -1 when the
+// pinned map cannot be read. It loads no program.
+func (c Config) PinnedSandboxes() int {
+	c.defaults()
+	return pinnedSandboxes(c.PinRoot)
+}
+
+// RedirectMarkOr is the mark and mask c gives TCP 80/443 of sandboxes in L7 mode when
+// egressd's tables mark with mark and mask: c's own L7Mark when set, else those.
+// egressd/enforcer calls it (an optional method of enforcer.EBPF) so that both
+// backends and the l7_redirect chain agree on the tables' mark.
+func (c Config) RedirectMarkOr(mark, mask uint32) (uint32, uint32) {
+	if c.L7Mark != 0 {
+		return c.L7Mark, c.L7MarkMask
+	}
+	return mark, mask
+}
+
+// OpenMarked is Open with RedirectMarkOr(mark, mask) as the redirect mark.
+func (c Config) OpenMarked(netns string, mark, mask uint32, log *slog.Logger) (datapath.Datapath, error) {
+	c.L7Mark, c.L7MarkMask = c.RedirectMarkOr(mark, mask)
+	return c.Open(netns, log)
 }
 
 // HasState implements enforcer.EBPF: whether c's pin root holds sandbox state pinned

@@ -101,3 +101,22 @@ func pinLayout(root, fp string) error {
 	}
 	return nil
 }
+
+// pinnedSandboxes counts the entries of the cfg_by_ifindex map pinned under root (one
+// per attached sandbox); 0 when it is not there, -1 when it cannot be read.
+func pinnedSandboxes(root string) int {
+	m, err := bpf.LoadPinnedMap(filepath.Join(root, "maps", "cfg_by_ifindex"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		return -1
+	}
+	defer m.Close()
+	n := 0
+	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
+	for it := m.Iterate(); it.Next(k, v); {
+		n++
+	}
+	return n
+}

@@ -15,3 +15,6 @@ type Datapath struct{ datapath.Datapath }
 func New(cfg Config) (*Datapath, error) {
 	return nil, fmt.Errorf("%w: eBPF needs Linux", datapath.ErrUnavailable)
 }
+
+// pinnedSandboxes is 0 outside Linux.
+func pinnedSandboxes(string) int { return 0 }

@@ -136,6 +136,7 @@ type Daemon struct {
 	cfg      Config
 	log      *slog.Logger
 	dp       datapath.Datapath
+	claim    *enforcer.Claim // the datapath's host state; nil with Config.Datapath
 	dns      *dnsfilter.Server
 	watch    *watch.Client
 	resolver netip.Addr
@@ -240,19 +241,25 @@ func New(cfg Config) (*Daemon, error) {
 		if ec.Logger == nil {
 			ec.Logger = cfg.Logger.With("component", "datapath")
 		}
+		// The tables and pin root are this process's (ErrInUse when a live egressd
+		// has them); state a dead one left is replaced or adopted.
+		if d.claim, err = enforcer.ClaimHost(ec); err != nil {
+			return nil, fmt.Errorf("egressd: datapath: %w", err)
+		}
 		if d.dp, err = enforcer.New(ec); err != nil {
+			d.claim.Done(1) // keep what is there: it may enforce sandboxes
 			return nil, fmt.Errorf("egressd: datapath: %w", err)
 		}
 	}
 	if cfg.L7Port != 0 {
 		if d.l7, err = newL7Proxy(d, netip.AddrPortFrom(resolver, cfg.L7Port).String()); err != nil {
-			d.dp.Close()
+			d.closeDatapath()
 			return nil, err
 		}
 		if cfg.Vault != nil {
 			if d.cred, err = newCredentialProxy(d); err != nil {
 				d.l7.close()
-				d.dp.Close()
+				d.closeDatapath()
 				return nil, err
 			}
 		}
@@ -262,7 +269,7 @@ func New(cfg Config) (*Daemon, error) {
 			if d.l7 != nil {
 				d.l7.close()
 			}
-			d.dp.Close()
+			d.closeDatapath()
 			return nil, err
 		}
 	}
@@ -282,7 +289,7 @@ func New(cfg Config) (*Daemon, error) {
 		if d.proxy != nil {
 			d.proxy.close()
 		}
-		d.dp.Close()
+		d.closeDatapath()
 		return nil, fmt.Errorf("egressd: dns filter: %w", err)
 	}
 	m.backend(string(d.dp.Backend()))
@@ -348,7 +355,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
-		err = errors.Join(d.dns.Close(), d.dp.Close())
+		err = errors.Join(d.dns.Close(), d.closeDatapath())
 		if d.l7 != nil {
 			err = errors.Join(err, d.l7.close())
 		}
@@ -356,6 +363,15 @@ func (d *Daemon) Close() error {
 			err = errors.Join(err, d.proxy.close())
 		}
 	})
+	return err
+}
+
+// closeDatapath closes the datapath, then ends the host claim: with no sandbox
+// attached the tables and pinned state are removed (enforcer.Claim.Done).
+func (d *Daemon) closeDatapath() error {
+	n := len(d.dp.Attached())
+	err := d.dp.Close()
+	d.claim.Done(n)
 	return err
 }
 

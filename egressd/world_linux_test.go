@@ -39,6 +39,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if arg := os.Getenv(deadHelperEnv); arg != "" {
+		os.Exit(deadEgressdHelper(arg))
+	}
 	lctest.Network = "altest-eg0"
 	lctest.RemoveNetwork(lctest.Network) // a leftover may lack IPv6
 	code := m.Run()

@@ -6,6 +6,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
+	"github.com/airlockdev/airlock/egressd/enforcer"
 	"github.com/airlockdev/airlock/stack/purge"
 )
 
@@ -14,6 +15,7 @@ func newDownCmd() *cobra.Command {
 		sf                   stackFlags
 		nftNetNS             string
 		purgeAll, purgeAudit bool
+		purgeDead            []string
 	)
 	cmd := &cobra.Command{
 		Use:   "down",
@@ -27,9 +29,26 @@ containers (those carrying its instance id), the Docker network, the pinned eBPF
 the nftables tables inet and netdev airlock and the state directory (store, API key, signing key).
 The audit log and its signing key pair are kept, as the compliance record, unless
 --purge-audit is given.
-Running it again finds nothing to remove. Reads the same configuration as 'airlock up'.`,
+Running it again finds nothing to remove. Reads the same configuration as 'airlock up'.
+
+--purge-dead PATTERN (repeatable) does only this instead: it removes the nftables tables
+(inet and netdev, this host's namespace) and the eBPF pin roots under /sys/fs/bpf whose
+names match a pattern ('altest*') and whose egressd is dead (its lock in
+` + enforcer.LockDir + ` is free): what killed test runs leave behind. The default
+installation's table and pin root ('airlock') are never removed by it. For test machines
+(.ci/run runs it before the suite).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(purgeDead) > 0 {
+				out, err := enforcer.RemoveDead(purgeDead)
+				for _, l := range out {
+					fmt.Fprintln(cmd.OutOrStdout(), l)
+				}
+				if len(out) == 0 && err == nil {
+					fmt.Fprintln(cmd.OutOrStdout(), "nothing to remove")
+				}
+				return err
+			}
 			cfg, err := sf.load(cmd)
 			if err != nil {
 				return err
@@ -75,6 +94,7 @@ Running it again finds nothing to remove. Reads the same configuration as 'airlo
 	sf.register(cmd, false)
 	f.BoolVar(&purgeAll, "purge", false, "also remove containers, network, pinned eBPF state, nftables table and state")
 	f.BoolVar(&purgeAudit, "purge-audit", false, "with --purge, remove the audit log too (implies --purge)")
+	f.StringArrayVar(&purgeDead, "purge-dead", nil, "only remove the nftables tables and pin roots matching this pattern whose egressd is dead (test machines; repeatable)")
 	f.StringVar(&nftNetNS, "nft-netns", "", "network namespace whose nftables table is removed (tests)")
 	_ = f.MarkHidden("nft-netns")
 	return cmd

@@ -72,8 +72,22 @@ type EBPF interface {
 	HasState() bool
 	// RedirectMark returns the packet mark and mask the backend gives TCP 80/443 of
 	// sandboxes in L7 mode: the nftables backend gives the same and the l7_redirect
-	// chain matches it.
+	// chain matches it. A backend with the optional methods RedirectMarkOr and
+	// OpenMarked (ebpf.Config) takes the mark of the tables instead (nftfilter.L7MarkFor:
+	// each table name its own, so that another egressd's chain never catches this
+	// one's sandboxes).
 	RedirectMark() (mark, mask uint32)
+}
+
+// markChooser is an EBPF backend that gives TCP 80/443 of L7 sandboxes the mark of the
+// enforcer's tables (nftfilter.L7MarkFor) unless it was configured with a mark of its
+// own: ebpf.Config. Without it the backend's RedirectMark is the mark of both backends.
+type markChooser interface {
+	// RedirectMarkOr returns the backend's own mark and mask when it has one, else
+	// mark and mask. It loads nothing.
+	RedirectMarkOr(mark, mask uint32) (uint32, uint32)
+	// OpenMarked is Open with RedirectMarkOr(mark, mask) as the mark.
+	OpenMarked(netns string, mark, mask uint32, log *slog.Logger) (datapath.Datapath, error)
 }
 
 // Config configures the datapath.
@@ -109,9 +123,20 @@ func New(cfg Config) (datapath.Datapath, error) {
 	if cfg.NetNS != "" {
 		cfg.NFT.NetNS = cfg.NetNS
 	}
+	// The tables' own L7 mark (nftfilter.L7MarkFor), which the eBPF backend takes too
+	// unless it was configured with another one.
+	mark, mask := nftfilter.L7MarkFor(cfg.NFT.Table)
+	if mc, ok := cfg.EBPF.(markChooser); ok {
+		mark, mask = mc.RedirectMarkOr(mark, mask)
+	} else if cfg.EBPF != nil {
+		mark, mask = cfg.EBPF.RedirectMark()
+	}
 	openEBPF := func() (datapath.Datapath, error) {
 		if cfg.EBPF == nil {
 			return nil, fmt.Errorf("%w: no eBPF backend configured", datapath.ErrUnavailable)
+		}
+		if mc, ok := cfg.EBPF.(markChooser); ok {
+			return mc.OpenMarked(cfg.NetNS, mark, mask, cfg.Logger.With("backend", "ebpf"))
 		}
 		return cfg.EBPF.Open(cfg.NetNS, cfg.Logger.With("backend", "ebpf"))
 	}
@@ -126,12 +151,8 @@ func New(cfg Config) (datapath.Datapath, error) {
 	if cfg.NFT.Logger == nil {
 		cfg.NFT.Logger = cfg.Logger.With("backend", "nftables")
 	}
+	cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
 	if cfg.L7ProxyPort != 0 {
-		mark, mask := uint32(datapath.DefaultL7Mark), uint32(datapath.DefaultL7MarkMask)
-		if cfg.EBPF != nil {
-			mark, mask = cfg.EBPF.RedirectMark()
-		}
-		cfg.NFT.L7Mark, cfg.NFT.L7MarkMask = mark, mask
 		if err := nftfilter.EnsureL7Redirect(nftfilter.L7Redirect{NetNS: cfg.NetNS, Table: cfg.NFT.Table, Port: cfg.L7ProxyPort, Addr: cfg.L7ProxyAddr, Mark: mark, Mask: mask}); err != nil {
 			return nil, err
 		}

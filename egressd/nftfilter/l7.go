@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/netip"
 	"os"
@@ -15,10 +16,34 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
 )
 
 // L7ChainName is the nat chain that redirects marked TCP to the local L7 proxy.
 const L7ChainName = "l7_redirect"
+
+// L7MarkFor returns the L7 mark and mask of the tables named table: datapath.DefaultL7Mark
+// and DefaultL7MarkMask for the default tables ("" or TableName), for any other name a
+// mark of its own under the same mask (bits 16-31: FNV-1a of the name folded to 16 bits,
+// never 0 nor the default's). Every l7_redirect chain of a host sees every marked
+// packet, and the first one that matches NATs the connection: with one mark shared by
+// all, the chain of another egressd in the host's namespace (a second installation,
+// tests side by side, or the tables a killed egressd left) would send this egressd's
+// sandboxes to its own proxy port. Two names collide with probability 1/65534.
+func L7MarkFor(table string) (mark, mask uint32) {
+	if table == "" || table == TableName {
+		return datapath.DefaultL7Mark, datapath.DefaultL7MarkMask
+	}
+	h := fnv.New32a()
+	h.Write([]byte(table))
+	v := h.Sum32()
+	v = (v>>16 ^ v) & 0xffff
+	if v == 0 || v == datapath.DefaultL7Mark>>16 {
+		v = 0x1a18
+	}
+	return v << 16, datapath.DefaultL7MarkMask
+}
 
 // L7Redirect describes the redirect both backends rely on: packets the sandbox chain
 // (or eBPF program) marked with Mark under Mask are redirected, in prerouting, to
@@ -112,6 +137,30 @@ func RemoveTable(netnsPath, table string) ([]string, error) {
 		return nil, fmt.Errorf("removing nftables tables %s: %w", table, err)
 	}
 	return removed, nil
+}
+
+// Tables returns the names of the inet and netdev tables in the namespace at netnsPath
+// ("" = the caller's), each name once, whoever made them: for cleaners that pick the
+// ones they own by name (enforcer.RemoveDead).
+func Tables(netnsPath string) ([]string, error) {
+	conn, closeFn, err := dial(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	var names []string
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyNetdev} {
+		ts, err := conn.ListTablesOfFamily(fam)
+		if err != nil {
+			return nil, fmt.Errorf("listing nftables tables: %w", err)
+		}
+		for _, t := range ts {
+			if !slices.Contains(names, t.Name) {
+				names = append(names, t.Name)
+			}
+		}
+	}
+	return names, nil
 }
 
 // HasSandboxes reports whether the inet table named table (TableName when empty)

@@ -71,7 +71,7 @@ type Config struct {
 	// FlowIdle is how long a flow lives without packets; default 1h.
 	FlowIdle time.Duration
 	// L7Mark and L7MarkMask are the mark given to TCP 80/443 of L7 sandboxes; default
-	// datapath.DefaultL7Mark/DefaultL7MarkMask (the same as the eBPF backend).
+	// L7MarkFor(Table) (the same as the eBPF backend; egressd/enforcer sets both).
 	L7Mark, L7MarkMask uint32
 	// LogGroup is the NFLOG group events are sent to; 0 disables events.
 	LogGroup uint16
@@ -86,7 +86,7 @@ func (c *Config) defaults() {
 		c.FlowIdle = time.Hour
 	}
 	if c.L7Mark == 0 {
-		c.L7Mark, c.L7MarkMask = datapath.DefaultL7Mark, datapath.DefaultL7MarkMask
+		c.L7Mark, c.L7MarkMask = L7MarkFor(c.Table)
 	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 4096

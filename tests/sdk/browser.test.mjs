@@ -30,11 +30,14 @@ import {
   fakeResolver,
   freePort,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
+const HOST_STATE = egressHostState("browser");
 const IMAGE = process.env.AIRLOCK_BROWSER_IMAGE ?? "airlock/browser:latest";
 const WEB_IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `browser${process.pid}`;
@@ -179,7 +182,7 @@ before(async () => {
     "egress:",
     `  mode: ${MODE}`,
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: /sys/fs/bpf/airlock-browsertest-${process.pid}`,
+    ...HOST_STATE.lines,
     "policies:",
     `  dir: ${dir}/policies`,
     "pools:",
@@ -211,7 +214,7 @@ after(async () => {
   }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   if (resolver) resolver.close();
-  rmSync(`/sys/fs/bpf/airlock-browsertest-${process.pid}`, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 

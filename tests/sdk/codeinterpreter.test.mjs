@@ -20,11 +20,14 @@ import {
   freePort,
   killSuite,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
+const HOST_STATE = egressHostState("ci");
 const IMAGE = process.env.AIRLOCK_TEST_CI_IMAGE ?? "opensandbox/code-interpreter:latest";
 const RUN = `ci${process.pid}`;
 const PREFIX = `altest-sdk-ci${process.pid}-`;
@@ -57,7 +60,7 @@ before(async () => {
     `  listen: 127.0.0.1:${await freePort()}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: /sys/fs/bpf/airlock-citest-${process.pid}`,
+    ...HOST_STATE.lines,
   ];
   lines.push(...dockerSection(PREFIX));
   const cfg = path.join(stateDir, "airlock.yaml");
@@ -76,7 +79,7 @@ after(async () => {
   }
   removeContainers(PREFIX); // held warm-pool members and anything left
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
-  rmSync(`/sys/fs/bpf/airlock-citest-${process.pid}`, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (resolver) resolver.close();
 });
 

@@ -93,6 +93,35 @@ export async function stopServer(proc) {
   await exited;
 }
 
+// egressHostState is the host state of a test server's egress datapath, its own so that
+// no other server on this host (another suite, a Go test, a real installation) shares
+// it: an eBPF pin root and nftables tables (inet and netdev) named after the suite (tag)
+// and this process. Distinct tables also mean distinct L7 marks (egressd derives its
+// mark from the table name), so a killed server's l7_redirect chain never catches
+// another server's sandboxes. lines are the airlock.yaml lines of the egress section;
+// the names match the patterns .ci/run's `airlock down --purge-dead` cleans when a
+// killed run left them.
+export function egressHostState(tag) {
+  const pinRoot = `/sys/fs/bpf/airlock-${tag}test-${process.pid}`;
+  const nftTable = `altest_${tag}_${process.pid}`;
+  return { pinRoot, nftTable, lines: [`  pinRoot: ${pinRoot}`, `  nftTable: ${nftTable}`] };
+}
+
+// cleanHostState removes what the stopped server of state (egressHostState) left on the
+// host: its nftables tables and its pin root. egressd removes them itself at an orderly
+// stop with no sandbox left; with held warm-pool members it keeps them (fail closed).
+// `airlock down --purge-dead` removes them only when no live egressd holds them.
+// Failures are printed, not thrown: the suite's result stands. Nothing in external-server
+// mode.
+export function cleanHostState(bin, state) {
+  if (EXTERNAL || !bin) return;
+  try {
+    execFileSync(bin, ["down", "--purge-dead", state.nftTable, "--purge-dead", path.basename(state.pinRoot)], { stdio: "pipe" });
+  } catch (err) {
+    console.log(`# cleaning the server's host state: ${err.message}`);
+  }
+}
+
 // dockerSection is the airlock.yaml docker section of a test server: its containers are
 // named with prefix (so the test can remove what the server leaves running, such as
 // held warm-pool members, which a real installation adopts on its next start), execd

@@ -19,11 +19,14 @@ import {
   freePort,
   killSuite,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
+const HOST_STATE = egressHostState("keys");
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `keys${process.pid}`;
 const PREFIX = `altest-sdk-keys${process.pid}-`;
@@ -59,7 +62,7 @@ before(async () => {
     `  listen: ${(gateway = `127.0.0.1:${await freePort()}`)}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: /sys/fs/bpf/airlock-sdkkeys-${process.pid}`,
+    ...HOST_STATE.lines,
     ...dockerSection(PREFIX),
   ];
   writeFileSync(cfg, lines.join("\n") + "\n");
@@ -77,7 +80,7 @@ after(async () => {
   }
   removeContainers(PREFIX);
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
-  rmSync(`/sys/fs/bpf/airlock-sdkkeys-${process.pid}`, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (resolver) resolver.close();
 });
 

@@ -27,11 +27,14 @@ import {
   freePort,
   killSuite,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
+const HOST_STATE = egressHostState("sdk");
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `sdk${process.pid}`;
 const PREFIX = `altest-sdk-sdk${process.pid}-`;
@@ -75,7 +78,7 @@ before(async () => {
     `  listen: ${gateway}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: /sys/fs/bpf/airlock-sdktest-${process.pid}`,
+    ...HOST_STATE.lines,
     // A warm pool for the SDK's default resources: creates that find a ready member are
     // claimed from it, the others are served cold; the suite passes either way.
     "pools:",
@@ -100,7 +103,7 @@ after(async () => {
   }
   removeContainers(PREFIX); // held warm-pool members and anything left
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
-  rmSync(`/sys/fs/bpf/airlock-sdktest-${process.pid}`, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (resolver) resolver.close();
 });
 

@@ -24,6 +24,8 @@ import {
   freePort,
   killSuite,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
@@ -32,11 +34,11 @@ const BIN = process.env.AIRLOCK_BIN;
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `snap${process.pid}`;
 const PREFIX = `altest-sdk-snap${process.pid}-`;
-const PIN = `/sys/fs/bpf/airlock-snaptest-${process.pid}`;
 // The resource limits of every sandbox made here (the harness's on a small node).
 const RESOURCE = EXTERNAL?.resource ?? { cpu: "1", memory: "512Mi" };
 // How many sandboxes the fork makes.
 const FORK = Number(process.env.AIRLOCK_SDK_FORK ?? 5);
+const HOST_STATE = egressHostState("snap");
 
 let server;
 let stateDir;
@@ -103,7 +105,7 @@ before(async () => {
     `  listen: 127.0.0.1:${await freePort()}`,
     "egress:",
     `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-    `  pinRoot: ${PIN}`,
+    ...HOST_STATE.lines,
     ...dockerSection(PREFIX),
   ];
   writeFileSync(cfg, lines.join("\n") + "\n");
@@ -131,7 +133,7 @@ after(async () => {
     }
   }
   if (stateDir) rmSync(stateDir, { recursive: true, force: true });
-  rmSync(PIN, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (resolver) resolver.close();
 });
 

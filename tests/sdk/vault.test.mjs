@@ -29,11 +29,14 @@ import {
   freePort,
   ownServerOnly,
   removeContainers,
+  cleanHostState,
+  egressHostState,
   startServer,
   stopServer,
 } from "./harness.mjs";
 
 const BIN = process.env.AIRLOCK_BIN;
+const HOST_STATE = egressHostState("vault");
 const IMAGE = process.env.AIRLOCK_TEST_IMAGE ?? "airlock/sandbox:latest";
 const RUN = `vault${process.pid}`;
 const PREFIX = `altest-sdk-vault${process.pid}-`;
@@ -189,7 +192,7 @@ before(async () => {
       "egress:",
       `  mode: ${MODE}`,
       `  upstreams: [127.0.0.1:${resolver.address().port}]`,
-      `  pinRoot: /sys/fs/bpf/airlock-vaulttest-${process.pid}`,
+      ...HOST_STATE.lines,
       `  upstreamCAFile: ${dir}/ca.crt`,
     ];
     lines.push(...dockerSection(PREFIX));
@@ -219,7 +222,7 @@ after(async () => {
   if (echo) echo.kill();
   if (resolver) resolver.close();
   unworld();
-  rmSync(`/sys/fs/bpf/airlock-vaulttest-${process.pid}`, { recursive: true, force: true });
+  cleanHostState(BIN, HOST_STATE);
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
