@@ -27,6 +27,8 @@ type phases struct {
 	t0 time.Time
 	mu sync.Mutex
 	at map[string]time.Duration
+	// claim is lifecycle's ClaimedFromPool message (its steps' durations).
+	claim string
 }
 
 func newPhases(t0 time.Time) *phases { return &phases{t0: t0, at: map[string]time.Duration{}} }
@@ -55,6 +57,9 @@ func (p *phases) String() string {
 	out := make([]string, 0, len(names))
 	for _, n := range names {
 		out = append(out, fmt.Sprintf("%s=%.1fms", n, float64(p.at[n].Microseconds())/1000))
+	}
+	if p.claim != "" {
+		out = append(out, "["+p.claim+"]")
 	}
 	return strings.Join(out, " ")
 }
@@ -127,6 +132,11 @@ func (p *phases) lifecycleEvents(ctx context.Context, c *sdk.Client, id string) 
 				continue
 			}
 			p.mark("lc."+f[3], at.Sub(p.t0))
+			if f[3] == "ClaimedFromPool" {
+				p.mu.Lock()
+				p.claim = strings.Join(f[4:], " ")
+				p.mu.Unlock()
+			}
 		}
 	}
 }
