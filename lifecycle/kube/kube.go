@@ -5,8 +5,13 @@
 // DNS pointed at the node's egressd, and a NetworkPolicy per sandbox as a second layer
 // (egressd on the node stays the enforcement of record).
 //
-// Readiness comes from the pod's status (Inspect: Running with an address) and then
-// execd's /ping, which lifecycle polls. Pause is not available on Kubernetes.
+// With Config.ExecdClaim, execd comes from the node instead (a read-only claim the
+// egressd DaemonSet fills) and the pod has no init container unless it must trust
+// extra CAs.
+//
+// Readiness comes from the pod's status (WaitRunning: a watch until Running with an
+// address) and then execd's /ping, which lifecycle polls. Pause is not available on
+// Kubernetes.
 package kube
 
 import (
