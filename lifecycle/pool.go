@@ -157,7 +157,12 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	began := time.Now()
 	s.mu.Lock()
 	s.policyEventLocked(rec, "at create, on a warm pool member")
-	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
+	// The data plane learns the policy (no route yet: Pending): published before it is
+	// stored, so a node following this replica enforces while the store writes (one
+	// following another replica learns it from the store). Should the write fail, the
+	// member is dropped (its pod removed) and nothing of the request ran in it.
+	s.hub.Put(s.watchView(rec))
+	err := s.commitLocked(rec)
 	_, version := s.lib.effective(rec)
 	s.mu.Unlock()
 	stored := time.Since(began)
@@ -201,7 +206,11 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "the entrypoint started when the member warmed, under its deny-all policy")
 	}
 	rec.Status = Status{}
-	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
+	// Routed (published) while stored, as above: execd runs the request's entrypoint
+	// already; a failed write drops the member and serves the create cold.
+	s.applyStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
+	s.hub.Put(s.watchView(rec))
+	err = s.commitLocked(rec)
 	if err == nil {
 		s.sbx[rec.ID] = &entry{rec: rec}
 	}
