@@ -94,8 +94,9 @@ type Config struct {
 	// static execd at its root (/execd): the node's copy, which the egressd DaemonSet
 	// installs on every node (deploy/kubernetes: a read-only hostPath PersistentVolume
 	// bound to this claim). Sandbox pods then mount it read-only at NodeExecdDir and
-	// need no init container, which saves a kubelet sync (up to a second) on every
-	// start; the execd token reaches execd only as its SHA-256 on the command line
+	// need no init container, which saves a kubelet sync on every start (up to a
+	// second on kubelets before 1.36, which wait for their next PLEG relist); the
+	// execd token reaches execd only as its SHA-256 on the command line
 	// (execd --access-token-sha256), so no Secret is made either. A sandbox that must
 	// trust extra CAs still gets the trust init container. Empty: execd from
 	// ExecdImage's init container.
