@@ -206,27 +206,21 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "the entrypoint started when the member warmed, under its deny-all policy")
 	}
 	rec.Status = Status{}
-	// Running is published (routed) now and stored after the answer: the write that
-	// matters is the one above (the member is the request's, Pending, before its
-	// entrypoint starts, so no restart hands it out again). Should this one be lost
-	// (a crash, a failed write), the store keeps it Pending with its pod running, and
-	// the next leader's reconcile finishes the start (an empty release, which execd
-	// answers again) and marks it Running.
+	// Routed (published) while stored, as above: execd runs the request's entrypoint
+	// already. The create answers once Running is stored (an answer of Running is
+	// durable); a failed write drops the member and serves the create cold.
 	s.applyStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	s.hub.Put(s.watchView(rec))
-	s.sbx[rec.ID] = &entry{rec: rec}
+	err = s.commitLocked(rec)
+	if err == nil {
+		s.sbx[rec.ID] = &entry{rec: rec}
+	}
 	out := rec.view(false)
 	s.mu.Unlock()
-	s.wg.Go(func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if e, ok := s.sbx[rec.ID]; !ok || e.rec != rec {
-			return // deleted (or replaced) since: nothing to store
-		}
-		if err := s.commitLocked(rec); err != nil {
-			s.log.Error("persisting a claimed sandbox's Running state failed", "sandbox_id", rec.ID, "err", err)
-		}
-	})
+	if err != nil {
+		s.dropMember(rec)
+		return Sandbox{}, false
+	}
 	s.metrics.poolClaims.WithLabelValues(p.spec.Name).Inc()
 	return out, true
 }
