@@ -65,16 +65,16 @@ func (p *phases) String() string {
 }
 
 // watchPod records the steps of pod name in ns seen by a watch until ctx ends or the
-// pod is Running; it returns once the watch is established.
+// pod is Running. It returns at once (the watch is made in the background, off the
+// timed path); done closes when the watch ends.
 func (p *phases) watchPod(ctx context.Context, cs kubernetes.Interface, ns, name string) (done <-chan struct{}) {
 	ch := make(chan struct{})
-	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	if err != nil {
-		close(ch)
-		return ch
-	}
 	go func() {
 		defer close(ch)
+		w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+		if err != nil {
+			return
+		}
 		defer w.Stop()
 		for ev := range w.ResultChan() {
 			pod, ok := ev.Object.(*corev1.Pod)
