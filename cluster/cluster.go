@@ -54,6 +54,10 @@ type Config struct {
 	// ExecdImage carries the static execd for the init container; default
 	// airlock/execd:<version> (kube.Config).
 	ExecdImage string `yaml:"execdImage"`
+	// ExecdClaim names the PersistentVolumeClaim (in Namespace) holding the node's
+	// execd: sandbox pods then start without the execd init container (kube.Config).
+	// Empty: the init container.
+	ExecdClaim string `yaml:"execdClaim"`
 	// RuntimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default.
 	RuntimeClassName string `yaml:"runtimeClassName"`
 	// DNS is the sandboxes' resolver: egressd's node-local DNS address; default
@@ -244,7 +248,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	rt, err := kube.New(kube.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.Namespace, Instance: inst, Provider: cfg.Provider,
-		ExecdImage: cfg.ExecdImage, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
+		ExecdImage: cfg.ExecdImage, ExecdClaim: cfg.ExecdClaim, RuntimeClassName: cfg.RuntimeClassName, DNS: cfg.DNS, L7Port: cfg.L7Port, Deny: cfg.Deny,
 		AllowedHostRoots: cfg.AllowedHostRoots, SystemNamespace: cfg.SystemNamespace, MaxPTYSessions: cfg.MaxPTYSessions,
 		Snapshots: snaps,
 		Log:       cfg.Log.With("component", "kube"),

@@ -17,10 +17,12 @@ import (
 	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
-// gateInterval spaces the questions about one sandbox; maxGateEntries bounds what the
-// gate remembers (node addresses are asked again after a reset).
+// gateInterval spaces the questions about one sandbox (a local HTTP GET to the node's
+// egressd each; a claim from a warm pool and a policy change wait on them, so the
+// spacing is part of their latency); maxGateEntries bounds what the gate remembers
+// (node addresses are asked again after a reset).
 const (
-	gateInterval   = 20 * time.Millisecond
+	gateInterval   = 5 * time.Millisecond
 	maxGateEntries = 100000
 )
 

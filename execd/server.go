@@ -3,6 +3,7 @@ package execd
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
@@ -29,6 +30,11 @@ type Config struct {
 	// (opensandbox.HeaderExecdAccessToken) on every request except GET /ping (liveness
 	// stays open); the hold's release (opensandbox.ReleasePath) needs it too.
 	AccessToken string
+	// AccessTokenSHA256, when AccessToken is empty and this is set, is the SHA-256 of
+	// the token that must arrive as AccessToken would (32 bytes): the token itself never
+	// reaches the sandbox (the Kubernetes runtime's pods without an init container pass
+	// only this digest on execd's command line). Any other length is an error of New.
+	AccessTokenSHA256 []byte
 	// Workdir is the working directory of commands, sessions and kernels that ask for
 	// none, and the base of relative paths. Default: /workspace when it exists, else /.
 	Workdir string
@@ -74,6 +80,9 @@ type Server struct {
 
 // New checks cfg, fills in defaults and returns a Server ready to serve.
 func New(cfg Config) (*Server, error) {
+	if n := len(cfg.AccessTokenSHA256); n != 0 && n != sha256.Size {
+		return nil, fmt.Errorf("execd: the access token's SHA-256 has %d bytes, want %d", n, sha256.Size)
+	}
 	if cfg.Addr == "" {
 		cfg.Addr = net.JoinHostPort("", strconv.Itoa(opensandbox.ExecdPort))
 	}
@@ -144,7 +153,7 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	s.log.Info("execd serving", "addr", ln.Addr().String(), "workdir", s.cfg.Workdir,
-		"shell", s.shell, "token", s.cfg.AccessToken != "")
+		"shell", s.shell, "token", s.cfg.AccessToken != "" || len(s.cfg.AccessTokenSHA256) > 0)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -241,6 +250,10 @@ func (s *Server) routes() http.Handler {
 // middleware checks the access token and turns handler panics into JSON 500 answers.
 func (s *Server) middleware(next http.Handler) http.Handler {
 	token := []byte(s.cfg.AccessToken)
+	digest := s.cfg.AccessTokenSHA256
+	if len(token) > 0 {
+		digest = nil
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
@@ -251,9 +264,16 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 				writeError(w, errors.New("internal error"))
 			}
 		}()
-		if len(token) > 0 && !(r.Method == http.MethodGet && r.URL.Path == "/ping") {
+		if (len(token) > 0 || len(digest) > 0) && !(r.Method == http.MethodGet && r.URL.Path == "/ping") {
 			got := []byte(r.Header.Get(opensandbox.HeaderExecdAccessToken))
-			if subtle.ConstantTimeCompare(got, token) != 1 {
+			ok := false
+			if len(token) > 0 {
+				ok = subtle.ConstantTimeCompare(got, token) == 1
+			} else {
+				sum := sha256.Sum256(got)
+				ok = len(got) > 0 && subtle.ConstantTimeCompare(sum[:], digest) == 1
+			}
+			if !ok {
 				writeError(w, errorf(ErrUnauthorized, "missing or wrong X-EXECD-ACCESS-TOKEN header"))
 				return
 			}

@@ -154,29 +154,49 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	rec.PodUID, rec.Node, rec.HostInterface = m.PodUID, m.Node, m.HostInterface
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	rec.Status = m.Status
+	began := time.Now()
 	s.mu.Lock()
 	s.policyEventLocked(rec, "at create, on a warm pool member")
-	err := s.commitLocked(rec) // the data plane learns the policy; no route yet (Pending)
+	// The data plane learns the policy (no route yet: Pending): published before it is
+	// stored, so a node following this replica enforces while the store writes (one
+	// following another replica learns it from the store). Should the write fail, the
+	// member is dropped (its pod removed) and nothing of the request ran in it.
+	s.hub.Put(s.watchView(rec))
+	err := s.commitLocked(rec)
 	_, version := s.lib.effective(rec)
 	s.mu.Unlock()
-	if err == nil {
-		err = s.awaitEnforced(ctx, rec.ID, version)
-	}
+	stored := time.Since(began)
+	var enforced, second time.Duration
 	if err == nil {
 		// The runtime's second layer (a NetworkPolicy on Kubernetes) follows the
-		// request's policy before the entrypoint starts.
-		s.updateEgressOf(ctx, rec)
+		// request's policy before the entrypoint starts: written while the node
+		// enforces the first (both finish before the release).
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			t := time.Now()
+			s.updateEgressOf(ctx, rec)
+			second = time.Since(t)
+		}()
+		t := time.Now()
+		err = s.awaitEnforced(ctx, rec.ID, version)
+		enforced = time.Since(t)
+		<-done
 	}
+	t := time.Now()
 	if err == nil && p.spec.Entrypoint == nil {
 		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: s.releaseEnv(v.spec.Env), Entrypoint: v.spec.Entrypoint})
 	}
+	released := time.Since(t)
 	if err != nil {
 		s.log.Warn("warm pool member failed at claim; serving the create cold", "pool", p.spec.Name, "sandbox_id", rec.ID, "err", err)
 		s.dropMember(rec)
 		return Sandbox{}, false
 	}
 	s.mu.Lock()
-	addEventLocked(rec, EventLifecycle, EventNormal, "ClaimedFromPool", "warm pool "+p.spec.Name+": member "+m.ID+" claimed")
+	addEventLocked(rec, EventLifecycle, EventNormal, "ClaimedFromPool", fmt.Sprintf(
+		"warm pool %s: member %s claimed (ms: policy stored %d, enforced %d, second layer %d in parallel, released %d)",
+		p.spec.Name, m.ID, stored.Milliseconds(), enforced.Milliseconds(), second.Milliseconds(), released.Milliseconds()))
 	if s.cfg.PolicyGate != nil {
 		addEventLocked(rec, EventNetwork, EventNormal, "EgressAttached", fmt.Sprintf("the data plane enforces policy version %d", version))
 	}
@@ -186,7 +206,12 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "the entrypoint started when the member warmed, under its deny-all policy")
 	}
 	rec.Status = Status{}
-	err = s.setStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
+	// Routed (published) while stored, as above: execd runs the request's entrypoint
+	// already. The create answers once Running is stored (an answer of Running is
+	// durable); a failed write drops the member and serves the create cold.
+	s.applyStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
+	s.hub.Put(s.watchView(rec))
+	err = s.commitLocked(rec)
 	if err == nil {
 		s.sbx[rec.ID] = &entry{rec: rec}
 	}

@@ -92,6 +92,28 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("claimed sandbox answered %s, want Running", sb.Status.State)
 	}
 	t.Logf("claim answered in %d ms", claimMs)
+	// The Running state is stored after the answer, at once.
+	stored := ""
+	for range 100 {
+		docs, err := h.Store.Sandboxes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Status struct {
+				State string `json:"state"`
+			} `json:"status"`
+		}
+		if json.Unmarshal(docs[sb.ID], &doc) == nil {
+			if stored = doc.Status.State; stored == string(opensandbox.Running) {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if stored != string(opensandbox.Running) {
+		t.Fatalf("the claimed sandbox is stored %q, want Running", stored)
+	}
 	got := c.get(sb.ID)
 	if got.Image == nil || got.Image.URI != "example.test/pooled:latest" || got.Metadata["team"] != "pool" ||
 		strings.Join(got.Entrypoint, " ") != strings.Join(req["entrypoint"].([]string), " ") {

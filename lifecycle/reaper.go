@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -23,6 +24,9 @@ const pingInterval = 5 * time.Millisecond
 // has none yet (a pod being scheduled).
 const addressInterval = 100 * time.Millisecond
 
+// addressWait bounds one wait of a RunningWaiter runtime for a sandbox's address.
+const addressWait = 2 * time.Second
+
 // awaitReadyAsync moves a new sandbox from Pending to Running: once the ready gate
 // (egress enforced) reports true, it polls execd /ping at addr (the container's
 // address on the Airlock network, never a published port), then releases execd's
@@ -39,9 +43,10 @@ func (s *Server) awaitReadyAsync(parent trace.SpanContext, id string, addr netip
 		var releaseErr error
 		base := ""
 		for {
+			waited := false
 			if !addr.IsValid() {
 				// A pod has its address only once it runs (Kubernetes): ask the runtime.
-				addr = s.discoverAddress(id)
+				addr, waited = s.discoverAddress(id)
 			}
 			if addr.IsValid() && base == "" {
 				base = "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
@@ -75,7 +80,10 @@ func (s *Server) awaitReadyAsync(parent trace.SpanContext, id string, addr netip
 				return
 			}
 			wait := pingInterval
-			if base == "" {
+			switch {
+			case base == "" && waited:
+				wait = 0 // the runtime's wait already took its time
+			case base == "":
 				wait = addressInterval
 			}
 			select {
@@ -96,8 +104,10 @@ func (s *Server) awaitReadyAsync(parent trace.SpanContext, id string, addr netip
 
 // discoverAddress asks the runtime where sandbox id runs; once it has an address it is
 // recorded and published (the data plane needs it before the ready gate can open).
-// Invalid while the runtime has none yet.
-func (s *Server) discoverAddress(id string) netip.Addr {
+// Invalid while the runtime has none yet. A RunningWaiter runtime is waited on (at
+// most addressWait, waited true when the wait ended without an error of the runtime:
+// the caller then asks again at once); others are asked once.
+func (s *Server) discoverAddress(id string) (netip.Addr, bool) {
 	s.mu.Lock()
 	e, ok := s.sbx[id]
 	cid := ""
@@ -106,13 +116,23 @@ func (s *Server) discoverAddress(id string) netip.Addr {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return netip.Addr{}
+		return netip.Addr{}, false
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-	defer cancel()
-	in, err := s.rt.Inspect(ctx, cid)
+	var in Instance
+	var err error
+	waited := false
+	if w, ok := s.rt.(RunningWaiter); ok {
+		ctx, cancel := context.WithTimeout(s.ctx, addressWait)
+		in, err = w.WaitRunning(ctx, cid)
+		cancel()
+		waited = err == nil || errors.Is(err, context.DeadlineExceeded)
+	} else {
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+		in, err = s.rt.Inspect(ctx, cid)
+		cancel()
+	}
 	if err != nil || !in.Address.IsValid() || in.Phase != PhaseRunning {
-		return netip.Addr{}
+		return netip.Addr{}, waited && in.Phase != PhaseExited
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,7 +149,7 @@ func (s *Server) discoverAddress(id string) netip.Addr {
 			s.log.Error("persisting sandbox address failed", "sandbox_id", id, "err", err)
 		}
 	}
-	return in.Address
+	return in.Address, true
 }
 
 // release ends sandbox id's execd's hold (with its execd token). An execd that does

@@ -105,6 +105,13 @@ func (s *Server) commitLocked(rec *record) error {
 // setStatusLocked moves rec to state, keeps the previous status in its history,
 // persists and publishes. s.mu is held.
 func (s *Server) setStatusLocked(rec *record, state opensandbox.State, reason, msg string) error {
+	s.applyStatusLocked(rec, state, reason, msg)
+	return s.commitLocked(rec)
+}
+
+// applyStatusLocked moves rec to state in memory (history, event, metrics) without
+// persisting or publishing it. s.mu is held.
+func (s *Server) applyStatusLocked(rec *record, state opensandbox.State, reason, msg string) {
 	if rec.Status.State != "" {
 		rec.History = append(rec.History, rec.Status)
 		if n := len(rec.History); n > historyLen {
@@ -114,7 +121,6 @@ func (s *Server) setStatusLocked(rec *record, state opensandbox.State, reason, m
 	rec.Status = Status{State: state, Reason: reason, Message: msg, LastTransitionAt: time.Now().UTC()}
 	statusEventLocked(rec, state, reason, msg)
 	s.metrics.transition(state)
-	return s.commitLocked(rec)
 }
 
 // setStatus is setStatusLocked taking s.mu; failures to persist are logged (the state is

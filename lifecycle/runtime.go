@@ -40,6 +40,15 @@ type PauseChecker interface {
 	CanPause() error
 }
 
+// RunningWaiter is implemented by runtimes whose containers get their address only
+// once they run (Kubernetes: a pod's status); lifecycle's ready loop waits on it
+// instead of asking Inspect every 100 ms. WaitRunning returns the container's view as
+// Inspect does, once it is running with an address, or when ctx ends (ctx's error) or
+// the container is gone (ErrInstanceGone) or exited (its view, not running).
+type RunningWaiter interface {
+	WaitRunning(ctx context.Context, containerID string) (Instance, error)
+}
+
 // ErrInstanceGone is returned by Runtime.Inspect for a container that no longer exists.
 var ErrInstanceGone = errors.New("container not found")
 

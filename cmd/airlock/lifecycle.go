@@ -108,6 +108,7 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.TokenNamespace, "token-namespace", c.TokenNamespace, "namespace of the access-token Secrets, one per sandbox (default the system namespace; a namespace of their own keeps lifecycle's Secret access away from the API key's)")
 	f.StringVar(&c.Provider, "provider", c.Provider, "sandbox workload: pod, or agent-sandbox (the kubernetes-sigs/agent-sandbox Sandbox resource)")
 	f.StringVar(&c.ExecdImage, "execd-image", c.ExecdImage, "image carrying the static execd for the init container (default airlock/execd:<version>)")
+	f.StringVar(&c.ExecdClaim, "execd-claim", c.ExecdClaim, "PersistentVolumeClaim in --namespace holding the node's execd (installed by the egressd DaemonSet): sandbox pods start without the execd init container (empty: the init container)")
 	f.StringVar(&c.RuntimeClassName, "runtime-class", c.RuntimeClassName, "runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default")
 	f.StringSliceVar(&lf.dns, "dns", lf.dns, "the sandboxes' resolver: egressd's node-local DNS address")
 	f.Uint16Var(&lf.cfg.L7Port, "l7-port", lf.cfg.L7Port, "egressd's --l7-port (its transparent L7 proxy on the --dns address), which each sandbox's NetworkPolicy admits; 0: none")

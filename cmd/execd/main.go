@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -42,6 +44,9 @@ func main() {
 	tokenFile := fs.String("access-token-file", os.Getenv("EXECD_ACCESS_TOKEN_FILE"),
 		"read the access token from `FILE` and remove the file before anything else starts, so the token lives only in execd's memory "+
 			"(the runtimes deliver each sandbox's token this way); execd refuses to serve when the file cannot be read (env EXECD_ACCESS_TOKEN_FILE)")
+	tokenSHA := fs.String("access-token-sha256", "",
+		"when set (and no token is), every request but GET /ping must carry a token whose SHA-256 is this `HEX` digest: "+
+			"the Kubernetes runtime's pods without an init container pass only the digest, never the token")
 	logLevel := fs.String("log-level", envOr("EXECD_LOG_LEVEL", "info"), "debug, info, warn or error (env EXECD_LOG_LEVEL)")
 	workdir := fs.String("workdir", os.Getenv("EXECD_WORKDIR"),
 		"working directory of commands and base of relative paths; /workspace when it exists, else / (env EXECD_WORKDIR)")
@@ -121,6 +126,12 @@ func main() {
 	if *tokenFile != "" {
 		*token, tokenErr = readTokenFile(*tokenFile)
 	}
+	var digest []byte
+	if *tokenSHA != "" && tokenErr == nil {
+		if digest, tokenErr = hex.DecodeString(*tokenSHA); tokenErr == nil && len(digest) != sha256.Size {
+			tokenErr = fmt.Errorf("--access-token-sha256 has %d bytes, want %d", len(digest), sha256.Size)
+		}
+	}
 	procs := &execd.Procs{}
 	var held *execd.Hold
 	if *hold {
@@ -130,12 +141,13 @@ func main() {
 	err := tokenErr
 	if err == nil {
 		srv, err = execd.New(execd.Config{
-			Hold:        held,
-			Addr:        net.JoinHostPort(*host, strconv.Itoa(*port)),
-			AccessToken: *token,
-			Workdir:     *workdir,
-			Logger:      logger,
-			Procs:       procs,
+			Hold:              held,
+			Addr:              net.JoinHostPort(*host, strconv.Itoa(*port)),
+			AccessToken:       *token,
+			AccessTokenSHA256: digest,
+			Workdir:           *workdir,
+			Logger:            logger,
+			Procs:             procs,
 
 			MaxPTYSessions: *maxPTY,
 		})

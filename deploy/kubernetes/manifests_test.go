@@ -40,6 +40,10 @@ type layout struct {
 	containerd     string             // the node containerd's folder (egressd's hostPath); default /run/containerd
 	gatewayAudit   string             // the gateway's audit hostPath (per pod: <pod name>/audit); default an emptyDir
 	deny           []string           // lifecycle's --deny (and egressd's)
+	// execdNode is the node's execd folder (lifecycle --execd-claim): a hostPath that
+	// egressd's init container alone mounts (it installs execd there) and the
+	// PersistentVolume airlock-execd names; empty: sandbox pods copy execd in.
+	execdNode string
 }
 
 var layouts = []layout{
@@ -48,10 +52,12 @@ var layouts = []layout{
 	{dir: "overlays/gvisor", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens", runtimeClass: "gvisor",
 		extraObjects: []string{"RuntimeClass//gvisor"}, namespaceCount: 3},
 	{dir: "overlays/testnode", system: "airlock-system", sandboxes: "airlock-sandboxes", tokens: "airlock-tokens",
-		extraObjects: []string{"Service/airlock-system/airlock-lifecycle-nodeport"}, namespaceCount: 3,
+		extraObjects: []string{"Service/airlock-system/airlock-lifecycle-nodeport", "PersistentVolume//airlock-execd",
+			"PersistentVolumeClaim/airlock-sandboxes/airlock-execd"}, namespaceCount: 3,
 		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd",
 		containerd:   "/run/airlock-kube/containerd",
-		gatewayAudit: "/var/lib/airlock-kube/gateway", deny: []string{"10.244.0.0/24", "10.96.0.0/16"}},
+		gatewayAudit: "/var/lib/airlock-kube/gateway", deny: []string{"10.244.0.0/24", "10.96.0.0/16"},
+		execdNode: "/var/lib/airlock-kube/execd"},
 }
 
 // manifest is one rendered kustomization.
@@ -444,8 +450,13 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 			t.Errorf("egressd: no hostPath volume %s (%v)", path, host)
 		}
 	}
-	if len(host) != 4 {
-		t.Errorf("egressd: host paths %v, want only bpffs, /var/lib/airlock (the audit directory and its key), /sys/fs/cgroup and containerd's folder", host)
+	want := 4
+	if l.execdNode != "" {
+		want++
+		checkExecdNode(t, m, l, p, host[l.execdNode])
+	}
+	if len(host) != want {
+		t.Errorf("egressd: host paths %v, want only bpffs, /var/lib/airlock (the audit directory and its key), /sys/fs/cgroup, containerd's folder and the node's execd folder when set", host)
 	}
 	// The node's cgroups (where the pods' cgroups are found) are only read.
 	for _, m := range c.VolumeMounts {
@@ -466,5 +477,38 @@ func noToken(t *testing.T, m *manifest, l layout, sa string, p corev1.PodSpec) {
 	if p.ServiceAccountName != sa || a.AutomountServiceAccountToken == nil || *a.AutomountServiceAccountToken ||
 		p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken {
 		t.Errorf("%s: pods must run as that ServiceAccount with automountServiceAccountToken false (account and pod)", sa)
+	}
+}
+
+// checkExecdNode: the node's execd folder (volume vol of egressd's pod p) is mounted by
+// egressd's init container alone, which installs execd from the execd image there; the
+// PersistentVolume airlock-execd names that folder (type Directory) and is bound to the
+// claim airlock-execd of the sandbox namespace only, read-only; lifecycle names it.
+func checkExecdNode(t *testing.T, m *manifest, l layout, p corev1.PodSpec, vol string) {
+	t.Helper()
+	if vol == "" {
+		t.Fatalf("egressd: no hostPath volume %s", l.execdNode)
+	}
+	for _, c := range p.Containers {
+		for _, vm := range c.VolumeMounts {
+			if vm.Name == vol {
+				t.Errorf("egressd container %s mounts the node's execd folder", c.Name)
+			}
+		}
+	}
+	if len(p.InitContainers) != 1 || !slices.Equal(p.InitContainers[0].Command, []string{"/execd", "--install", "/node-execd/execd"}) ||
+		len(p.InitContainers[0].VolumeMounts) != 1 || p.InitContainers[0].VolumeMounts[0].Name != vol {
+		t.Errorf("egressd init containers %+v, want execd --install into the node's folder", p.InitContainers)
+	}
+	pv := typed[corev1.PersistentVolume](t, m.find("PersistentVolume", "", "airlock-execd"))
+	if pv.Spec.HostPath == nil || pv.Spec.HostPath.Path != l.execdNode || pv.Spec.HostPath.Type == nil ||
+		*pv.Spec.HostPath.Type != corev1.HostPathDirectory || pv.Spec.ClaimRef == nil ||
+		pv.Spec.ClaimRef.Namespace != l.sandboxes || pv.Spec.ClaimRef.Name != "airlock-execd" ||
+		!slices.Equal(pv.Spec.AccessModes, []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany}) {
+		t.Errorf("PersistentVolume airlock-execd %+v", pv.Spec)
+	}
+	d := typed[appsv1.Deployment](t, m.find("Deployment", l.system, "airlock-lifecycle"))
+	if !slices.Contains(m.args(t, l.system, d.Spec.Template.Spec.Containers[0]), "--execd-claim=airlock-execd") {
+		t.Errorf("lifecycle does not name the claim airlock-execd (--execd-claim)")
 	}
 }

@@ -92,9 +92,9 @@ func TestAirlockOnNode(t *testing.T) {
 	began := time.Now()
 	// The entrypoint's first act is the denied connection, which must be blocked already:
 	// execd holds the entrypoint until lifecycle releases it, once the node's egressd
-	// reports it enforced. (On this node egressd attaches while the init container still
-	// runs, so this passes with lifecycle's gate off too (--egressd-port=0): it shows
-	// enforcement from the first instant, not the gate alone.)
+	// reports it enforced. (The pods start without an init container here, the node's
+	// execd: egressd attaches once the pod's address is published, while execd holds
+	// the entrypoint, so the gate and the hold together make the first instant enforced.)
 	dhost, dport, _ := net.SplitHostPort(denied)
 	first := fmt.Sprintf(`(timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo open || echo blocked) >/tmp/first-connect; exec tail -f /dev/null`,
 		dhost, dport)

@@ -62,23 +62,28 @@ func TestBenchNode(t *testing.T) {
 	airlock := benchreport.Sample{Name: "cold_create_to_ready_airlock"}
 	bare := benchreport.Sample{Name: "cold_create_to_ready_bare_pod"}
 	airlockPod := benchreport.Sample{Name: "cold_create_to_pod_running_airlock"}
+	bareRun := benchreport.Sample{Name: "cold_create_to_pod_running_bare_pod"}
 	for i := range nCold {
 		var running time.Duration
+		ph := newPhases(time.Now())
 		d, err := airlockReady(ctx, n, c, sdk.CreateRequest{
 			Image: nodeSandboxImage, Timeout: 10 * time.Minute, Entrypoint: []string{"tail", "-f", "/dev/null"},
 			Resources: map[string]string{"cpu": "200m", "memory": "192Mi"},
-		}, nil, &running)
+		}, nil, &running, ph)
 		if err != nil {
 			t.Fatalf("airlock cold create %d: %v", i, err)
 		}
+		t.Logf("cold %d phases: %s", i, ph)
 		airlock.Latencies = append(airlock.Latencies, d)
 		airlockPod.Latencies = append(airlockPod.Latencies, running)
-		if d, err = barePodReady(ctx, n, ns, fmt.Sprintf("bare-%d", i)); err != nil {
+		var bareRunning time.Duration
+		if d, err = barePodReady(ctx, n, ns, fmt.Sprintf("bare-%d", i), &bareRunning); err != nil {
 			t.Fatalf("bare pod %d: %v", i, err)
 		}
 		bare.Latencies = append(bare.Latencies, d)
+		bareRun.Latencies = append(bareRun.Latencies, bareRunning)
 	}
-	printSamples(&airlock, &airlockPod, &bare)
+	printSamples(&airlock, &airlockPod, &bare, &bareRun)
 	benchreport.Ratio("kubenode", "cold_create_to_ready_p50_airlock_vs_bare_pod",
 		float64(airlock.Quantile(0.5))/float64(bare.Quantile(0.5)), "≤", 1.2)
 
@@ -96,6 +101,7 @@ func TestBenchNode(t *testing.T) {
 	pooledAnswer := benchreport.Sample{Name: "pooled_create_answer_running"}
 	for i := range nPool {
 		var answered time.Duration
+		ph := newPhases(time.Now())
 		n.Wait(t, "the warm pool member to be ready", 3*time.Minute, func() (bool, error) {
 			return metricValue(ctx, leader, a.APIKey, readyMetric) == "1", nil
 		})
@@ -103,10 +109,11 @@ func TestBenchNode(t *testing.T) {
 		d, err := airlockReady(ctx, n, lc, sdk.CreateRequest{
 			Image: nodeSandboxImage, Timeout: 10 * time.Minute, Entrypoint: []string{"tail", "-f", "/dev/null"},
 			Resources: map[string]string{"cpu": poolCPU, "memory": poolMem},
-		}, &answered, nil)
+		}, &answered, nil, ph)
 		if err != nil {
 			t.Fatalf("pooled create %d: %v", i, err)
 		}
+		t.Logf("pooled %d phases: %s", i, ph)
 		if after := metricValue(ctx, leader, a.APIKey, claimsMetric); after == before {
 			t.Fatalf("pooled create %d was served cold (pool_claims_total stayed %q)", i, after)
 		}
@@ -130,14 +137,23 @@ func TestBenchNode(t *testing.T) {
 // Running by the API server (polled every benchPoll alongside), which splits the
 // figure into the pod's start (its init containers included) and what follows (the
 // egress gate, the release, the gateway's route).
-func airlockReady(ctx context.Context, n *Node, c *sdk.Client, r sdk.CreateRequest, answered, running *time.Duration) (time.Duration, error) {
+func airlockReady(ctx context.Context, n *Node, c *sdk.Client, r sdk.CreateRequest, answered, running *time.Duration, ph *phases) (time.Duration, error) {
 	t0 := time.Now()
+	if ph != nil {
+		ph.t0 = t0
+	}
 	sb, err := c.Create(ctx, r)
 	if err != nil {
 		return 0, err
 	}
 	if answered != nil {
 		*answered = time.Since(t0)
+	}
+	if ph != nil {
+		ph.now("create.answered")
+		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+		done := ph.watchPod(wctx, n.Client, "airlock-sandboxes", kube.PodName(sb.ID))
+		defer func() { wcancel(); <-done }()
 	}
 	polled := make(chan struct{})
 	pctx, stop := context.WithCancel(ctx)
@@ -174,6 +190,9 @@ func airlockReady(ctx context.Context, n *Node, c *sdk.Client, r sdk.CreateReque
 		err := x.Ping(pctx)
 		pcancel()
 		if err == nil {
+			if ph != nil {
+				ph.now("client.ping")
+			}
 			break
 		}
 		select {
@@ -185,13 +204,18 @@ func airlockReady(ctx context.Context, n *Node, c *sdk.Client, r sdk.CreateReque
 	if _, err := x.Run(ctx, sdk.Command{Command: "true"}, nil); err != nil {
 		return 0, fmt.Errorf("first command in %s: %w", sb.ID, err)
 	}
-	return time.Since(t0), nil
+	d := time.Since(t0)
+	if ph != nil {
+		ph.mark("client.command", d)
+		ph.lifecycleEvents(ctx, c, sb.ID)
+	}
+	return d, nil
 }
 
 // barePodReady creates a pod of the node's sandbox image in ns through the API server,
 // polls until it is Running (every benchPoll) and a first `kubectl exec -- true`
 // succeeds, deletes it and returns the time from the create to the exec's end.
-func barePodReady(ctx context.Context, n *Node, ns, name string) (time.Duration, error) {
+func barePodReady(ctx context.Context, n *Node, ns, name string, running *time.Duration) (time.Duration, error) {
 	zero := int64(0)
 	pods := n.Client.CoreV1().Pods(ns)
 	pod := &corev1.Pod{
@@ -221,6 +245,7 @@ func barePodReady(ctx context.Context, n *Node, ns, name string) (time.Duration,
 	for {
 		p, err := pods.Get(ctx, name, metav1.GetOptions{})
 		if err == nil && p.Status.Phase == corev1.PodRunning {
+			*running = time.Since(t0)
 			break
 		}
 		if time.Now().After(deadline) {

@@ -5,8 +5,13 @@
 // DNS pointed at the node's egressd, and a NetworkPolicy per sandbox as a second layer
 // (egressd on the node stays the enforcement of record).
 //
-// Readiness comes from the pod's status (Inspect: Running with an address) and then
-// execd's /ping, which lifecycle polls. Pause is not available on Kubernetes.
+// With Config.ExecdClaim, execd comes from the node instead (a read-only claim the
+// egressd DaemonSet fills) and the pod has no init container unless it must trust
+// extra CAs.
+//
+// Readiness comes from the pod's status (WaitRunning: a watch until Running with an
+// address) and then execd's /ping, which lifecycle polls. Pause is not available on
+// Kubernetes.
 package kube
 
 import (
@@ -55,6 +60,12 @@ const (
 	// ExecdPath is where execd lives in the sandbox container.
 	ExecdPath   = ExecdDir + "/execd"
 	execdVolume = "airlock-execd"
+	// NodeExecdDir is where the node's execd (Config.ExecdClaim) is mounted read-only
+	// in the sandbox container (and the trust init container); NodeExecdPath is execd
+	// there.
+	NodeExecdDir    = "/opt/airlock-execd-node"
+	NodeExecdPath   = NodeExecdDir + "/execd"
+	nodeExecdVolume = "airlock-execd-node"
 )
 
 // Providers of the sandbox workload.
@@ -79,6 +90,17 @@ type Config struct {
 	// ExecdImage carries the static execd at /execd (its --install mode copies it into
 	// the pod); default airlock/execd:<version>.
 	ExecdImage string
+	// ExecdClaim, when set, names a PersistentVolumeClaim in Namespace holding the
+	// static execd at its root (/execd): the node's copy, which the egressd DaemonSet
+	// installs on every node (deploy/kubernetes: a read-only hostPath PersistentVolume
+	// bound to this claim). Sandbox pods then mount it read-only at NodeExecdDir and
+	// need no init container, which saves a kubelet sync on every start (up to a
+	// second on kubelets before 1.36, which wait for their next PLEG relist); the
+	// execd token reaches execd only as its SHA-256 on the command line
+	// (execd --access-token-sha256), so no Secret is made either. A sandbox that must
+	// trust extra CAs still gets the trust init container. Empty: execd from
+	// ExecdImage's init container.
+	ExecdClaim string
 	// RuntimeClassName selects gVisor, Kata, … (empty: the cluster's default).
 	RuntimeClassName string
 	// DNS are the pods' resolvers: the node-local address of egressd's DNS filter
@@ -212,7 +234,8 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	}
 	// The execd token's Secret exists before the pod (its init container reads it) and
 	// belongs to the pod once that exists.
-	if spec.ExecdToken != "" {
+	tokenSecret := spec.ExecdToken != "" && r.cfg.ExecdClaim == ""
+	if tokenSecret {
 		if _, err = r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Create(ctx, execdTokenSecret(r.cfg.Namespace, spec, r.labels(spec.SandboxID)), metav1.CreateOptions{}); err != nil {
 			return inst, fmt.Errorf("kube: creating the execd token Secret of %s: %w", spec.SandboxID, err)
 		}
@@ -239,7 +262,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 	if err = r.own(ctx, name, owner); err != nil {
 		return inst, fmt.Errorf("kube: owning the NetworkPolicy of %s: %w", spec.SandboxID, err)
 	}
-	if spec.ExecdToken != "" {
+	if tokenSecret {
 		if err = r.ownSecret(ctx, ExecdTokenSecretName(spec.SandboxID), owner); err != nil {
 			return inst, fmt.Errorf("kube: owning the execd token Secret of %s: %w", spec.SandboxID, err)
 		}

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -11,8 +12,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/airlockdev/airlock/lifecycle"
 )
@@ -144,19 +145,17 @@ func ipBlock(p netip.Prefix) networkingv1.NetworkPolicyPeer {
 func (r *Runtime) UpdateEgress(ctx context.Context, inst lifecycle.Instance, eg lifecycle.Egress) error {
 	nps := r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace)
 	want := r.networkPolicy(inst.SandboxID, eg)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := nps.Get(ctx, want.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = nps.Create(ctx, want, metav1.CreateOptions{})
-			return err
+	// One round trip: a JSON patch replacing the whole spec (no read, no conflict).
+	patch, err := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec", "value": want.Spec}})
+	if err != nil {
+		return fmt.Errorf("kube: encoding the NetworkPolicy of %s: %w", inst.SandboxID, err)
+	}
+	_, err = nps.Patch(ctx, want.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		if _, err = nps.Create(ctx, want, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			_, err = nps.Patch(ctx, want.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
 		}
-		if err != nil {
-			return err
-		}
-		cur.Spec = want.Spec
-		_, err = nps.Update(ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
+	}
 	if err != nil {
 		return fmt.Errorf("kube: writing the NetworkPolicy of %s: %w", inst.SandboxID, err)
 	}

@@ -1,7 +1,9 @@
 package kube
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -100,6 +102,9 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.cfg.ExecdClaim != "" {
+		return r.nodeExecdPod(spec, string(entry), env, res, vols, mounts)
+	}
 	cmd := []string{ExecdPath, "--exec"}
 	if spec.Hold {
 		cmd = append(cmd, "--hold")
@@ -112,7 +117,6 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	}
 	cmd = append(append(cmd, "--"), spec.Entrypoint...)
 	execdDir := ExecdDir
-	no := false
 	inits := []corev1.Container{{
 		Name:            InitContainerName,
 		Image:           r.cfg.ExecdImage,
@@ -138,22 +142,86 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	}
 	if len(spec.TrustedCAPEM) > 0 {
 		// execd, already in the emptyDir, reads the user's image's bundle from inside it.
-		inits = append(inits, corev1.Container{
-			Name:            TrustContainerName,
-			Image:           spec.Image,
-			Command:         []string{ExecdPath, "--install-trust", execdDir},
-			Env:             []corev1.EnvVar{{Name: TrustedCAEnv, Value: string(spec.TrustedCAPEM)}},
-			VolumeMounts:    []corev1.VolumeMount{{Name: execdVolume, MountPath: execdDir}},
-			Resources:       res,
-			SecurityContext: hardened(),
-		})
+		inits = append(inits, trustInit(spec, ExecdPath, []corev1.VolumeMount{{Name: execdVolume, MountPath: execdDir}}, res))
 	}
+	return r.finishPod(spec, string(entry), inits, corev1.Container{
+		Name:    ContainerName,
+		Image:   spec.Image,
+		Command: cmd,
+		Env:     env,
+		Ports: []corev1.ContainerPort{{
+			Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
+		}},
+		Resources:       res,
+		VolumeMounts:    append(mainMounts, mounts...),
+		SecurityContext: hardened(),
+	}, append(podVolumes, vols...))
+}
+
+// trustInit is the trust init container: execd at execdPath (in mounts) writes the
+// image's system bundle plus spec's CAs into ExecdDir (an emptyDir in mounts).
+func trustInit(spec lifecycle.Spec, execdPath string, mounts []corev1.VolumeMount, res corev1.ResourceRequirements) corev1.Container {
+	return corev1.Container{
+		Name:            TrustContainerName,
+		Image:           spec.Image,
+		Command:         []string{execdPath, "--install-trust", ExecdDir},
+		Env:             []corev1.EnvVar{{Name: TrustedCAEnv, Value: string(spec.TrustedCAPEM)}},
+		VolumeMounts:    mounts,
+		Resources:       res,
+		SecurityContext: hardened(),
+	}
+}
+
+// nodeExecdPod builds the sandbox's pod with the node's execd (Config.ExecdClaim):
+// the claim mounted read-only at NodeExecdDir, no execd init container, the token as
+// its SHA-256 only (execd --access-token-sha256); the trust init container, with
+// spec.TrustedCAPEM, writes into an emptyDir at ExecdDir as in the other layout.
+func (r *Runtime) nodeExecdPod(spec lifecycle.Spec, entry string, env []corev1.EnvVar, res corev1.ResourceRequirements,
+	vols []corev1.Volume, mounts []corev1.VolumeMount) (*corev1.Pod, error) {
+	cmd := []string{NodeExecdPath, "--exec"}
+	if spec.Hold {
+		cmd = append(cmd, "--hold")
+	}
+	if spec.ExecdToken != "" {
+		sum := sha256.Sum256([]byte(spec.ExecdToken))
+		cmd = append(cmd, "--access-token-sha256", hex.EncodeToString(sum[:]))
+	}
+	cmd = append(append(cmd, "--"), spec.Entrypoint...)
+	node := corev1.VolumeMount{Name: nodeExecdVolume, MountPath: NodeExecdDir, ReadOnly: true}
+	mainMounts := []corev1.VolumeMount{node}
+	podVolumes := []corev1.Volume{{Name: nodeExecdVolume, VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: r.cfg.ExecdClaim, ReadOnly: true},
+	}}}
+	var inits []corev1.Container
+	if len(spec.TrustedCAPEM) > 0 {
+		podVolumes = append(podVolumes, corev1.Volume{Name: execdVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		mainMounts = append(mainMounts, corev1.VolumeMount{Name: execdVolume, MountPath: ExecdDir, ReadOnly: true})
+		inits = append(inits, trustInit(spec, NodeExecdPath, []corev1.VolumeMount{node, {Name: execdVolume, MountPath: ExecdDir}}, res))
+	}
+	return r.finishPod(spec, entry, inits, corev1.Container{
+		Name:    ContainerName,
+		Image:   spec.Image,
+		Command: cmd,
+		Env:     env,
+		Ports: []corev1.ContainerPort{{
+			Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
+		}},
+		Resources:       res,
+		VolumeMounts:    append(mainMounts, mounts...),
+		SecurityContext: hardened(),
+	}, append(podVolumes, vols...))
+}
+
+// finishPod wraps the containers and volumes into the sandbox's pod: hardened,
+// no service account token, hostname, platform, runtime class and DNS.
+func (r *Runtime) finishPod(spec lifecycle.Spec, entry string, inits []corev1.Container, main corev1.Container, volumes []corev1.Volume) (*corev1.Pod, error) {
+	no := false
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        PodName(spec.SandboxID),
 			Namespace:   r.cfg.Namespace,
 			Labels:      r.labels(spec.SandboxID),
-			Annotations: map[string]string{AnnotationEntrypoint: string(entry)},
+			Annotations: map[string]string{AnnotationEntrypoint: entry},
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyNever,
@@ -163,19 +231,8 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			InitContainers: inits,
-			Containers: []corev1.Container{{
-				Name:    ContainerName,
-				Image:   spec.Image,
-				Command: cmd,
-				Env:     env,
-				Ports: []corev1.ContainerPort{{
-					Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
-				}},
-				Resources:       res,
-				VolumeMounts:    append(mainMounts, mounts...),
-				SecurityContext: hardened(),
-			}},
-			Volumes: append(podVolumes, vols...),
+			Containers:     []corev1.Container{main},
+			Volumes:        volumes,
 		},
 	}
 	if len(validation.IsDNS1123Label(spec.SandboxID)) == 0 {

@@ -49,7 +49,7 @@ type SnapshotConfig struct {
 
 // snapshotTrustEnv are the variables podFor sets for a sandbox that trusts extra CAs:
 // they point into execd's emptyDir, which a snapshot does not hold.
-var snapshotTrustEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"}
+var snapshotTrustEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS"}
 
 // CanSnapshot implements lifecycle.SnapshotChecker: nil when Config.Snapshots is set.
 func (r *Runtime) CanSnapshot() error {
