@@ -44,7 +44,10 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //   - vault: vault.test.mjs, its echo servers on this host at addresses of the node's
 //     bridge, their certificates from a CA this deployment's egressd trusts
 //     (AIRLOCK_KUBE_UPSTREAM_CA), the secrets searched for in the node's egressd
-//     folder and the records read from its audit log;
+//     folder and the records read from its audit log; its tests that read, restart or
+//     reconfigure `airlock up` do so to the node's egressd through egressdControl
+//     (AIRLOCK_SDK_CONTROL), whose changes to egressd's DaemonSet are undone before the
+//     next subtest;
 //   - keys: keys.test.mjs (user keys made through /v1/keys, kept in the cluster store
 //     that both lifecycle replicas read);
 //   - snapshot: snapshot.test.mjs, whose tests are Docker only (skipped, the reason
@@ -103,7 +106,8 @@ func TestSDKSuitesOnNode(t *testing.T) {
 			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage, "AIRLOCK_SDK_UPSTREAM_DEV="+Bridge,
 			"AIRLOCK_SDK_UPSTREAM_CA="+caCert, "AIRLOCK_SDK_UPSTREAM_CA_KEY="+caKey,
 			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
-			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))...)
+			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"),
+			"AIRLOCK_SDK_CONTROL="+startControl(t, n))...)
 		t.Logf("tests/sdk/vault.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("keys", func(t *testing.T) {
