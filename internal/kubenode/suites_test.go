@@ -41,8 +41,9 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     whose warm-pool claim goes to the leading replica's pool (the testnode overlay's)
 //     and whose pause/resume is skipped as Docker only, with the reason printed;
 //   - bypass: egressd's bypass suite from a real pod (checkBypass);
-//   - vault: vault.test.mjs, its echo servers on this host at addresses of the node's
-//     bridge, their certificates from a CA this deployment's egressd trusts
+//   - vault: vault.test.mjs, its echo servers in a network namespace routed from this
+//     host (not at addresses of the node, which egressd denies once restarted), their
+//     certificates from a CA this deployment's egressd trusts
 //     (AIRLOCK_KUBE_UPSTREAM_CA), the secrets searched for in the node's egressd
 //     folder and the records read from its audit log; its tests that read, restart or
 //     reconfigure `airlock up` do so to the node's egressd through egressdControl
@@ -103,7 +104,7 @@ func TestSDKSuitesOnNode(t *testing.T) {
 	t.Run("bypass", func(t *testing.T) { checkBypass(ctx, t, n, c) })
 	t.Run("vault", func(t *testing.T) {
 		out := runSDKSuite(t, "vault.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource,
-			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage, "AIRLOCK_SDK_UPSTREAM_DEV="+Bridge,
+			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage,
 			"AIRLOCK_SDK_UPSTREAM_CA="+caCert, "AIRLOCK_SDK_UPSTREAM_CA_KEY="+caKey,
 			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
 			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"),

@@ -148,8 +148,8 @@ export async function killSuite(connectionConfig, run) {
 //                          "resource", "domain"} (domain: the lifecycle replica holding
 //                          the pool, the Lease holder on Kubernetes); unset: no pool test
 //   AIRLOCK_SDK_UPSTREAM_DEV  the host interface whose addresses sandboxes reach (the
-//                          node's bridge): the vault suite puts its upstream servers'
-//                          addresses there (/32) instead of a network namespace it routes
+//                          node's bridge): the browser suite puts its sites' addresses
+//                          there (/32) instead of a network namespace it routes
 //   AIRLOCK_SDK_UPSTREAM_CA, AIRLOCK_SDK_UPSTREAM_CA_KEY  PEM files of the CA that the
 //                          installation trusts for intercepted upstreams; the vault
 //                          suite signs its servers' certificates with it

@@ -7,9 +7,10 @@
 // mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an installation already
 // up (Airlock on the one-node Kubernetes cluster, internal/kubenode TestSDKSuitesOnNode):
 // echo.test and plain.test are the names the cluster DNS answers with the echo address
-// (fakeName), the servers' addresses sit on the host interface pods reach
-// (AIRLOCK_SDK_UPSTREAM_DEV), their certificates come from the CA the installation
-// trusts, the secrets are searched for in the node's state and the records read from
+// (fakeName), the servers' network namespace is routed from the host as with a server of
+// the suite's own (the FORWARD chain accepts what goes through its interface: Docker's
+// policy drops the rest; not addresses of the node itself, which egressd denies once it
+// restarts), their certificates come from the CA the installation trusts, the secrets are searched for in the node's state and the records read from
 // its audit log; the tests that read the log of, restart or reconfigure `airlock up` do so
 // through the installation's control interface (AIRLOCK_SDK_CONTROL: on the node, to its
 // egressd, which holds the vault's sealed store in the node's state) and are skipped, the
@@ -130,7 +131,7 @@ console.log("listening");
 `;
   writeFileSync(`${dir}/echo.mjs`, src);
   return new Promise((resolve, reject) => {
-    const argv = EXTERNAL ? [process.execPath, `${dir}/echo.mjs`] : ["ip", "netns", "exec", NS, process.execPath, `${dir}/echo.mjs`];
+    const argv = ["ip", "netns", "exec", NS, process.execPath, `${dir}/echo.mjs`];
     const p = spawn(argv[0], argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
     let err = "";
     p.stderr.on("data", (d) => (err += d));
@@ -140,13 +141,12 @@ console.log("listening");
   });
 }
 
+// FORWARD's rules of an external installation's world: the sandboxes' traffic routed to
+// and from the test's namespace (appended: a NetworkPolicy's rejections come first).
+const FORWARD_RULES = [["-o", HOST_IF, "-j", "ACCEPT"], ["-i", HOST_IF, "-j", "ACCEPT"]];
+
 function world() {
-  if (EXTERNAL) {
-    // The servers on this host, at addresses of the interface the sandboxes reach.
-    assert.ok(EXTERNAL.upstreamDev, "AIRLOCK_SDK_UPSTREAM_DEV must name the interface the sandboxes reach");
-    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) sh("ip", ["addr", "add", `${ip}/32`, "dev", EXTERNAL.upstreamDev]);
-    return;
-  }
+  if (EXTERNAL) for (const r of FORWARD_RULES) sh("iptables", ["-w", "-A", "FORWARD", ...r]);
   sh("ip", ["netns", "add", NS]);
   sh("ip", ["link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF]);
   sh("ip", ["link", "set", PEER_IF, "netns", NS]);
@@ -162,10 +162,9 @@ function world() {
 
 function unworld() {
   if (EXTERNAL) {
-    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) {
-      try { sh("ip", ["addr", "del", `${ip}/32`, "dev", EXTERNAL.upstreamDev]); } catch {}
+    for (const r of FORWARD_RULES) {
+      try { sh("iptables", ["-w", "-D", "FORWARD", ...r]); } catch {}
     }
-    return;
   }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   try { sh("ip", ["netns", "del", NS]); } catch {}
@@ -345,10 +344,15 @@ test("the vault survives a restart of airlock up and keeps injecting", ownServer
   await restartServer();
   assert.equal(keep(await sbx.credentialVault.get()).revision, 3);
   let got;
+  let failed;
   for (let i = 0; i < 50; i++) { // egressd re-adopts the sandbox right after start
-    got = await seen(`https://${ECHO}/v2/after-restart`).catch(() => undefined);
+    got = await seen(`https://${ECHO}/v2/after-restart`).catch((err) => void (failed = err));
     if (got) break;
     await new Promise((r) => setTimeout(r, 200));
+  }
+  if (!got) {
+    const recs = JSON.stringify((await auditRecords(domain, apiKey, sbx.id)).slice(-4));
+    assert.fail(`no answer after the restart: ${failed?.message}\n--- last audit records: ${recs}\n--- the server's log:\n${await serverText()}`);
   }
   assert.equal(got.headers["x-api-key"], SECRET2);
   // An external installation's state may hold other sandboxes' vaults: this one's is
