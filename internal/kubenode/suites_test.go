@@ -103,6 +103,7 @@ func TestSDKSuitesOnNode(t *testing.T) {
 	})
 	t.Run("bypass", func(t *testing.T) { checkBypass(ctx, t, n, c) })
 	t.Run("vault", func(t *testing.T) {
+		forwardFakeInternet(t)
 		out := runSDKSuite(t, "vault.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource,
 			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage,
 			"AIRLOCK_SDK_UPSTREAM_CA="+caCert, "AIRLOCK_SDK_UPSTREAM_CA_KEY="+caKey,
@@ -145,6 +146,29 @@ func TestSDKSuitesOnNode(t *testing.T) {
 			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))
 		out := runSDKSuite(t, "browser.test.mjs", env...)
 		t.Logf("tests/sdk/browser.test.mjs on the node:\n%s", suiteSummary(out))
+	})
+}
+
+// vaultInternet is the range of vault.test.mjs's upstream servers (HOST_IF's /25: a
+// network namespace the suite routes from this host).
+const vaultInternet = "203.0.113.128/25"
+
+// forwardFakeInternet accepts, in the node's FORWARD chain (lib.sh's
+// AIRLOCK-KUBE-FWD, which otherwise accepts pod-to-pod traffic only; Docker's FORWARD
+// policy drops the rest), the traffic between the pods and vaultInternet until t ends
+// (down.sh removes the chain anyway).
+func forwardFakeInternet(t *testing.T) {
+	t.Helper()
+	rules := [][]string{{"-s", PodCIDR, "-d", vaultInternet, "-j", "ACCEPT"}, {"-s", vaultInternet, "-d", PodCIDR, "-j", "ACCEPT"}}
+	for _, r := range rules {
+		if out, err := exec.Command("iptables", append([]string{"-w", "-A", "AIRLOCK-KUBE-FWD"}, r...)...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables: %v\n%s", err, out)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range rules {
+			_ = exec.Command("iptables", append([]string{"-w", "-D", "AIRLOCK-KUBE-FWD"}, r...)...).Run()
+		}
 	})
 }
 

@@ -8,9 +8,10 @@
 // up (Airlock on the one-node Kubernetes cluster, internal/kubenode TestSDKSuitesOnNode):
 // echo.test and plain.test are the names the cluster DNS answers with the echo address
 // (fakeName), the servers' network namespace is routed from the host as with a server of
-// the suite's own (the FORWARD chain accepts what goes through its interface: Docker's
-// policy drops the rest; not addresses of the node itself, which egressd denies once it
-// restarts), their certificates come from the CA the installation trusts, the secrets are searched for in the node's state and the records read from
+// the suite's own (not addresses of the node itself, which egressd denies once it
+// restarts; the installation forwards between its sandboxes and 203.0.113.128/25:
+// internal/kubenode accepts that in the node's FORWARD chain), their certificates come
+// from the CA the installation trusts, the secrets are searched for in the node's state and the records read from
 // its audit log; the tests that read the log of, restart or reconfigure `airlock up` do so
 // through the installation's control interface (AIRLOCK_SDK_CONTROL: on the node, to its
 // egressd, which holds the vault's sealed store in the node's state) and are skipped, the
@@ -141,12 +142,7 @@ console.log("listening");
   });
 }
 
-// FORWARD's rules of an external installation's world: the sandboxes' traffic routed to
-// and from the test's namespace (appended: a NetworkPolicy's rejections come first).
-const FORWARD_RULES = [["-o", HOST_IF, "-j", "ACCEPT"], ["-i", HOST_IF, "-j", "ACCEPT"]];
-
 function world() {
-  if (EXTERNAL) for (const r of FORWARD_RULES) sh("iptables", ["-w", "-A", "FORWARD", ...r]);
   sh("ip", ["netns", "add", NS]);
   sh("ip", ["link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF]);
   sh("ip", ["link", "set", PEER_IF, "netns", NS]);
@@ -161,11 +157,6 @@ function world() {
 }
 
 function unworld() {
-  if (EXTERNAL) {
-    for (const r of FORWARD_RULES) {
-      try { sh("iptables", ["-w", "-D", "FORWARD", ...r]); } catch {}
-    }
-  }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   try { sh("ip", ["netns", "del", NS]); } catch {}
 }
