@@ -67,7 +67,7 @@ func checkLayout(root, fp string, log interface{ Warn(string, ...any) }) error {
 			"stop them (or detach them with the build that attached them) before starting this one", root, attached)
 	}
 	log.Warn("removing pinned eBPF state of an incompatible build (no sandbox attached)", "pin_root", root)
-	for _, sub := range []string{"links", "progs", "maps"} {
+	for _, sub := range []string{"links", "progs", "maps", "learned"} {
 		if err := os.RemoveAll(filepath.Join(root, sub)); err != nil {
 			return fmt.Errorf("remove stale pinned state: %w", err)
 		}

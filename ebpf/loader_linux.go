@@ -85,8 +85,10 @@ func New(cfg Config) (*Datapath, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.PinRoot, "maps"), 0o700); err != nil {
-		return nil, fmt.Errorf("%w: pin root: %v", datapath.ErrUnavailable, err)
+	for _, sub := range []string{"maps", "learned"} {
+		if err := os.MkdirAll(filepath.Join(cfg.PinRoot, sub), 0o700); err != nil {
+			return nil, fmt.Errorf("%w: pin root: %v", datapath.ErrUnavailable, err)
+		}
 	}
 	spec, err := loadAirlock()
 	if err != nil {
@@ -212,9 +214,7 @@ func (d *Datapath) adopt() error {
 		}
 		var id uint32
 		if err := d.objs.LearnedOf.Lookup(s.idx, &id); err == nil {
-			if m, err := bpf.NewMapFromID(bpf.MapID(id)); err == nil {
-				s.learned = m
-			}
+			s.learned = d.openLearned(s.idx, bpf.MapID(id))
 		}
 		if s.learned == nil {
 			return fmt.Errorf("sandbox %s: learned map missing", s.id)

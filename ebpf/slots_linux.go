@@ -3,6 +3,9 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 
 	bpf "github.com/cilium/ebpf"
@@ -58,7 +61,39 @@ func (d *Datapath) newSlot(idx uint32) (*slot, error) {
 		sl.close()
 		return nil, fmt.Errorf("install inner maps: %w", err)
 	}
+	path := d.learnedPin(idx)
+	_ = os.Remove(path)
+	if err := sl.learned.Pin(path); err != nil {
+		sl.close()
+		return nil, fmt.Errorf("pin the learned map: %w", err)
+	}
 	return sl, nil
+}
+
+// learnedPin is where idx's learned map is pinned while installed: a restarted
+// egressd reopens an adopted sandbox's learned map from there (openLearned), since
+// opening a map by its id needs CAP_SYS_ADMIN, which egressd's DaemonSet pod does not
+// have (deploy/kubernetes/base/egressd.yaml: BPF, NET_ADMIN, PERFMON only).
+func (d *Datapath) learnedPin(idx uint32) string {
+	return filepath.Join(d.cfg.PinRoot, "learned", strconv.FormatUint(uint64(idx), 10))
+}
+
+// openLearned opens idx's learned map, the one whose id learned_of holds for idx: its
+// pin (learnedPin) when that is this map, else by the id (which needs CAP_SYS_ADMIN:
+// the pin of a slot made by a build without pins); nil when neither opens it.
+func (d *Datapath) openLearned(idx uint32, id bpf.MapID) *bpf.Map {
+	if m, err := bpf.LoadPinnedMap(d.learnedPin(idx), nil); err == nil {
+		if info, err := m.Info(); err == nil {
+			if got, ok := info.ID(); ok && got == id {
+				return m
+			}
+		}
+		m.Close()
+	}
+	if m, err := bpf.NewMapFromID(id); err == nil {
+		return m
+	}
+	return nil
 }
 
 // takeSlot returns the slot for a new sandbox and its index: the lowest warm one, or a
@@ -107,6 +142,9 @@ func (d *Datapath) dropSlot(idx uint32) error {
 		if err := m.Delete(idx); err != nil && !errors.Is(err, bpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if err := os.Remove(d.learnedPin(idx)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

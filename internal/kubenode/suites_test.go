@@ -41,10 +41,14 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     whose warm-pool claim goes to the leading replica's pool (the testnode overlay's)
 //     and whose pause/resume is skipped as Docker only, with the reason printed;
 //   - bypass: egressd's bypass suite from a real pod (checkBypass);
-//   - vault: vault.test.mjs, its echo servers on this host at addresses of the node's
-//     bridge, their certificates from a CA this deployment's egressd trusts
+//   - vault: vault.test.mjs, its echo servers in a network namespace routed from this
+//     host (not at addresses of the node, which egressd denies once restarted), their
+//     certificates from a CA this deployment's egressd trusts
 //     (AIRLOCK_KUBE_UPSTREAM_CA), the secrets searched for in the node's egressd
-//     folder and the records read from its audit log;
+//     folder and the records read from its audit log; its tests that read, restart or
+//     reconfigure `airlock up` do so to the node's egressd through egressdControl
+//     (AIRLOCK_SDK_CONTROL), whose changes to egressd's DaemonSet are undone before the
+//     next subtest;
 //   - keys: keys.test.mjs (user keys made through /v1/keys, kept in the cluster store
 //     that both lifecycle replicas read);
 //   - snapshot: snapshot.test.mjs, the whole snapshot lifecycle on the node (the node's
@@ -101,11 +105,13 @@ func TestSDKSuitesOnNode(t *testing.T) {
 	})
 	t.Run("bypass", func(t *testing.T) { checkBypass(ctx, t, n, c) })
 	t.Run("vault", func(t *testing.T) {
+		forwardFakeInternet(t)
 		out := runSDKSuite(t, "vault.test.mjs", append(external, "AIRLOCK_SDK_RESOURCE="+sdkResource,
-			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage, "AIRLOCK_SDK_UPSTREAM_DEV="+Bridge,
+			"AIRLOCK_TEST_IMAGE="+nodeSandboxImage,
 			"AIRLOCK_SDK_UPSTREAM_CA="+caCert, "AIRLOCK_SDK_UPSTREAM_CA_KEY="+caKey,
 			"AIRLOCK_SDK_STATE_DIR="+filepath.Join(StateDir, "egressd"),
-			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))...)
+			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"),
+			"AIRLOCK_SDK_CONTROL="+startControl(t, n))...)
 		t.Logf("tests/sdk/vault.test.mjs on the node:\n%s", suiteSummary(out))
 	})
 	t.Run("keys", func(t *testing.T) {
@@ -143,6 +149,29 @@ func TestSDKSuitesOnNode(t *testing.T) {
 			"AIRLOCK_SDK_AUDIT_DIR="+filepath.Join(StateDir, "egressd", "audit"))
 		out := runSDKSuite(t, "browser.test.mjs", env...)
 		t.Logf("tests/sdk/browser.test.mjs on the node:\n%s", suiteSummary(out))
+	})
+}
+
+// vaultInternet is the range of vault.test.mjs's upstream servers (HOST_IF's /25: a
+// network namespace the suite routes from this host).
+const vaultInternet = "203.0.113.128/25"
+
+// forwardFakeInternet accepts, in the node's FORWARD chain (lib.sh's
+// AIRLOCK-KUBE-FWD, which otherwise accepts pod-to-pod traffic only; Docker's FORWARD
+// policy drops the rest), the traffic between the pods and vaultInternet until t ends
+// (down.sh removes the chain anyway).
+func forwardFakeInternet(t *testing.T) {
+	t.Helper()
+	rules := [][]string{{"-s", PodCIDR, "-d", vaultInternet, "-j", "ACCEPT"}, {"-s", vaultInternet, "-d", PodCIDR, "-j", "ACCEPT"}}
+	for _, r := range rules {
+		if out, err := exec.Command("iptables", append([]string{"-w", "-A", "AIRLOCK-KUBE-FWD"}, r...)...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables: %v\n%s", err, out)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range rules {
+			_ = exec.Command("iptables", append([]string{"-w", "-D", "AIRLOCK-KUBE-FWD"}, r...)...).Run()
+		}
 	})
 }
 

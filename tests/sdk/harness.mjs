@@ -179,8 +179,8 @@ export async function killSuite(connectionConfig, run) {
 //                          "resource", "domain"} (domain: the lifecycle replica holding
 //                          the pool, the Lease holder on Kubernetes); unset: no pool test
 //   AIRLOCK_SDK_UPSTREAM_DEV  the host interface whose addresses sandboxes reach (the
-//                          node's bridge): the vault suite puts its upstream servers'
-//                          addresses there (/32) instead of a network namespace it routes
+//                          node's bridge): the browser suite puts its sites' addresses
+//                          there (/32) instead of a network namespace it routes
 //   AIRLOCK_SDK_UPSTREAM_CA, AIRLOCK_SDK_UPSTREAM_CA_KEY  PEM files of the CA that the
 //                          installation trusts for intercepted upstreams; the vault
 //                          suite signs its servers' certificates with it
@@ -188,6 +188,18 @@ export async function killSuite(connectionConfig, run) {
 //                          searches for secrets (the node's egressd folder)
 //   AIRLOCK_SDK_AUDIT_DIR  the audit log the sandboxes' records are read from
 //                          (auditRecords) when the lifecycle API serves none
+//   AIRLOCK_SDK_CONTROL    base URL (http://127.0.0.1:PORT) of the installation's
+//                          control interface, which does to it what the suites do to an
+//                          `airlock up` of their own (control; on the node:
+//                          internal/kubenode's egressdControl, acting on egressd):
+//                            GET  /log      200 text: the server's log (egressd's pods')
+//                            POST /restart  204 once the server is back (egressd's pods
+//                                           deleted, the DaemonSet's new ones Ready)
+//                            POST /reconfigure?vaultPlainHTTP=learned|policy  204 once
+//                                           the server runs with that vault.plainHTTP
+//                          (egressd --vault-plain-http, the rollout done); errors: 4xx/5xx
+//                          with the reason as text. Unset: tests that need it skip
+//                          (ownServerOrControl)
 // EXTERNAL is null when the suites start their own server.
 export const EXTERNAL = externalServer(process.env);
 
@@ -212,6 +224,7 @@ export function externalServer(env) {
     upstreamCAKey: env.AIRLOCK_SDK_UPSTREAM_CA_KEY,
     stateDir: env.AIRLOCK_SDK_STATE_DIR,
     auditDir: env.AIRLOCK_SDK_AUDIT_DIR,
+    control: env.AIRLOCK_SDK_CONTROL,
   };
 }
 
@@ -243,6 +256,30 @@ export function ownServerOnly(why) {
     return { skip: reason };
   }
   return {};
+}
+
+// ownServerOrControl is the options of a test that restarts, reconfigures or reads the
+// log of the server: it runs with a server of the suite's own, and in external-server
+// mode through the control interface (AIRLOCK_SDK_CONTROL, control); without one it is
+// skipped with why printed.
+export function ownServerOrControl(why) {
+  if (EXTERNAL && !EXTERNAL.control) {
+    const reason = `needs the suite's own airlock up or AIRLOCK_SDK_CONTROL: ${why}`;
+    console.log(`# skipped in external-server mode: ${reason}`);
+    return { skip: reason };
+  }
+  return {};
+}
+
+// control sends method route ("/restart", "/reconfigure?vaultPlainHTTP=policy") to the
+// external installation's control interface (AIRLOCK_SDK_CONTROL) and returns the
+// answer's text; it throws when there is none or the answer is not a 2xx.
+export async function control(method, route) {
+  if (!EXTERNAL?.control) throw new Error("no control interface: AIRLOCK_SDK_CONTROL is not set");
+  const res = await fetch(`${EXTERNAL.control}${route}`, { method });
+  const body = await res.text();
+  if (!res.ok) throw new Error(`${method} ${route} on the control interface: ${res.status} ${body}`);
+  return body;
 }
 
 // auditRecords returns sandbox id's audit records: from the audit log's files on this

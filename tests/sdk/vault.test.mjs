@@ -7,11 +7,15 @@
 // mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an installation already
 // up (Airlock on the one-node Kubernetes cluster, internal/kubenode TestSDKSuitesOnNode):
 // echo.test and plain.test are the names the cluster DNS answers with the echo address
-// (fakeName), the servers' addresses sit on the host interface pods reach
-// (AIRLOCK_SDK_UPSTREAM_DEV), their certificates come from the CA the installation
-// trusts, the secrets are searched for in the node's state and the records read from
-// its audit log; the tests that restart or reconfigure `airlock up` are skipped with the
-// reason printed.
+// (fakeName), the servers' network namespace is routed from the host as with a server of
+// the suite's own (not addresses of the node itself, which egressd denies once it
+// restarts; the installation forwards between its sandboxes and 203.0.113.128/25:
+// internal/kubenode accepts that in the node's FORWARD chain), their certificates come
+// from the CA the installation trusts, the secrets are searched for in the node's state and the records read from
+// its audit log; the tests that read the log of, restart or reconfigure `airlock up` do so
+// through the installation's control interface (AIRLOCK_SDK_CONTROL: on the node, to its
+// egressd, which holds the vault's sealed store in the node's state) and are skipped, the
+// reason printed, without one.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
@@ -22,12 +26,13 @@ import path from "node:path";
 import { ConnectionConfig, Sandbox, SandboxException } from "@alibaba-group/opensandbox";
 import {
   auditRecords,
+  control,
   dockerSection,
   EXTERNAL,
   fakeName,
   fakeResolver,
   freePort,
-  ownServerOnly,
+  ownServerOrControl,
   removeContainers,
   cleanHostState,
   egressHostState,
@@ -130,7 +135,7 @@ console.log("listening");
 `;
   writeFileSync(`${dir}/echo.mjs`, src);
   return new Promise((resolve, reject) => {
-    const argv = EXTERNAL ? [process.execPath, `${dir}/echo.mjs`] : ["ip", "netns", "exec", NS, process.execPath, `${dir}/echo.mjs`];
+    const argv = ["ip", "netns", "exec", NS, process.execPath, `${dir}/echo.mjs`];
     const p = spawn(argv[0], argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
     let err = "";
     p.stderr.on("data", (d) => (err += d));
@@ -141,12 +146,6 @@ console.log("listening");
 }
 
 function world() {
-  if (EXTERNAL) {
-    // The servers on this host, at addresses of the interface the sandboxes reach.
-    assert.ok(EXTERNAL.upstreamDev, "AIRLOCK_SDK_UPSTREAM_DEV must name the interface the sandboxes reach");
-    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) sh("ip", ["addr", "add", `${ip}/32`, "dev", EXTERNAL.upstreamDev]);
-    return;
-  }
   sh("ip", ["netns", "add", NS]);
   sh("ip", ["link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF]);
   sh("ip", ["link", "set", PEER_IF, "netns", NS]);
@@ -161,12 +160,6 @@ function world() {
 }
 
 function unworld() {
-  if (EXTERNAL) {
-    for (const ip of [ECHO_IP, CHOSEN_IP, WRONG_IP]) {
-      try { sh("ip", ["addr", "del", `${ip}/32`, "dev", EXTERNAL.upstreamDev]); } catch {}
-    }
-    return;
-  }
   try { sh("ip", ["link", "del", HOST_IF]); } catch {}
   try { sh("ip", ["netns", "del", NS]); } catch {}
 }
@@ -239,13 +232,33 @@ async function issuer(host) {
   return ex.logs.stdout.map((m) => m.text).join("");
 }
 
+// serverText is the server's log so far: the suite's `airlock up`'s, or the external
+// installation's from its control interface.
+async function serverText() {
+  return EXTERNAL ? control("GET", "/log") : serverLog();
+}
+
+// restartServer restarts the server, with vault.plainHTTP set to plainHTTP when given
+// (the suite's `airlock up` with its config file so amended, or the external
+// installation through its control interface), and reconnects sbx.
+async function restartServer(plainHTTP) {
+  if (EXTERNAL) {
+    await control("POST", plainHTTP ? `/reconfigure?vaultPlainHTTP=${plainHTTP}` : "/restart");
+  } else {
+    await stopServer(server);
+    if (plainHTTP) writeFileSync(cfgPath, readFileSync(cfgPath, "utf8") + `vault:\n  plainHTTP: ${plainHTTP}\n`);
+    ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
+  }
+  sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
+}
+
 function keep(state) {
   responses.push(JSON.stringify(state));
   return state;
 }
 
-test(`[${MODE}] the sandbox runs on the ${MODE} datapath`, ownServerOnly("reads the backend from airlock up's log"), async () => {
-  assert.match(serverLog() + "", new RegExp(`backend=${MODE}`), "egressd reports the backend under test");
+test(`[${MODE}] the sandbox runs on the ${MODE} datapath`, ownServerOrControl("reads the backend from the server's log"), async () => {
+  assert.match(await serverText(), new RegExp(`backend=${MODE}`), "egressd reports the backend under test");
 });
 
 test("a binding outside the networkPolicy is refused and nothing is created", async () => {
@@ -321,19 +334,25 @@ test("patch: add, replace and delete bindings atomically", async () => {
   assert.equal((await seen(`https://${ECHO}/v1/repos`)).headers.authorization, undefined, "deleted binding injects nothing");
 });
 
-test("the vault survives a restart of airlock up and keeps injecting", ownServerOnly("restarts airlock up and reads its state directory"), async () => {
-  await stopServer(server);
-  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
-  sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
+test("the vault survives a restart of airlock up and keeps injecting", ownServerOrControl("restarts the server"), async () => {
+  await restartServer();
   assert.equal(keep(await sbx.credentialVault.get()).revision, 3);
   let got;
+  let failed;
   for (let i = 0; i < 50; i++) { // egressd re-adopts the sandbox right after start
-    got = await seen(`https://${ECHO}/v2/after-restart`).catch(() => undefined);
+    got = await seen(`https://${ECHO}/v2/after-restart`).catch((err) => void (failed = err));
     if (got) break;
     await new Promise((r) => setTimeout(r, 200));
   }
+  if (!got) {
+    const recs = JSON.stringify((await auditRecords(domain, apiKey, sbx.id)).slice(-4));
+    assert.fail(`no answer after the restart: ${failed?.message}\n--- last audit records: ${recs}\n--- the server's log:\n${await serverText()}`);
+  }
   assert.equal(got.headers["x-api-key"], SECRET2);
-  const sealed = files(`${dir}/state`).filter((f) => f.endsWith(".vault"));
+  // An external installation's state may hold other sandboxes' vaults: this one's is
+  // <sandbox id>.vault (egressd/vault's store).
+  const sealed = files(EXTERNAL ? EXTERNAL.stateDir : `${dir}/state`)
+    .filter((f) => f.endsWith(".vault") && (!EXTERNAL || path.basename(f) === `${sbx.id}.vault`));
   assert.equal(sealed.length, 1, `one sealed vault file: ${sealed}`);
   const raw = readFileSync(sealed[0]).toString("latin1");
   for (const secret of [SECRET, SECRET2]) assert.ok(!raw.includes(secret), "the sealed store holds ciphertext");
@@ -449,11 +468,8 @@ test("a default-allow sandbox: unbound requests follow the policy, plain HTTP to
   assert.equal(notInjected.length, 2, `each plain-HTTP request to the chosen address is audited as not injected: ${body.slice(0, 2000)}`);
 });
 
-test("vault.plainHTTP: policy: plain HTTP to an address the sandbox chose gets the credential", ownServerOnly("restarts airlock up with vault.plainHTTP: policy"), async () => {
-  await stopServer(server);
-  writeFileSync(cfgPath, readFileSync(cfgPath, "utf8") + "vault:\n  plainHTTP: policy\n");
-  ({ proc: server, apiKey, log: serverLog } = await startServer(BIN, cfgPath));
-  sbx = await Sandbox.connect({ sandboxId: sbx.id, connectionConfig: config() });
+test("vault.plainHTTP: policy: plain HTTP to an address the sandbox chose gets the credential", ownServerOrControl("restarts the server with vault.plainHTTP: policy"), async () => {
+  await restartServer("policy");
   for (let i = 0; i < 50 && (await status(`--resolve ${ECHO}:80:${CHOSEN_IP} http://${ECHO}/v3/x`)) !== "200"; i++) {
     await new Promise((r) => setTimeout(r, 200)); // egressd re-adopts the sandbox right after start
   }
@@ -480,7 +496,8 @@ function files(root) {
 
 test("no secret value outside the sealed store", async () => {
   const metrics = await (await fetch(`http://${domain}/metrics`, { headers: { "OPEN-SANDBOX-API-KEY": apiKey } })).text();
-  const places = { "server log": serverLog(), "vault API responses": responses.join("\n"), metrics };
+  const log = EXTERNAL?.control ? await serverText() : serverLog();
+  const places = { "server log": log, "vault API responses": responses.join("\n"), metrics };
   for (const f of files(EXTERNAL ? EXTERNAL.stateDir : `${dir}/state`)) {
     places[f] = readFileSync(f).toString("latin1");
   }
