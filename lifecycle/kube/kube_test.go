@@ -433,20 +433,28 @@ func TestCreateMinimal(t *testing.T) {
 }
 
 // TestCreateMaxPTYSessions: Config.MaxPTYSessions reaches execd's command line in the
-// pod (execd's cap itself is tested on Docker: lifecycle/docker ptycap_test.go).
+// pod, in both layouts (execd from the init container, the node's execd). execd's cap
+// itself is tested on Docker (lifecycle/docker ptycap_test.go).
 func TestCreateMaxPTYSessions(t *testing.T) {
 	w := newWorld(t)
-	rt := w.runtime(t, func(c *kube.Config) { c.MaxPTYSessions = 3 })
 	ctx := t.Context()
-	if _, err := rt.Create(ctx, lifecycle.Spec{SandboxID: "pty1", Image: "debian:12", Entrypoint: []string{"sleep", "inf"}}); err != nil {
-		t.Fatal(err)
-	}
-	pod, err := w.env.Client.CoreV1().Pods(w.ns).Get(ctx, "sbx-pty1", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := pod.Spec.Containers[0].Command; !slices.Equal(c, []string{"/opt/airlock-execd/execd", "--exec", "--max-pty-sessions", "3", "--", "sleep", "inf"}) {
-		t.Errorf("command %q", c)
+	for _, c := range []struct {
+		name, claim, execd string
+	}{
+		{"pty1", "", "/opt/airlock-execd/execd"},
+		{"pty2", "airlock-execd", kube.NodeExecdPath},
+	} {
+		rt := w.runtime(t, func(cfg *kube.Config) { cfg.MaxPTYSessions, cfg.ExecdClaim = 3, c.claim })
+		if _, err := rt.Create(ctx, lifecycle.Spec{SandboxID: c.name, Image: "debian:12", Entrypoint: []string{"sleep", "inf"}}); err != nil {
+			t.Fatal(err)
+		}
+		pod, err := w.env.Client.CoreV1().Pods(w.ns).Get(ctx, "sbx-"+c.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmd := pod.Spec.Containers[0].Command; !slices.Equal(cmd, []string{c.execd, "--exec", "--max-pty-sessions", "3", "--", "sleep", "inf"}) {
+			t.Errorf("%s (claim %q): command %q", c.name, c.claim, cmd)
+		}
 	}
 }
 

@@ -105,17 +105,11 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 	if r.cfg.ExecdClaim != "" {
 		return r.nodeExecdPod(spec, string(entry), env, res, vols, mounts)
 	}
-	cmd := []string{ExecdPath, "--exec"}
-	if spec.Hold {
-		cmd = append(cmd, "--hold")
-	}
+	var tokenFlags []string
 	if spec.ExecdToken != "" {
-		cmd = append(cmd, "--access-token-file", ExecdTokenPath)
+		tokenFlags = []string{"--access-token-file", ExecdTokenPath}
 	}
-	if r.cfg.MaxPTYSessions != 0 {
-		cmd = append(cmd, "--max-pty-sessions", strconv.Itoa(r.cfg.MaxPTYSessions))
-	}
-	cmd = append(append(cmd, "--"), spec.Entrypoint...)
+	cmd := r.execdCommand(spec, ExecdPath, tokenFlags)
 	execdDir := ExecdDir
 	inits := []corev1.Container{{
 		Name:            InitContainerName,
@@ -144,7 +138,29 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 		// execd, already in the emptyDir, reads the user's image's bundle from inside it.
 		inits = append(inits, trustInit(spec, ExecdPath, []corev1.VolumeMount{{Name: execdVolume, MountPath: execdDir}}, res))
 	}
-	return r.finishPod(spec, string(entry), inits, corev1.Container{
+	return r.finishPod(spec, string(entry), inits, r.sandboxContainer(spec, cmd, env, res, append(mainMounts, mounts...)),
+		append(podVolumes, vols...))
+}
+
+// execdCommand is the sandbox container's command: execd at path running spec's
+// entrypoint, held until released when spec.Hold, with its token by tokenFlags and
+// the PTY cap (Config.MaxPTYSessions), in both layouts (init container, node's execd).
+func (r *Runtime) execdCommand(spec lifecycle.Spec, path string, tokenFlags []string) []string {
+	cmd := []string{path, "--exec"}
+	if spec.Hold {
+		cmd = append(cmd, "--hold")
+	}
+	cmd = append(cmd, tokenFlags...)
+	if r.cfg.MaxPTYSessions != 0 {
+		cmd = append(cmd, "--max-pty-sessions", strconv.Itoa(r.cfg.MaxPTYSessions))
+	}
+	return append(append(cmd, "--"), spec.Entrypoint...)
+}
+
+// sandboxContainer is the container running the user's image under execd (cmd).
+func (r *Runtime) sandboxContainer(spec lifecycle.Spec, cmd []string, env []corev1.EnvVar, res corev1.ResourceRequirements,
+	mounts []corev1.VolumeMount) corev1.Container {
+	return corev1.Container{
 		Name:    ContainerName,
 		Image:   spec.Image,
 		Command: cmd,
@@ -153,9 +169,9 @@ func (r *Runtime) podFor(spec lifecycle.Spec) (*corev1.Pod, error) {
 			Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
 		}},
 		Resources:       res,
-		VolumeMounts:    append(mainMounts, mounts...),
+		VolumeMounts:    mounts,
 		SecurityContext: hardened(),
-	}, append(podVolumes, vols...))
+	}
 }
 
 // trustInit is the trust init container: execd at execdPath (in mounts) writes the
@@ -178,15 +194,12 @@ func trustInit(spec lifecycle.Spec, execdPath string, mounts []corev1.VolumeMoun
 // spec.TrustedCAPEM, writes into an emptyDir at ExecdDir as in the other layout.
 func (r *Runtime) nodeExecdPod(spec lifecycle.Spec, entry string, env []corev1.EnvVar, res corev1.ResourceRequirements,
 	vols []corev1.Volume, mounts []corev1.VolumeMount) (*corev1.Pod, error) {
-	cmd := []string{NodeExecdPath, "--exec"}
-	if spec.Hold {
-		cmd = append(cmd, "--hold")
-	}
+	var tokenFlags []string
 	if spec.ExecdToken != "" {
 		sum := sha256.Sum256([]byte(spec.ExecdToken))
-		cmd = append(cmd, "--access-token-sha256", hex.EncodeToString(sum[:]))
+		tokenFlags = []string{"--access-token-sha256", hex.EncodeToString(sum[:])}
 	}
-	cmd = append(append(cmd, "--"), spec.Entrypoint...)
+	cmd := r.execdCommand(spec, NodeExecdPath, tokenFlags)
 	node := corev1.VolumeMount{Name: nodeExecdVolume, MountPath: NodeExecdDir, ReadOnly: true}
 	mainMounts := []corev1.VolumeMount{node}
 	podVolumes := []corev1.Volume{{Name: nodeExecdVolume, VolumeSource: corev1.VolumeSource{
@@ -198,18 +211,8 @@ func (r *Runtime) nodeExecdPod(spec lifecycle.Spec, entry string, env []corev1.E
 		mainMounts = append(mainMounts, corev1.VolumeMount{Name: execdVolume, MountPath: ExecdDir, ReadOnly: true})
 		inits = append(inits, trustInit(spec, NodeExecdPath, []corev1.VolumeMount{node, {Name: execdVolume, MountPath: ExecdDir}}, res))
 	}
-	return r.finishPod(spec, entry, inits, corev1.Container{
-		Name:    ContainerName,
-		Image:   spec.Image,
-		Command: cmd,
-		Env:     env,
-		Ports: []corev1.ContainerPort{{
-			Name: "execd", ContainerPort: int32(r.cfg.ExecdPort), Protocol: corev1.ProtocolTCP,
-		}},
-		Resources:       res,
-		VolumeMounts:    append(mainMounts, mounts...),
-		SecurityContext: hardened(),
-	}, append(podVolumes, vols...))
+	return r.finishPod(spec, entry, inits, r.sandboxContainer(spec, cmd, env, res, append(mainMounts, mounts...)),
+		append(podVolumes, vols...))
 }
 
 // finishPod wraps the containers and volumes into the sandbox's pod: hardened,
