@@ -2,7 +2,6 @@ package egressd
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -31,16 +30,7 @@ const snapshotTimeout = 14 * time.Minute
 // `airlock egressd --containerd-socket` serves it on --metrics-listen.
 func (d *Daemon) SnapshotHandler(ctr *ctrsnap.Client, apiKey string) http.Handler {
 	mux := http.NewServeMux()
-	auth := func(h http.HandlerFunc) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			got := r.Header.Get(opensandbox.HeaderAPIKey)
-			if apiKey == "" || subtle.ConstantTimeCompare([]byte(got), []byte(apiKey)) != 1 {
-				opensandbox.WriteError(w, http.StatusUnauthorized, opensandbox.ErrorBody{Code: "UNAUTHORIZED", Message: "the API key is required"})
-				return
-			}
-			h(w, r)
-		}
-	}
+	auth := func(h http.HandlerFunc) http.HandlerFunc { return requireAPIKey(apiKey, h) }
 	bad := func(w http.ResponseWriter, msg string) {
 		opensandbox.WriteError(w, http.StatusBadRequest, opensandbox.ErrorBody{Code: "INVALID_REQUEST", Message: msg})
 	}

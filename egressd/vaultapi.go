@@ -27,16 +27,7 @@ const maxCABody = 64 << 10
 // --vault-dir` serves it on --metrics-listen.
 func (d *Daemon) VaultHandler(store *vault.Store, apiKey string) http.Handler {
 	mux := http.NewServeMux()
-	auth := func(h http.HandlerFunc) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			got := r.Header.Get(opensandbox.HeaderAPIKey)
-			if apiKey == "" || subtle.ConstantTimeCompare([]byte(got), []byte(apiKey)) != 1 {
-				opensandbox.WriteError(w, http.StatusUnauthorized, opensandbox.ErrorBody{Code: "UNAUTHORIZED", Message: "the API key is required"})
-				return
-			}
-			h(w, r)
-		}
-	}
+	auth := func(h http.HandlerFunc) http.HandlerFunc { return requireAPIKey(apiKey, h) }
 	known := func(w http.ResponseWriter, id string) (json.RawMessage, bool) {
 		d.mu.RLock()
 		sb := d.byID[id]
@@ -95,4 +86,18 @@ func (d *Daemon) VaultHandler(store *vault.Store, apiKey string) http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	return mux
+}
+
+// requireAPIKey passes to h only a request carrying apiKey in OPEN-SANDBOX-API-KEY
+// (compared in constant time); others get 401 UNAUTHORIZED, and every request does
+// when apiKey is empty. The node APIs lifecycle calls (vault, snapshots) use it.
+func requireAPIKey(apiKey string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := r.Header.Get(opensandbox.HeaderAPIKey)
+		if apiKey == "" || subtle.ConstantTimeCompare([]byte(got), []byte(apiKey)) != 1 {
+			opensandbox.WriteError(w, http.StatusUnauthorized, opensandbox.ErrorBody{Code: "UNAUTHORIZED", Message: "the API key is required"})
+			return
+		}
+		h(w, r)
+	}
 }
