@@ -174,7 +174,7 @@ func TestGatewayEgressAPIAsCaller(t *testing.T) {
 		return resp.StatusCode
 	}
 	patch("alice.example", map[string]string{opensandbox.HeaderAPIKey: alice.Key}) // the key only
-	patch("token.example", ep.Headers)                                                // the sandbox's access token
+	patch("token.example", ep.Headers)                                             // the sandbox's access token
 	want := map[string]string{"alice.example": alice.ID, "token.example": "gateway"}
 	got := map[string]string{}
 	deadline := time.Now().Add(10 * time.Second)
