@@ -3,13 +3,9 @@ package egressd
 import (
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/internal/dnstest"
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -21,14 +17,7 @@ import (
 // HTTP/2 answers must not carry it (curl ends such a stream with PROTOCOL_ERROR).
 // Both datapaths.
 func TestEgressdHTTPRulesHTTP2(t *testing.T) {
-	store, err := vault.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
-	var writes atomic.Int32
-	caPEM := w.rulesServer(t, &writes)
-	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP}, 300))
+	w, writes, intercept := rulesWorld(t, map[string]netip.Addr{"rules.test.": rulesIP})
 	const policy = `{"defaultAction":"deny","egress":[
 	  {"action":"allow","target":"rules.test","http":{
 	    "rules":[{"action":"deny","methods":["DELETE"],"path":"/repos/*"}],
@@ -49,7 +38,7 @@ func TestEgressdHTTPRulesHTTP2(t *testing.T) {
 		if n := writes.Load(); n != 0 {
 			t.Errorf("the server saw %d requests other than GET", n)
 		}
-	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, intercept)
 }
 
 // TestEgressdMCPRules: a real sandbox calls an MCP server's tools through the
@@ -57,14 +46,7 @@ func TestEgressdHTTPRulesHTTP2(t *testing.T) {
 // tool gets 403 naming the rule and never reaches it, and both decisions are audited
 // with their rules. curl offers HTTP/2, so each call is a stream checked on its own.
 func TestEgressdMCPRules(t *testing.T) {
-	store, err := vault.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
-	var writes atomic.Int32
-	caPEM := w.rulesServer(t, &writes)
-	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP}, 300))
+	w, writes, intercept := rulesWorld(t, map[string]netip.Addr{"rules.test.": rulesIP})
 	const policy = `{"defaultAction":"deny","egress":[
 	  {"action":"allow","target":"rules.test","http":{"rules":[
 	    {"action":"allow","methods":["POST"],"path":"/mcp","jsonrpc":["tools/call"],"mcpTools":["search"]}]}}]}`
@@ -91,5 +73,5 @@ func TestEgressdMCPRules(t *testing.T) {
 		w.waitAudit(t, sb.ID, "the allowed tool call", func(r audit.Record) bool {
 			return r.Source == audit.SourceL7 && r.Action == "allow" && r.Rule == "egress[0].http.rules[0]"
 		})
-	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, intercept)
 }

@@ -86,6 +86,24 @@ func testServerCert(t *testing.T, name string) (tls.Certificate, []byte) {
 		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 }
 
+// rulesWorld is a world for the HTTP-rule tests: sandboxes made with a Credential Vault
+// (whose CA lifecycle installs), the rules server on rulesIP (writes counts the
+// requests other than GET that reach it), the names of zone served by the upstream
+// resolver, and intercept, egressd's config to intercept that server (the L7 proxy on
+// 15001, the vault, the server's CA trusted upstream).
+func rulesWorld(t *testing.T, zone map[string]netip.Addr) (w *world, writes *atomic.Int32, intercept func(*Config)) {
+	t.Helper()
+	store, err := vault.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
+	writes = new(atomic.Int32)
+	caPEM := w.rulesServer(t, writes)
+	w.upstream = dnstest.Serve(t, dnstest.Zone(zone, 300))
+	return w, writes, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM }
+}
+
 // TestEgressdHTTPRules runs a real sandbox, on each datapath, under a policy whose
 // host has HTTP rules (read-only, and never DELETE under /repos/): over HTTPS
 // (intercepted with the sandbox's CA, which lifecycle installed at create) and plain
@@ -93,14 +111,7 @@ func testServerCert(t *testing.T, name string) (tls.Certificate, []byte) {
 // JSON body naming the rule and never reach it, and every request is audited with its
 // rule.
 func TestEgressdHTTPRules(t *testing.T) {
-	store, err := vault.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
-	var writes atomic.Int32
-	caPEM := w.rulesServer(t, &writes)
-	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP, "allowed.test.": allowedIP}, 300))
+	w, writes, intercept := rulesWorld(t, map[string]netip.Addr{"rules.test.": rulesIP, "allowed.test.": allowedIP})
 	const policy = `{"defaultAction":"deny","egress":[
 	  {"action":"allow","target":"rules.test","http":{
 	    "rules":[{"action":"deny","methods":["DELETE"],"path":"/repos/*"}],
@@ -165,5 +176,5 @@ print('airlock' if b'Airlock' in s.getpeercert(True) else 'server')`
 		if got := issuer("rules.test"); got != "airlock" {
 			t.Errorf("rules.test (HTTP rules): certificate from %q, want one minted by the sandbox's CA", got)
 		}
-	}, func(c *Config) { c.L7Port = 15001; c.ProxyPort = 3128; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, func(c *Config) { intercept(c); c.ProxyPort = 3128 })
 }

@@ -9,13 +9,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/internal/dnstest"
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/sdk"
 )
 
@@ -60,15 +56,8 @@ type modeProbe struct {
 // the platform floor (cloud metadata, the host) stays
 // denied. Enforced, exactly the rules that would have denied deny.
 func TestEgressdAuditMode(t *testing.T) {
-	store, err := vault.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
-	var writes atomic.Int32
-	caPEM := w.rulesServer(t, &writes)
-	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{"rules.test.": rulesIP,
-		"allowed.test.": allowedIP, "denied.test.": deniedIP}, 300))
+	w, writes, intercept := rulesWorld(t, map[string]netip.Addr{"rules.test.": rulesIP,
+		"allowed.test.": allowedIP, "denied.test.": deniedIP})
 	doc := func(policyMode, ruleMode string) string {
 		m := ""
 		if ruleMode != "" {
@@ -180,5 +169,5 @@ func TestEgressdAuditMode(t *testing.T) {
 		if n := writes.Load(); n != 4 {
 			t.Errorf("the server saw %d DELETE requests, want 4 (HTTP and HTTPS in the two phases in audit)", n)
 		}
-	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, intercept)
 }

@@ -4,13 +4,9 @@ import (
 	"encoding/json"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/airlockdev/airlock/audit"
-	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/internal/dnstest"
-	"github.com/airlockdev/airlock/internal/lctest"
 	"github.com/airlockdev/airlock/policies"
 	"github.com/airlockdev/airlock/policies/propose"
 	"github.com/airlockdev/airlock/policies/replay"
@@ -26,15 +22,8 @@ import (
 // while a host the session never reached (denied.test) and a request it never made
 // (DELETE) are refused.
 func TestEgressdPropose(t *testing.T) {
-	store, err := vault.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, func(o *lctest.Options) { o.CredentialVault = store })
-	var writes atomic.Int32
-	caPEM := w.rulesServer(t, &writes)
-	w.upstream = dnstest.Serve(t, dnstest.Zone(map[string]netip.Addr{
-		"rules.test.": rulesIP, "allowed.test.": allowedIP, "denied.test.": deniedIP}, 300))
+	w, writes, intercept := rulesWorld(t, map[string]netip.Addr{
+		"rules.test.": rulesIP, "allowed.test.": allowedIP, "denied.test.": deniedIP})
 	const learning = `{"defaultAction":"deny","egress":[
 	  {"action":"allow","target":"allowed.test"},
 	  {"action":"allow","target":"rules.test","http":{"rules":[{"action":"allow","methods":["GET"],"path":"/repos/*"}]}}]}`
@@ -113,5 +102,5 @@ func TestEgressdPropose(t *testing.T) {
 		if _, out := sh(t, x, "curl -sS -m 5 -X DELETE http://rules.test/repos/o/r"); !strings.Contains(out, `"rule":"egress[`) {
 			t.Errorf("under the proposal DELETE (never made) = %q, want 403 naming the rule", out)
 		}
-	}, func(c *Config) { c.L7Port = 15001; c.Vault = store; c.UpstreamCAPEM = caPEM })
+	}, intercept)
 }
