@@ -123,6 +123,9 @@ type Config struct {
 	// lifecycle's defaults (a 24h longest timeout, 120s to become ready).
 	Limits       lifecycle.Limits `yaml:"-"`
 	ReadyTimeout time.Duration    `yaml:"readyTimeout"`
+	// Console is the operator console served under /console/ on the API listener
+	// (ConsoleConfig); default on.
+	Console ConsoleConfig `yaml:"console"`
 	// MaxSignedURLLifetime caps ?expires= of signed endpoints (lifecycle's default 24h).
 	MaxSignedURLLifetime time.Duration `yaml:"maxSignedURLLifetime"`
 	ReapInterval         time.Duration `yaml:"-"`
@@ -327,13 +330,21 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 			}
 		}()
 	}
+	handler, closeConsole, err := apiHandler(cfg, srv.Handler(), srv.Keys().Authenticate)
+	if err != nil {
+		cp.stopLibrary()
+		srv.Close()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		cp.stopLibrary()
 		srv.Close()
 		return nil, err
 	}
 	cp.Addr = ln.Addr()
-	cp.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 620 * time.Second}
+	cp.http = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 620 * time.Second}
+	cp.http.RegisterOnShutdown(closeConsole)
 	go func() {
 		if err := cp.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			cfg.Log.Error("api listener failed", "err", err)
@@ -352,6 +363,15 @@ func (cp *ControlPlane) policyEvent(ev library.Event) {
 	}
 }
 
+// stopLibrary stops the policy library's watch, if it runs.
+func (cp *ControlPlane) stopLibrary() {
+	if cp.stopLib != nil {
+		cp.stopLib()
+		<-cp.libDone
+		cp.stopLib = nil
+	}
+}
+
 // Close stops serving and the background loops (releasing the Lease); sandboxes keep
 // running.
 func (cp *ControlPlane) Close() error {
@@ -363,10 +383,7 @@ func (cp *ControlPlane) Close() error {
 			errs = append(errs, cp.http.Close())
 		}
 	}
-	if cp.stopLib != nil {
-		cp.stopLib()
-		<-cp.libDone
-	}
+	cp.stopLibrary()
 	errs = append(errs, cp.Server.Close())
 	return errors.Join(errs...)
 }

@@ -49,6 +49,13 @@ in --token-namespace (default the system namespace).
 Any number of replicas serve the same sandboxes; the one holding the Lease runs expiry
 and reconcile, and another takes over within --lease-duration when it goes.
 
+The operator console (the web UI of airlock up) is served under /console/ on the same
+listener (--no-console: none): an operator signs in with any API key. A session lives
+in the memory of the replica that signed it in (the manifests' Services keep a client
+on one replica: sessionAffinity ClientIP; a restarted replica signs its sessions out),
+and the console has no audit pages here (the audit lives in each node's egressd and in
+the gateways): they answer 501.
+
 Pause and resume answer 501 on Kubernetes. The Credential Vault (--vault) lives in
 each node's egressd (airlock egressd --vault-dir), reached at --egressd-port. Warm pools (--pool) are held by the leading replica: it creates, adopts
 and claims their pods; creates served by another replica are created cold.
@@ -130,6 +137,9 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
 	f.DurationVar(&c.MaxSignedURLLifetime, "max-signed-url-lifetime", c.MaxSignedURLLifetime, "longest lifetime of a signed endpoint (?expires=) (default lifecycle's, 24h)")
 	f.DurationVar(&c.ReadyTimeout, "ready-timeout", c.ReadyTimeout, "how long a pod may take to run and answer execd /ping (default lifecycle's, 120s)")
+	f.BoolVar(&c.Console.Disabled, "no-console", c.Console.Disabled, "serve no operator console (/console/ on the API listener)")
+	f.DurationVar(&c.Console.SessionTTL, "console-session-ttl", c.Console.SessionTTL, "how long a console sign-in lasts (default the console's, 12h)")
+	f.StringSliceVar(&c.Console.TrustedOrigins, "console-trusted-origin", c.Console.TrustedOrigins, "an origin (https://airlock.example.com) whose console writes are accepted besides the request's own: a TLS-terminating Ingress in front of the replicas (repeatable)")
 	f.StringVar(&lf.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&c.NoAuth, "no-auth", c.NoAuth, "serve without an API key (a test cluster only)")
 }

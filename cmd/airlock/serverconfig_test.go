@@ -254,6 +254,10 @@ func TestLifecycleFlagsFillConfig(t *testing.T) {
 				c.ReadyTimeout, c.Limits.MaxTimeout = time.Minute, 2*time.Hour
 				c.BaseDomain, c.Gateway = "sbx.example.com", "gw.example.com"
 			}},
+		{"console", []string{"--no-console", "--console-session-ttl=1h", "--console-trusted-origin=https://airlock.example.com"},
+			func(c *cluster.Config) {
+				c.Console = cluster.ConsoleConfig{Disabled: true, SessionTTL: time.Hour, TrustedOrigins: []string{"https://airlock.example.com"}}
+			}},
 		{"deny", []string{"--deny=10.244.0.0/24", "--deny=10.96.0.9/16", "--deny=10.0.0.1", "--deny=fd00::/64"},
 			func(c *cluster.Config) {
 				c.Deny = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("10.96.0.0/16"),
