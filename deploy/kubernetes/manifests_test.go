@@ -363,6 +363,10 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 {
 		t.Errorf("lifecycle Service: %s %+v, want ClusterIP on 8080", svc.Spec.Type, svc.Spec.Ports)
 	}
+	// Console sessions live in one replica's memory (cluster.ConsoleConfig).
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		t.Errorf("lifecycle Service: sessionAffinity %q, want ClientIP (console sessions are per replica)", svc.Spec.SessionAffinity)
+	}
 }
 
 func checkGateway(t *testing.T, m *manifest, l layout) {
