@@ -1,6 +1,7 @@
 // Package cluster assembles Airlock's control plane on Kubernetes: the lifecycle server
 // with the Kubernetes runtime (lifecycle/kube) and the cluster store
-// (lifecycle/kubestore), its HTTP API, the policy library and metrics. `airlock
+// (lifecycle/kubestore), its HTTP API with the operator console in front
+// (ConsoleConfig), the policy library and metrics. `airlock
 // lifecycle` runs one replica; any number of replicas serve the same sandboxes, one of
 // them leading (a Lease) for expiry and reconcile. The gateway and egressd run as their
 // own workloads and follow this API's watch stream.

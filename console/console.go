@@ -1,5 +1,6 @@
-// Package console is Airlock's operator console: a web UI served by `airlock up` under
-// /console/ on the lifecycle API's listener. It is plain HTML, CSS and JavaScript modules
+// Package console is Airlock's operator console: a web UI served by `airlock up` (and
+// by each `airlock lifecycle` replica on Kubernetes, package cluster) under /console/
+// on the lifecycle API's listener. It is plain HTML, CSS and JavaScript modules
 // embedded in the binary (no build step), talking to a small JSON API of its own:
 //
 //   - /console/api/v1/…: the lifecycle API (sandboxes, endpoints, policies), called

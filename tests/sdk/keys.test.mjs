@@ -132,7 +132,9 @@ test("a user key works with the unchanged SDK, on its own sandboxes only", async
 
 test("the console: a user key signs in and is refused the audit log and others' sandboxes", async () => {
   // The console: Bob signs in with his key, sees his role, and is refused the audit log
-  // and Alice's sandbox.
+  // and Alice's sandbox. On Kubernetes every lifecycle replica serves the console, its
+  // sessions its own: the Service's sessionAffinity keeps these requests on one replica,
+  // and the audit routes refuse the user's role before answering 501 (no audit there).
   const login = await fetch(`http://${domain}/console/login`, {
     method: "POST",
     redirect: "manual",
