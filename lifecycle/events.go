@@ -98,6 +98,9 @@ func (s *Server) policyEventLocked(rec *record, why string) {
 	switch {
 	case rec.PolicyName != "":
 		msg += "; named policy " + rec.PolicyName
+		if p := rec.PinnedPolicy; p != nil {
+			msg += fmt.Sprintf(" pinned at its version %d (snapshot %s)", p.Version, p.SnapshotID)
+		}
 	case len(rec.Policy) == 0:
 		msg = fmt.Sprintf("no egress policy of its own: the operator's default applies (%s)", why)
 	}

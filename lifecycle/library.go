@@ -32,8 +32,11 @@ var failClosed = json.RawMessage(`{"defaultAction":"deny","egress":[]}`)
 // NamedPolicy is one policy of the library as the API shows it (GET /v1/policies).
 type NamedPolicy struct {
 	library.Policy
-	// Sandboxes counts the sandboxes that run under it.
+	// Sandboxes counts the sandboxes that run under it; Pinned those of them pinned to
+	// the version a snapshot captured (restored sandboxes; they do not follow the
+	// library's changes).
 	Sandboxes int `json:"sandboxes"`
+	Pinned    int `json:"pinned,omitempty"`
 	// Document is the parsed policy (Airlock JSON form); Source the file's text (only
 	// in GET /v1/policies/{name}).
 	Document json.RawMessage `json:"policy,omitempty"`
@@ -62,26 +65,23 @@ func (l *policyLibrary) named(name string, allowRemoved bool) (library.Policy, e
 }
 
 // effective is rec's policy as the data plane enforces it and its version: the stored
-// document, or for a sandbox under a named policy that policy with the sandbox's
-// additions put first, versioned additions + named version (both only grow). rec must
-// not change during the call (the caller holds the registry lock).
+// document, or for a sandbox under a named policy that policy (its pinned document when
+// pinned, else the library's current version) with the sandbox's additions put first,
+// versioned additions + named version (both only grow). rec must not change during the
+// call (the caller holds the registry lock).
 func (l *policyLibrary) effective(rec *record) (json.RawMessage, uint64) {
 	if rec.PolicyName == "" {
 		return rec.Policy, rec.PolicyVersion
 	}
-	var np library.Policy
-	ok := l.lib != nil
-	if ok {
-		np, ok = l.lib.Get(rec.PolicyName)
-	}
+	named, namedV, ok := l.base(rec)
 	if !ok {
-		return failClosed, rec.PolicyVersion
+		return failClosed, rec.PolicyVersion + namedV
 	}
-	eff := np.Policy
+	eff := named
 	if len(rec.Policy) > 0 && string(rec.Policy) != "null" {
 		add, err := policies.Parse(rec.ID, rec.Policy)
 		if err == nil {
-			eff, err = policies.Patch(np.Policy, add.Egress)
+			eff, err = policies.Patch(named, add.Egress)
 		}
 		if err == nil && add.Mode != "" {
 			eff.Mode = add.Mode // the sandbox runs the named policy in its own mode (audit first)
@@ -89,14 +89,14 @@ func (l *policyLibrary) effective(rec *record) (json.RawMessage, uint64) {
 		if err != nil { // additions that no longer fit the named policy: fail closed
 			l.log.Error("sandbox's policy additions do not combine with its named policy", "sandbox_id", rec.ID,
 				"policy", rec.PolicyName, "err", err)
-			return failClosed, rec.PolicyVersion + np.Version
+			return failClosed, rec.PolicyVersion + namedV
 		}
 	}
 	b, err := json.Marshal(eff)
 	if err != nil {
-		return failClosed, rec.PolicyVersion + np.Version
+		return failClosed, rec.PolicyVersion + namedV
 	}
-	return b, rec.PolicyVersion + np.Version
+	return b, rec.PolicyVersion + namedV
 }
 
 // libraryAPI serves the library of named policies: GET /policies (each with the count
@@ -113,23 +113,27 @@ func (a *libraryAPI) routes(m *http.ServeMux) {
 	m.HandleFunc("GET /policies/{name}", a.handleGet)
 }
 
-// users counts the live (not terminal) sandboxes under each named policy.
-func (a *libraryAPI) users() map[string]int {
-	count := map[string]int{}
+// users counts the live (not terminal) sandboxes under each named policy, and those of
+// them pinned to a version of it.
+func (a *libraryAPI) users() (count, pinned map[string]int) {
+	count, pinned = map[string]int{}, map[string]int{}
 	a.reg.each(func(rec *record) {
 		if rec.PolicyName != "" && !rec.Status.State.Terminal() {
 			count[rec.PolicyName]++
+			if rec.PinnedPolicy != nil {
+				pinned[rec.PolicyName]++
+			}
 		}
 	})
-	return count
+	return count, pinned
 }
 
 func (a *libraryAPI) handleList(w http.ResponseWriter, r *http.Request) {
 	out := []NamedPolicy{}
 	if a.lib.lib != nil {
-		count := a.users()
+		count, pinned := a.users()
 		for _, p := range a.lib.lib.List() {
-			out = append(out, NamedPolicy{Policy: p, Sandboxes: count[p.Name]})
+			out = append(out, NamedPolicy{Policy: p, Sandboxes: count[p.Name], Pinned: pinned[p.Name]})
 		}
 	}
 	opensandbox.WriteJSON(w, http.StatusOK, out)
@@ -142,5 +146,6 @@ func (a *libraryAPI) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	doc, _ := json.Marshal(p.Policy)
-	opensandbox.WriteJSON(w, http.StatusOK, NamedPolicy{Policy: p, Sandboxes: a.users()[p.Name], Document: doc, Source: string(p.Source)})
+	count, pinned := a.users()
+	opensandbox.WriteJSON(w, http.StatusOK, NamedPolicy{Policy: p, Sandboxes: count[p.Name], Pinned: pinned[p.Name], Document: doc, Source: string(p.Source)})
 }

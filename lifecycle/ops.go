@@ -46,6 +46,7 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 	}
 	policyName := req.Extensions[ExtPolicy]
 	var snap *snapshotRecord
+	var pin *policyPin // the snapshot's named policy at its captured version
 	if req.SnapshotID != "" {
 		sn, err := s.snapshotFor(ctx, req.SnapshotID)
 		if err != nil {
@@ -54,7 +55,7 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		snap = &sn
 		restoreSpec(v, &sn, policyName)
 		if policyName == "" && len(req.NetworkPolicy) == 0 {
-			policyName = sn.Source.PolicyName
+			policyName, pin = sn.Source.PolicyName, restorePin(&sn)
 		}
 	}
 	if policyName == "" && len(v.policy) == 0 && snap == nil {
@@ -68,7 +69,11 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		if err != nil {
 			return Sandbox{}, err
 		}
-		httpRules = httpRules || np.Policy.HasHTTP()
+		if pin != nil {
+			httpRules = httpRules || pinHasHTTP(pin)
+		} else {
+			httpRules = httpRules || np.Policy.HasHTTP()
+		}
 	}
 	asked := v.spec.Image
 	if local, ok := s.cfg.ImageAliases[asked]; ok && snap == nil {
@@ -112,6 +117,7 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		CreatedAt:       now,
 		Policy:          v.policy,
 		PolicyName:      policyName,
+		PinnedPolicy:    pin,
 		RenewOnAccess:   v.renewOnAccess,
 		CredentialProxy: v.credentialProxy,
 		Owner:           principal.IDFromContext(ctx),

@@ -53,16 +53,16 @@ func (s *Server) updatePolicy(id string, replace bool, fn func(cur json.RawMessa
 	if string(doc) == string(rec.Policy) && !detach {
 		return effV, nil
 	}
-	old, oldV, oldName, oldEvents := rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.Events
+	old, oldV, oldName, oldPin, oldEvents := rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.PinnedPolicy, rec.Events
 	rec.Policy = append(json.RawMessage(nil), doc...)
-	if detach {
-		rec.PolicyName, rec.PolicyVersion = "", effV+1
+	if detach { // a policy of its own: no named policy, pinned or not
+		rec.PolicyName, rec.PinnedPolicy, rec.PolicyVersion = "", nil, effV+1
 	} else {
 		rec.PolicyVersion++
 	}
 	s.policyEventLocked(rec, "policy API")
 	if err := s.commitLocked(rec); err != nil {
-		rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.Events = old, oldV, oldName, oldEvents
+		rec.Policy, rec.PolicyVersion, rec.PolicyName, rec.PinnedPolicy, rec.Events = old, oldV, oldName, oldPin, oldEvents
 		return 0, err
 	}
 	_, v := s.lib.effective(rec)
@@ -70,14 +70,22 @@ func (s *Server) updatePolicy(id string, replace bool, fn func(cur json.RawMessa
 }
 
 // NamedPolicyChanged republishes every sandbox under policy name (its library version
-// changed), so the data plane enforces the new version. The library's OnEvent calls it.
-// It performs no I/O: records are unchanged, only their effective policy is.
+// changed), so the data plane enforces the new version, and returns how many. The
+// library's OnEvent calls it. A sandbox pinned to a version of name (policypin.go)
+// keeps it: it only gets a diagnostic event. It performs no I/O: records are
+// unchanged, only their effective policy is.
 func (s *Server) NamedPolicyChanged(name string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
 	for _, e := range s.sbx {
 		if e.rec.PolicyName == name && !e.rec.Status.State.Terminal() {
+			if p := e.rec.PinnedPolicy; p != nil {
+				addEventLocked(e.rec, EventNetwork, EventNormal, "PolicyPinned", fmt.Sprintf(
+					"named policy %s changed in the library; the sandbox stays pinned at its version %d (snapshot %s) until its policy is set through the API",
+					name, p.Version, p.SnapshotID))
+				continue
+			}
 			// Kept in memory; persisted with the record's next write.
 			s.policyEventLocked(e.rec, "named policy "+name+" changed in the library")
 			s.hub.Put(s.watchView(e.rec))
@@ -87,8 +95,9 @@ func (s *Server) NamedPolicyChanged(name string) int {
 	return n
 }
 
-// SetNamedPolicy puts sandbox id under library policy name, dropping its own document
-// or additions, and returns the effective version.
+// SetNamedPolicy puts sandbox id under library policy name at the library's current
+// version (following its later changes), dropping its own document or additions and
+// any pin (policypin.go: the same name unpins), and returns the effective version.
 func (s *Server) SetNamedPolicy(id, name string) (uint64, error) {
 	np, err := s.lib.named(name, false)
 	if err != nil {
@@ -101,20 +110,24 @@ func (s *Server) SetNamedPolicy(id, name string) (uint64, error) {
 		return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	rec := e.rec
-	if rec.PolicyName == name && len(rec.Policy) == 0 {
+	if rec.PolicyName == name && len(rec.Policy) == 0 && rec.PinnedPolicy == nil {
 		_, v := s.lib.effective(rec)
 		return v, nil
 	}
 	_, oldV := s.lib.effective(rec)
-	oldName, oldDoc, oldAdd, oldEvents := rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.Events
-	rec.PolicyName, rec.Policy = name, nil
+	oldName, oldDoc, oldAdd, oldPin, oldEvents := rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.PinnedPolicy, rec.Events
+	rec.PolicyName, rec.Policy, rec.PinnedPolicy = name, nil, nil
 	rec.PolicyVersion = 1
 	if oldV+1 > np.Version {
 		rec.PolicyVersion = oldV + 1 - np.Version
 	}
-	s.policyEventLocked(rec, "put under named policy "+name)
+	why := "put under named policy " + name
+	if oldPin != nil && oldName == name {
+		why = "unpinned from version " + fmt.Sprint(oldPin.Version) + ": follows the library's current version of " + name
+	}
+	s.policyEventLocked(rec, why)
 	if err := s.commitLocked(rec); err != nil {
-		rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.Events = oldName, oldDoc, oldAdd, oldEvents
+		rec.PolicyName, rec.Policy, rec.PolicyVersion, rec.PinnedPolicy, rec.Events = oldName, oldDoc, oldAdd, oldPin, oldEvents
 		return 0, err
 	}
 	_, v := s.lib.effective(rec)

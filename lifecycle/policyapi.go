@@ -24,6 +24,10 @@ type PolicyResponse struct {
 	// Name is the library policy the sandbox runs under (Policy is then that policy
 	// with the sandbox's additions first); empty for a policy of its own.
 	Name string `json:"name,omitempty"`
+	// Pinned is set when the sandbox runs Name at the version a snapshot captured, not
+	// the library's current one (a restored sandbox; policypin.go): PUT ?name=Name
+	// unpins it, a PUT of a document gives it a policy of its own.
+	Pinned *PinnedPolicy `json:"pinned,omitempty"`
 	// Version increases with every change (the data plane applies versions in order).
 	Version uint64 `json:"version"`
 	// Policy is the stored document (Airlock JSON form); null when the sandbox has
@@ -108,11 +112,26 @@ func storedPolicy(reg policyReader, id string) (*policies.Policy, uint64, error)
 }
 
 // policyName is the library policy sandbox id runs under ("" for none, or an unknown
-// sandbox).
-func (a *policyAPI) policyName(id string) string {
+// sandbox) and its pin (nil when it follows the library).
+func (a *policyAPI) policyName(id string) (string, *PinnedPolicy) {
 	var name string
-	a.reg.peek(id, func(rec *record) { name = rec.PolicyName })
-	return name
+	var pin *PinnedPolicy
+	a.reg.peek(id, func(rec *record) { name, pin = rec.PolicyName, a.lib.pinned(rec) })
+	return name, pin
+}
+
+// namedBase is the named policy sandbox id runs under (its pinned document, else the
+// library's current version) and its name; nil when it has none.
+func (a *policyAPI) namedBase(id string) (*policies.Policy, string) {
+	var base *policies.Policy
+	var name string
+	a.reg.peek(id, func(rec *record) {
+		if rec.PolicyName != "" {
+			name = rec.PolicyName
+			base, _, _ = a.lib.base(rec)
+		}
+	})
+	return base, name
 }
 
 // change applies fn to the sandbox's current policy (DefaultPolicy when it has none)
@@ -198,7 +217,8 @@ func (a *policyAPI) write(w http.ResponseWriter, r *http.Request, id string) {
 		fail(a.log, w, r, err)
 		return
 	}
-	resp := PolicyResponse{SandboxID: id, Name: a.policyName(id), Version: v, Policy: json.RawMessage("null")}
+	resp := PolicyResponse{SandboxID: id, Version: v, Policy: json.RawMessage("null")}
+	resp.Name, resp.Pinned = a.policyName(id)
 	if p != nil {
 		resp.Policy, _ = json.Marshal(p)
 		np, lossless := policies.ToNetworkPolicy(p)
@@ -339,11 +359,9 @@ func (a *policyAPI) removeTargets(r *http.Request, id string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
-	if name := a.policyName(id); name != "" {
-		if np, err := a.lib.named(name, true); err == nil {
-			if inNamed, _ := policies.RemoveTargets(np.Policy, targets); inNamed != nil && len(inNamed.Egress) != len(np.Policy.Egress) {
-				return fmt.Errorf("%w: a target is a rule of the named policy %q, which this sandbox runs under: edit its file, or PUT a policy of the sandbox's own", ErrInvalidRequest, name)
-			}
+	if base, name := a.namedBase(id); base != nil {
+		if inNamed, _ := policies.RemoveTargets(base, targets); inNamed != nil && len(inNamed.Egress) != len(base.Egress) {
+			return fmt.Errorf("%w: a target is a rule of the named policy %q, which this sandbox runs under: edit its file, or PUT a policy of the sandbox's own", ErrInvalidRequest, name)
 		}
 	}
 	return a.change(r, id, "delete", func(cur *policies.Policy) (*policies.Policy, error) {

@@ -137,12 +137,17 @@ type snapshotSource struct {
 	Extensions map[string]string `json:"extensions,omitempty"`
 	// Policy, PolicyName and PolicyVersion are the sandbox's stored policy: its own
 	// document, or the named library policy and the sandbox's additions, and the
-	// version count of that state. NamedVersion is the library version of PolicyName
-	// when captured (a restore runs under the library's current version).
+	// version count of that state. NamedVersion, NamedSHA256 and NamedPolicy are the
+	// named policy the source ran when captured (its pin, else the library's version
+	// then): its version, its file's SHA-256 and its document (Airlock JSON form). A
+	// restore under PolicyName is pinned to NamedPolicy (policypin.go); a snapshot from
+	// before pins lacks it, and its restores run the library's current version.
 	Policy          json.RawMessage `json:"policy,omitempty"`
 	PolicyName      string          `json:"policyName,omitempty"`
 	PolicyVersion   uint64          `json:"policyVersion,omitempty"`
 	NamedVersion    uint64          `json:"namedVersion,omitempty"`
+	NamedSHA256     string          `json:"namedSha256,omitempty"`
+	NamedPolicy     json.RawMessage `json:"namedPolicy,omitempty"`
 	CredentialProxy bool            `json:"credentialProxy,omitempty"`
 	RenewOnAccess   int             `json:"renewOnAccess,omitempty"`
 	// Vault is set when the vault holds a copy of the source's credentials and
@@ -298,6 +303,7 @@ func (s *Server) snapshotFor(ctx context.Context, id string) (snapshotRecord, er
 	c.Source.Entrypoint = append([]string(nil), r.Source.Entrypoint...)
 	c.Source.Extensions = cloneMap(r.Source.Extensions)
 	c.Source.Policy = append(json.RawMessage(nil), r.Source.Policy...)
+	c.Source.NamedPolicy = append(json.RawMessage(nil), r.Source.NamedPolicy...)
 	return c, nil
 }
 

@@ -109,11 +109,7 @@ func (s *Server) capture(r *snapshotRecord) {
 			src.Image = parent.Source.Image
 		}
 	}
-	if src.PolicyName != "" && s.lib.lib != nil {
-		if np, ok := s.lib.lib.Get(src.PolicyName); ok {
-			src.NamedVersion = np.Version
-		}
-	}
+	src.NamedPolicy, src.NamedVersion, src.NamedSHA256 = s.lib.capturedNamed(rec)
 	inst := Instance{SandboxID: rec.ID, ContainerID: rec.ContainerID, Pid: rec.Pid, Address: rec.Address}
 	s.mu.Unlock()
 

@@ -90,6 +90,11 @@ type record struct {
 	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
 	// semantics) and PolicyVersion counts their changes.
 	PolicyName string `json:"policyName,omitempty"`
+	// PinnedPolicy holds PolicyName at the version a snapshot captured (a sandbox
+	// restored from it; policypin.go): the data plane enforces this document, not the
+	// library's current version, until the policy API changes the sandbox's named
+	// policy or gives it one of its own. Nil: the sandbox follows the library.
+	PinnedPolicy *policyPin `json:"pinnedPolicy,omitempty"`
 	// SnapshotID is the snapshot the sandbox was restored from (GET reports it as
 	// snapshotId); empty for a sandbox created from an image.
 	SnapshotID string `json:"snapshotId,omitempty"`
@@ -146,6 +151,7 @@ func (r *record) clone() *record {
 		m := *r.Proposal
 		c.Proposal = &m
 	}
+	c.PinnedPolicy = r.PinnedPolicy.clone()
 	return &c
 }
 

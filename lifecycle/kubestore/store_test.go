@@ -106,6 +106,7 @@ func TestReplicasFollowEachOther(t *testing.T) {
 		`"status":{"state":"Pending","reason":"provisioning","lastTransitionAt":"2026-11-25T10:00:00Z"},` +
 		`"history":[{"state":"Pending"}],"accessToken":"tok-secret-1","secureAccess":true,` +
 		`"policy":{"egress":[{"action":"allow","target":"example.com"}]},"policyVersion":3,"policyName":"base",` +
+		`"pinnedPolicy":{"version":2,"sha256":"9a1e","snapshotId":"snap-s0","policy":{"defaultAction":"deny","egress":[{"action":"allow","target":"a.test"}]}},` +
 		`"renewOnAccess":60,"credentialProxy":true,"deleteVolumes":["v1"],"address":"10.0.0.7",` +
 		`"address6":"fd00::7","pid":42,"hostInterface":"veth1","node":"node-a","containerID":"sbx-s1abc",` +
 		`"resourceLimits":{"cpu":"1"},"extensions":{"k":"v"},"platform":{"os":"linux","arch":"amd64"},` +

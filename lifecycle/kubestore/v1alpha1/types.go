@@ -79,9 +79,13 @@ type SandboxSpec struct {
 	Policy        json.RawMessage `json:"policy,omitempty"`
 	PolicyVersion uint64          `json:"policyVersion,omitempty"`
 	// PolicyName names the library policy (a Policy resource) the sandbox runs under.
-	PolicyName      string `json:"policyName,omitempty"`
-	RenewOnAccess   int    `json:"renewOnAccess,omitempty"`
-	CredentialProxy bool   `json:"credentialProxy,omitempty"`
+	PolicyName string `json:"policyName,omitempty"`
+	// PinnedPolicy holds PolicyName at the version a snapshot captured (a restored
+	// sandbox): the data plane enforces its document, not the Policy resource's
+	// current version, until the policy API changes the sandbox's policy.
+	PinnedPolicy    *PolicyPin `json:"pinnedPolicy,omitempty"`
+	RenewOnAccess   int        `json:"renewOnAccess,omitempty"`
+	CredentialProxy bool       `json:"credentialProxy,omitempty"`
 	// Pool names the warm pool of a member not yet claimed.
 	Pool string `json:"pool,omitempty"`
 	// Owner is the id of the principal (API key) that created the sandbox; a user
@@ -125,6 +129,22 @@ type SandboxStatus struct {
 	// Proposal is the last decision on the sandbox's policy proposal (lifecycle's
 	// ProposalMark): later proposals read the audit records after LastSeq.
 	Proposal *ProposalMark `json:"proposal,omitempty"`
+}
+
+// PolicyPin is a sandbox's named policy held at one library version (lifecycle's
+// policyPin).
+type PolicyPin struct {
+	// Version is the library version of the named policy that Policy is.
+	Version uint64 `json:"version"`
+	// SHA256 is the hex SHA-256 of the policy file at Version.
+	SHA256 string `json:"sha256,omitempty"`
+	// SnapshotID is the snapshot that captured Policy.
+	SnapshotID string `json:"snapshotId,omitempty"`
+	// Policy is the named policy's document at Version (Airlock JSON form).
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	Policy json.RawMessage `json:"policy"`
 }
 
 // ProposalMark is the last decision on a sandbox's policy proposal
