@@ -45,8 +45,8 @@ type SnapshotChecker interface {
 // the snapshot's id at capture, from it to each restored sandbox at create. A vault
 // without it leaves restored sandboxes with an empty vault. On Kubernetes (cluster's
 // node vault) the capture's copy is made by the source's node at once and the
-// restore's when the new pod runs there, before its entrypoint is released; an error
-// fails the capture or the create.
+// restore's when the new pod runs there, before its entrypoint is released (the ready
+// gate retries it until the ready timeout).
 type VaultCopier interface {
 	CopyVault(from, to string) error
 }
