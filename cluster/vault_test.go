@@ -91,3 +91,110 @@ func TestNodeVault(t *testing.T) {
 		t.Errorf("node saw %q, want %q", got, want)
 	}
 }
+
+// TestNodeVaultSnapshotCopy: a capture has the source's node copy its vault to the
+// snapshot at once (POST copy with the API key); a restore's copy waits for the new
+// sandbox's pod and is done by install after its CA, once; Delete of the snapshot
+// reaches the node it was captured on; a copy between two sandboxes is refused without
+// a request, and a node's refusal fails the capture.
+func TestNodeVaultSnapshotCopy(t *testing.T) {
+	const src, restored, snap, key = "srcsbx", "restsbx", "snap-abc", "the-api-key"
+	var mu sync.Mutex
+	var got []string
+	knowRestored, failCopy := false, false
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Header.Get(opensandbox.HeaderAPIKey) != key {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		line := r.Method + " " + r.URL.Path
+		if r.URL.Path == watch.VaultPath+"copy" {
+			var c watch.VaultCopy
+			_ = json.NewDecoder(r.Body).Decode(&c)
+			line += " " + c.From + ">" + c.To
+			if failCopy {
+				opensandbox.WriteError(w, http.StatusInternalServerError, opensandbox.ErrorBody{Code: "INTERNAL_ERROR", Message: "disk full"})
+				got = append(got, line)
+				return
+			}
+			if c.To == restored && !knowRestored {
+				opensandbox.WriteError(w, http.StatusNotFound, opensandbox.ErrorBody{Code: "NOT_FOUND", Message: "not here"})
+				got = append(got, line)
+				return
+			}
+		}
+		got = append(got, line)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer node.Close()
+	host, port, _ := net.SplitHostPort(node.Listener.Addr().String())
+	p, _ := strconv.Atoi(port)
+	pod := func(id string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: kube.PodName(id), Namespace: "sbx"}, Status: corev1.PodStatus{HostIP: host}}
+	}
+	cs := fake.NewClientset(pod(src), pod(restored))
+	v := newNodeVault(newEnforcementGate(cs, "sbx", p), key, slog.New(slog.DiscardHandler))
+	seen := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+
+	if err := v.CopyVault(src, snap); err != nil {
+		t.Fatalf("capture copy: %v", err)
+	}
+	if g, want := seen(), []string{"POST " + watch.VaultPath + "copy " + src + ">" + snap}; strings.Join(g, ",") != strings.Join(want, ",") {
+		t.Errorf("capture: node saw %q, want %q", g, want)
+	}
+
+	// Restore: the CA is made at create, the copy asked for before the pod runs.
+	if _, _, _, err := v.CA(restored); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.CopyVault(snap, restored); err != nil {
+		t.Fatalf("restore copy: %v", err)
+	}
+	if g := seen(); len(g) != 0 {
+		t.Errorf("the restore's copy reached the node before install: %q", g)
+	}
+	if v.install(restored) {
+		t.Error("install reported done while the node refused the copy")
+	}
+	mu.Lock()
+	knowRestored = true
+	mu.Unlock()
+	if !v.install(restored) || !v.install(restored) {
+		t.Error("install did not finish the restore's copy")
+	}
+	want := []string{"PUT " + watch.VaultPath + restored + "/ca", "POST " + watch.VaultPath + "copy " + snap + ">" + restored,
+		"POST " + watch.VaultPath + "copy " + snap + ">" + restored}
+	if g := seen(); strings.Join(g, ",") != strings.Join(want, ",") {
+		t.Errorf("restore: node saw %q, want %q (the CA once, then the copy until it is done)", g, want)
+	}
+
+	if err := v.Delete(snap); err != nil {
+		t.Fatal(err)
+	}
+	if g, want := seen(), []string{"DELETE " + watch.VaultPath + snap}; strings.Join(g, ",") != strings.Join(want, ",") {
+		t.Errorf("snapshot delete: node saw %q, want %q", g, want)
+	}
+	if err := v.Delete("snap-unknown"); err != nil {
+		t.Errorf("deleting a snapshot captured elsewhere: %v", err)
+	}
+	if err := v.CopyVault(src, restored); err == nil {
+		t.Error("a copy between two sandboxes was accepted")
+	}
+	mu.Lock()
+	failCopy = true
+	mu.Unlock()
+	if err := v.CopyVault(src, "snap-def"); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Errorf("a capture the node refused: %v, want its error", err)
+	}
+	if g := seen(); len(g) != 1 {
+		t.Errorf("after the refused capture the node saw %q, want only that copy", g)
+	}
+}

@@ -24,8 +24,9 @@ const snapshotTimeout = 14 * time.Minute
 //     watch.SnapshotCommitted; 404 when this node does not run sandbox id, or the
 //     container is not the one of the pod the body names; 400 for a reference outside
 //     watch.SnapshotRefPrefix; 500 when containerd fails (its message).
-//   - POST remove: ctr.Remove of the body's watch.SnapshotRemove (204); 400 for a
-//     reference outside watch.SnapshotRefPrefix.
+//   - POST remove: ctr.Remove of the body's watch.SnapshotRemove (204), and the
+//     snapshot's sealed vault copy (watch.VaultCopy) with it when the daemon's vault
+//     holds one; 400 for a reference outside watch.SnapshotRefPrefix.
 //
 // `airlock egressd --containerd-socket` serves it on --metrics-listen.
 func (d *Daemon) SnapshotHandler(ctr *ctrsnap.Client, apiKey string) http.Handler {
@@ -52,6 +53,7 @@ func (d *Daemon) SnapshotHandler(ctr *ctrsnap.Client, apiKey string) http.Handle
 			return
 		}
 		d.log.Info("snapshot image removed", "ref", req.Ref)
+		d.forgetSnapshotVault(req.Ref)
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	mux.HandleFunc("POST "+watch.SnapshotPath+"{id}", auth(func(w http.ResponseWriter, r *http.Request) {
@@ -91,4 +93,21 @@ func (d *Daemon) SnapshotHandler(ctr *ctrsnap.Client, apiKey string) http.Handle
 		opensandbox.WriteJSON(w, http.StatusOK, watch.SnapshotCommitted{Ref: res.Ref, Digest: res.Digest, Bytes: res.Bytes})
 	}))
 	return mux
+}
+
+// forgetSnapshotVault drops the Credential Vault copy of the snapshot whose image ref
+// (watch.SnapshotRefPrefix+"<node>:<snapshot id>") was removed, when the daemon's vault
+// keeps copies (vault.Store); failures are logged (the image is gone).
+func (d *Daemon) forgetSnapshotVault(ref string) {
+	del, ok := d.cfg.Vault.(interface{ Delete(id string) error })
+	if !ok {
+		return
+	}
+	_, id, _ := strings.Cut(strings.TrimPrefix(ref, watch.SnapshotRefPrefix), ":")
+	if !watch.IsSnapshotID(id) {
+		return
+	}
+	if err := del.Delete(id); err != nil {
+		d.log.Error("deleting a snapshot's credential vault copy failed", "snapshot_id", id, "err", err)
+	}
 }

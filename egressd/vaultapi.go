@@ -21,7 +21,13 @@ const maxCABody = 64 << 10
 //   - PUT <id>/ca: store.ImportCA of the body's watch.VaultCA (204; 400 for a bad CA);
 //   - <id>/credential-vault[/…], any method: store.ServeAPI, a binding checked against
 //     the sandbox's policy as this node enforces it (policies.CoversBinding);
-//   - DELETE <id>: store.Delete (204).
+//   - DELETE <id>: store.Delete (204); also a snapshot's copy (<id> a snapshot id);
+//   - POST copy: store.CopyVault of the body's watch.VaultCopy (204, no body): a
+//     sandbox's sealed credentials and bindings to a snapshot's copy kept on this node
+//     (capture), or a snapshot's copy to a sandbox (restore); 400 unless one side is a
+//     sandbox and the other a snapshot id (watch.IsSnapshotID), 404 when that sandbox
+//     is not one this node runs. Values stay sealed here: nothing of them is answered,
+//     logged or audited (the audit's Change names the bindings only).
 //
 // The first two answer 404 for a sandbox this node does not run. `airlock egressd
 // --vault-dir` serves it on --metrics-listen.
@@ -77,6 +83,35 @@ func (d *Daemon) VaultHandler(store *vault.Store, apiKey string) http.Handler {
 	})
 	mux.HandleFunc(watch.VaultPath+"{id}/credential-vault", serve)
 	mux.HandleFunc(watch.VaultPath+"{id}/credential-vault/{rest...}", serve)
+	mux.HandleFunc("POST "+watch.VaultPath+"copy", auth(func(w http.ResponseWriter, r *http.Request) {
+		var req watch.VaultCopy
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxCABody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			opensandbox.WriteError(w, http.StatusBadRequest, opensandbox.ErrorBody{Code: "INVALID_REQUEST", Message: "body: " + err.Error()})
+			return
+		}
+		sbx := req.From
+		switch {
+		case watch.IsSnapshotID(req.To) && !watch.IsSnapshotID(req.From):
+		case watch.IsSnapshotID(req.From) && !watch.IsSnapshotID(req.To):
+			sbx = req.To
+		default:
+			opensandbox.WriteError(w, http.StatusBadRequest, opensandbox.ErrorBody{Code: "INVALID_REQUEST",
+				Message: "from and to must be a sandbox this node runs and a snapshot id (snap-[a-z0-9]+), one each"})
+			return
+		}
+		if _, ok := known(w, sbx); !ok {
+			return
+		}
+		if err := store.CopyVault(req.From, req.To); err != nil {
+			d.log.Error("copying a credential vault failed", "from", req.From, "to", req.To, "err", err)
+			opensandbox.WriteError(w, http.StatusInternalServerError, opensandbox.ErrorBody{Code: "INTERNAL_ERROR", Message: "internal error; see egressd's log"})
+			return
+		}
+		d.log.Info("credential vault copied", "from", req.From, "to", req.To)
+		w.WriteHeader(http.StatusNoContent)
+	}))
 	mux.HandleFunc("DELETE "+watch.VaultPath+"{id}", auth(func(w http.ResponseWriter, r *http.Request) {
 		if err := store.Delete(r.PathValue("id")); err != nil {
 			d.log.Error("deleting a sandbox's credential vault failed", "sandbox_id", r.PathValue("id"), "err", err)

@@ -43,7 +43,10 @@ type SnapshotChecker interface {
 // another inside the vault (egressd/vault.Store.CopyVault): values stay sealed there
 // and never pass through lifecycle. Snapshots use it to re-bind a sandbox's vault: to
 // the snapshot's id at capture, from it to each restored sandbox at create. A vault
-// without it leaves restored sandboxes with an empty vault.
+// without it leaves restored sandboxes with an empty vault. On Kubernetes (cluster's
+// node vault) the capture's copy is made by the source's node at once and the
+// restore's when the new pod runs there, before its entrypoint is released (the ready
+// gate retries it until the ready timeout).
 type VaultCopier interface {
 	CopyVault(from, to string) error
 }

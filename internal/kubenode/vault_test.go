@@ -91,31 +91,7 @@ func (ca *testCA) leaf(t *testing.T, name string) tls.Certificate {
 // the vault's state). The server runs on this host with addr on the node's bridge.
 func checkVault(ctx context.Context, t *testing.T, n *Node, c *sdk.Client, ca *testCA, name, addr string) {
 	t.Helper()
-	if out, err := exec.Command("ip", "addr", "add", addr+"/32", "dev", Bridge).CombinedOutput(); err != nil {
-		t.Fatalf("ip addr add %s dev %s: %v: %s", addr, Bridge, err, out)
-	}
-	defer func() {
-		if out, err := exec.Command("ip", "addr", "del", addr+"/32", "dev", Bridge).CombinedOutput(); err != nil {
-			t.Errorf("ip addr del %s dev %s: %v: %s", addr, Bridge, err, out)
-		}
-	}()
-	l, err := net.Listen("tcp4", net.JoinHostPort(addr, "443"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var auths []string
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		auths = append(auths, r.Header.Get("Authorization"))
-		mu.Unlock()
-		fmt.Fprint(w, "vault-ok") // never the header: the sandbox must not learn the secret
-	}))
-	srv.Listener.Close()
-	srv.Listener = l
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, name)}}
-	srv.StartTLS()
-	defer srv.Close()
+	authorizations := vaultUpstream(t, ca, name, addr)
 
 	secret := "kubenode-secret-" + randomHex(t)
 	policy := fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":%q}]}`, name)
@@ -168,9 +144,7 @@ func checkVault(ctx context.Context, t *testing.T, n *Node, c *sdk.Client, ca *t
 		return strings.Join(ex.Stdout, "\n")
 	}
 	got := run(fmt.Sprintf(`curl -s --max-time 10 --cacert "$SSL_CERT_FILE" https://%s/ 2>&1; echo " rc=$?"`, name))
-	mu.Lock()
-	seen := append([]string(nil), auths...)
-	mu.Unlock()
+	seen := authorizations()
 	if !strings.HasPrefix(got, "vault-ok") {
 		t.Errorf("https://%s/ from the vault sandbox: %q, want the server's vault-ok", name, got)
 	}
@@ -181,6 +155,45 @@ func checkVault(ctx context.Context, t *testing.T, n *Node, c *sdk.Client, ca *t
 	}
 	if env := run("env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"); strings.Contains(env, secret) {
 		t.Errorf("the sandbox's environment holds the secret")
+	}
+}
+
+// vaultUpstream runs, until t ends, a project-owned HTTPS server for name (a leaf of
+// ca) at addr:443, with addr on the node's bridge, answering "vault-ok" (never the
+// request's headers: the sandbox must not learn the secret); the function it returns
+// gives the Authorization header of every request so far.
+func vaultUpstream(t *testing.T, ca *testCA, name, addr string) func() []string {
+	t.Helper()
+	if out, err := exec.Command("ip", "addr", "add", addr+"/32", "dev", Bridge).CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add %s dev %s: %v: %s", addr, Bridge, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "addr", "del", addr+"/32", "dev", Bridge).CombinedOutput(); err != nil {
+			t.Errorf("ip addr del %s dev %s: %v: %s", addr, Bridge, err, out)
+		}
+	})
+	l, err := net.Listen("tcp4", net.JoinHostPort(addr, "443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var auths []string
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprint(w, "vault-ok") // never the header: the sandbox must not learn the secret
+	}))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, name)}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), auths...)
 	}
 }
 

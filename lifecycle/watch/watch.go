@@ -23,6 +23,7 @@ package watch
 import (
 	"encoding/json"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -166,8 +167,38 @@ const EnforcedPath = "/v1/enforced/"
 // egressd the sandbox's interception CA (PUT VaultPath+"<id>/ca", body VaultCA, 204)
 // before it releases the entrypoint, forwards the egress API's /credential-vault
 // routes (VaultPath+"<id>/credential-vault…", answered as egress-api.yaml says) and
-// removes the vault with the sandbox (DELETE VaultPath+"<id>", 204).
+// removes the vault with the sandbox (DELETE VaultPath+"<id>", 204). Snapshots re-bind
+// a vault through POST VaultPath+"copy" (body VaultCopy, 204): the node's egressd
+// copies the sealed credentials and bindings from one holder to another, so values
+// never leave it.
 const VaultPath = "/v1/vault/"
+
+// VaultCopy is the body of POST VaultPath+"copy": give holder To a copy of holder
+// From's credentials and bindings (sealed, values included; To keeps its own CA). One
+// of the two is a sandbox the node runs and the other a snapshot (IsSnapshotID): at
+// capture From is the source sandbox and To the snapshot, whose copy the node keeps
+// (it outlives the source) until the snapshot's image is removed or DELETE
+// VaultPath+"<snapshot id>"; at restore From is the snapshot and To the new sandbox.
+type VaultCopy struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// IsSnapshotID reports whether id has the form of a lifecycle snapshot id: "snap-"
+// followed by 1 to 64 characters [a-z0-9] (lifecycle's ids are "snap-" and a sandbox
+// id, which never holds a '-').
+func IsSnapshotID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "snap-")
+	if !ok || rest == "" || len(rest) > 64 {
+		return false
+	}
+	for _, c := range rest {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
 
 // VaultCA is the body of PUT VaultPath+"<id>/ca": a sandbox's interception CA, the
 // certificate in DER and its key in PKCS #8 DER (base64 in JSON).
