@@ -109,7 +109,7 @@ func TestReplicasFollowEachOther(t *testing.T) {
 		`"renewOnAccess":60,"credentialProxy":true,"deleteVolumes":["v1"],"address":"10.0.0.7",` +
 		`"address6":"fd00::7","pid":42,"hostInterface":"veth1","node":"node-a","containerID":"sbx-s1abc",` +
 		`"resourceLimits":{"cpu":"1"},"extensions":{"k":"v"},"platform":{"os":"linux","arch":"amd64"},` +
-		`"proposal":{"decision":"approve","digest":"0f60f1","lastSeq":7,"principal":"admin","at":"2026-11-25T10:05:00Z","savedAs":"learned"}}`
+		`"claiming":true,"proposal":{"decision":"approve","digest":"0f60f1","lastSeq":7,"principal":"admin","at":"2026-11-25T10:05:00Z","savedAs":"learned"}}`
 	if err := a.PutSandbox("s1abc", []byte(doc)); err != nil {
 		t.Fatal(err)
 	}
