@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,6 +121,14 @@ type Config struct {
 	// takeover, default 15s.
 	Identity      string        `yaml:"identity"`
 	LeaseDuration time.Duration `yaml:"leaseDuration"`
+	// LeaderService names a Service without a selector in SystemNamespace that the
+	// leading replica points at AdvertiseAddress (this replica's pod IP) and the
+	// Listen port, through an EndpointSlice of the same name, while it leads
+	// (kubestore.LeaderEndpoint): the data plane follows the watch stream there, so it
+	// learns what the leader publishes (a warm pool claim) before the store write.
+	// Empty, or no AdvertiseAddress: nothing is published.
+	LeaderService    string     `yaml:"leaderService"`
+	AdvertiseAddress netip.Addr `yaml:"advertiseAddress"`
 	// Limits, timeouts and loop intervals have lifecycle.Config's meanings; zero:
 	// lifecycle's defaults (a 24h longest timeout, 120s to become ready).
 	Limits       lifecycle.Limits `yaml:"-"`
@@ -234,7 +243,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	st, err := kubestore.New(kubestore.Config{
 		Client: cs, Dynamic: dyn, Namespace: cfg.SystemNamespace, SecretNamespace: cfg.TokenNamespace, Identity: cfg.Identity,
-		LeaseDuration: cfg.LeaseDuration, Log: cfg.Log.With("component", "kubestore"),
+		LeaseDuration: cfg.LeaseDuration, Leader: leaderEndpoint(cfg), Log: cfg.Log.With("component", "kubestore"),
 	})
 	if err != nil {
 		return nil, err
@@ -387,4 +396,19 @@ func (cp *ControlPlane) Close() error {
 	cp.stopLibrary()
 	errs = append(errs, cp.Server.Close())
 	return errors.Join(errs...)
+}
+
+// leaderEndpoint is where cfg's replica is reached while it leads: the Listen port at
+// AdvertiseAddress, named by the Identity (the pod's name in the manifests).
+func leaderEndpoint(cfg Config) kubestore.LeaderEndpoint {
+	if cfg.LeaderService == "" || !cfg.AdvertiseAddress.IsValid() {
+		return kubestore.LeaderEndpoint{}
+	}
+	port := 8080
+	if _, p, err := net.SplitHostPort(cfg.Listen); err == nil {
+		if n, err := strconv.Atoi(p); err == nil && n > 0 {
+			port = n
+		}
+	}
+	return kubestore.LeaderEndpoint{Service: cfg.LeaderService, Address: cfg.AdvertiseAddress, Port: port, Pod: cfg.Identity}
 }

@@ -92,9 +92,14 @@ func (h *Hold) Held() bool {
 }
 
 // holdMiddleware makes requests wait while hold is held (HoldWait, then ErrHeld),
-// except for GET /ping and the release itself.
+// except for GET /ping and the release itself (POST releases, GET reports
+// opensandbox.ReleaseState).
 func holdMiddleware(h *Hold, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == opensandbox.ReleasePath && r.Method == http.MethodGet {
+			writeJSON(w, http.StatusOK, opensandbox.ReleaseState{Held: h.Held()})
+			return
+		}
 		if r.URL.Path == opensandbox.ReleasePath && r.Method == http.MethodPost {
 			body, err := io.ReadAll(io.LimitReader(r.Body, maxReleaseBody+1))
 			if err != nil || len(body) > maxReleaseBody {

@@ -16,7 +16,8 @@ import (
 )
 
 // TestHoldDelaysRequestsUntilRelease: a held server answers GET /ping at once, makes a
-// command wait until POST ReleasePath, then runs it; the release needs the token.
+// command wait until POST ReleasePath, then runs it; the release and GET ReleasePath
+// (held or not) need the token.
 func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		testenv.SkipOrFail(t, "no bash on this host")
@@ -45,6 +46,12 @@ func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 	if code, _ := do("GET", "/ping", "", "tok"); code != http.StatusOK {
 		t.Fatalf("ping while held: %d", code)
 	}
+	if code, b := do("GET", opensandbox.ReleasePath, "", "tok"); code != http.StatusOK || !strings.Contains(b, `"held":true`) {
+		t.Fatalf("release state while held: %d %s", code, b)
+	}
+	if code, _ := do("GET", opensandbox.ReleasePath, "", ""); code != http.StatusUnauthorized {
+		t.Fatalf("anonymous release state: %d, want 401", code)
+	}
 	done := make(chan string, 1)
 	go func() {
 		_, b := do("POST", "/command", `{"command":"echo after-release"}`, "tok")
@@ -63,6 +70,9 @@ func TestHoldDelaysRequestsUntilRelease(t *testing.T) {
 	}
 	if code, _ := do("POST", opensandbox.ReleasePath, "", "tok"); code != http.StatusNoContent {
 		t.Fatalf("release: %d", code)
+	}
+	if code, b := do("GET", opensandbox.ReleasePath, "", "tok"); code != http.StatusOK || !strings.Contains(b, `"held":false`) {
+		t.Fatalf("release state after release: %d %s", code, b)
 	}
 	select {
 	case b := <-done:

@@ -167,6 +167,10 @@ type WatchConfig struct {
 	// Headers are sent with every watch request (the credential). Values may use
 	// placeholders such as {env.AIRLOCK_API_KEY}.
 	Headers http.Header `json:"headers,omitempty"`
+	// FallbackURL is followed while URL cannot be reached, 30 s at a time
+	// (watch.ClientConfig.FallbackURL): on Kubernetes URL is the leading lifecycle
+	// replica's Service and FallbackURL every replica's. Empty: none.
+	FallbackURL string `json:"fallback_url,omitempty"`
 	// MaxBackoff caps the wait between reconnects; default 5s.
 	MaxBackoff caddy.Duration `json:"max_backoff,omitempty"`
 }
@@ -314,10 +318,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.Watch != nil {
 		wurl := repl.ReplaceKnown(a.Watch.URL, "")
 		a.watcher, err = watch.NewClient(watch.ClientConfig{
-			URL:        wurl,
-			Header:     replaceHeader(repl, a.Watch.Headers),
-			MaxBackoff: time.Duration(a.Watch.MaxBackoff),
-			Log:        a.log.With("component", "watch"),
+			URL:         wurl,
+			FallbackURL: repl.ReplaceKnown(a.Watch.FallbackURL, ""),
+			Header:      replaceHeader(repl, a.Watch.Headers),
+			MaxBackoff:  time.Duration(a.Watch.MaxBackoff),
+			Log:         a.log.With("component", "watch"),
 		})
 		if err != nil {
 			return fmt.Errorf("airlock: %w", err)

@@ -67,6 +67,9 @@ type Config struct {
 	// WatchURL and WatchHeader locate lifecycle's watch stream and carry its credential.
 	// Empty WatchURL leaves the route table empty.
 	WatchURL    string
+	// WatchFallbackURL is followed while WatchURL cannot be reached
+	// (watch.ClientConfig.FallbackURL); empty: none.
+	WatchFallbackURL string
 	WatchHeader http.Header
 	// SigningKeys verify signed routes; ActiveKey names the minting key (default: the
 	// first).
@@ -209,7 +212,7 @@ func (s *Server) appConfig() App {
 		AgentActions:       c.AgentActions,
 	}
 	if c.WatchURL != "" {
-		app.Watch = &WatchConfig{URL: c.WatchURL, Headers: c.WatchHeader}
+		app.Watch = &WatchConfig{URL: c.WatchURL, FallbackURL: c.WatchFallbackURL, Headers: c.WatchHeader}
 	}
 	if c.PrincipalKeysURL != "" {
 		app.PrincipalKeys = &PrincipalKeysConfig{URL: c.PrincipalKeysURL}

@@ -67,18 +67,27 @@ func (s *Server) updateEgress(ctx context.Context, id string) {
 // updateEgressOf is updateEgress for a record at hand (a warm pool member being
 // claimed, not yet in the registry).
 func (s *Server) updateEgressOf(ctx context.Context, rec *record) {
+	s.mu.Lock()
+	update := s.egressUpdateLocked(rec)
+	s.mu.Unlock()
+	update(ctx)
+}
+
+// egressUpdateLocked returns what updateEgressOf does once s.mu is released: the
+// runtime's second layer brought to rec's policy as it is now (a no-op without an
+// EgressUpdater runtime). s.mu is held.
+func (s *Server) egressUpdateLocked(rec *record) func(context.Context) {
 	up, ok := s.rt.(EgressUpdater)
 	if !ok {
-		return
+		return func(context.Context) {}
 	}
-	s.mu.Lock()
 	inst := Instance{SandboxID: rec.ID, ContainerID: rec.ContainerID, Address: rec.Address, Node: rec.Node}
 	eg := s.egressOfLocked(rec)
-	s.mu.Unlock()
-	id := rec.ID
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := up.UpdateEgress(ctx, inst, eg); err != nil {
-		s.log.Error("updating the sandbox's second network layer failed", "sandbox_id", id, "err", err)
+	return func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := up.UpdateEgress(ctx, inst, eg); err != nil {
+			s.log.Error("updating the sandbox's second network layer failed", "sandbox_id", inst.SandboxID, "err", err)
+		}
 	}
 }

@@ -153,36 +153,50 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
 	rec.PodUID, rec.Node, rec.HostInterface = m.PodUID, m.Node, m.HostInterface
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
-	rec.Status = m.Status
 	began := time.Now()
 	s.mu.Lock()
 	s.policyEventLocked(rec, "at create, on a warm pool member")
-	// The data plane learns the policy (no route yet: Pending): published before it is
-	// stored, so a node following this replica enforces while the store writes (one
-	// following another replica learns it from the store). Should the write fail, the
-	// member is dropped (its pod removed) and nothing of the request ran in it.
+	// One store write: the request's policy, and Running marked Claiming. The data
+	// plane learns the policy from the publication before it (a node following
+	// another replica, from the store), so the enforcement wait and the runtime's
+	// second layer (a NetworkPolicy on Kubernetes) run while the store writes; the
+	// release waits for all three. A gateway may route to the sandbox at once: execd
+	// holds every request until the release. The claim answers without a second
+	// write: the stored mark tells a leader that starts later to ask execd whether the
+	// release happened (confirmClaimAsync). Should the write fail, the member is
+	// dropped (its container removed) and nothing of the request ran in it.
+	rec.Status = Status{} // the member's warming status is not the sandbox's history
+	rec.Claiming = true
+	s.applyStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
 	s.hub.Put(s.watchView(rec))
-	err := s.commitLocked(rec)
 	_, version := s.lib.effective(rec)
+	var enforced, second time.Duration
+	enforcedErr, secondDone := make(chan error, 1), make(chan struct{})
+	wctx, stopWait := context.WithCancel(ctx) // a failed write ends the wait at once
+	defer stopWait()
+	go func() {
+		t := time.Now()
+		err := s.awaitEnforced(wctx, rec.ID, version)
+		enforced = time.Since(t)
+		enforcedErr <- err
+	}()
+	update := s.egressUpdateLocked(rec)
+	go func() {
+		defer close(secondDone)
+		t := time.Now()
+		update(ctx)
+		second = time.Since(t)
+	}()
+	err := s.commitLocked(rec)
 	s.mu.Unlock()
 	stored := time.Since(began)
-	var enforced, second time.Duration
-	if err == nil {
-		// The runtime's second layer (a NetworkPolicy on Kubernetes) follows the
-		// request's policy before the entrypoint starts: written while the node
-		// enforces the first (both finish before the release).
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			t := time.Now()
-			s.updateEgressOf(ctx, rec)
-			second = time.Since(t)
-		}()
-		t := time.Now()
-		err = s.awaitEnforced(ctx, rec.ID, version)
-		enforced = time.Since(t)
-		<-done
+	if err != nil {
+		stopWait()
 	}
+	if eerr := <-enforcedErr; err == nil {
+		err = eerr
+	}
+	<-secondDone
 	t := time.Now()
 	if err == nil && p.spec.Entrypoint == nil {
 		err = s.releaseWith(rec.ID, rec.Address, opensandbox.Release{Env: s.releaseEnv(v.spec.Env), Entrypoint: v.spec.Entrypoint})
@@ -194,8 +208,11 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 		return Sandbox{}, false
 	}
 	s.mu.Lock()
+	// In memory only: the next write of the record (renew, policy, state, delete)
+	// stores the mark cleared and these events.
+	rec.Claiming = false
 	addEventLocked(rec, EventLifecycle, EventNormal, "ClaimedFromPool", fmt.Sprintf(
-		"warm pool %s: member %s claimed (ms: policy stored %d, enforced %d, second layer %d in parallel, released %d)",
+		"warm pool %s: member %s claimed (ms: stored %d; enforced %d and second layer %d, both alongside the write; released %d)",
 		p.spec.Name, m.ID, stored.Milliseconds(), enforced.Milliseconds(), second.Milliseconds(), released.Milliseconds()))
 	if s.cfg.PolicyGate != nil {
 		addEventLocked(rec, EventNetwork, EventNormal, "EgressAttached", fmt.Sprintf("the data plane enforces policy version %d", version))
@@ -205,22 +222,9 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 	} else {
 		addEventLocked(rec, EventLifecycle, EventNormal, "Released", "the entrypoint started when the member warmed, under its deny-all policy")
 	}
-	rec.Status = Status{}
-	// Routed (published) while stored, as above: execd runs the request's entrypoint
-	// already. The create answers once Running is stored (an answer of Running is
-	// durable); a failed write drops the member and serves the create cold.
-	s.applyStatusLocked(rec, opensandbox.Running, "ready", "claimed from warm pool "+p.spec.Name)
-	s.hub.Put(s.watchView(rec))
-	err = s.commitLocked(rec)
-	if err == nil {
-		s.sbx[rec.ID] = &entry{rec: rec}
-	}
+	s.sbx[rec.ID] = &entry{rec: rec}
 	out := rec.view(false)
 	s.mu.Unlock()
-	if err != nil {
-		s.dropMember(rec)
-		return Sandbox{}, false
-	}
 	s.metrics.poolClaims.WithLabelValues(p.spec.Name).Inc()
 	return out, true
 }

@@ -217,3 +217,106 @@ func containerOf(t *testing.T, h *lctest.Harness, id string) string {
 	t.Fatalf("no container for sandbox %s", id)
 	return ""
 }
+
+// storedDoc reads sandbox id's stored record as a generic document (nil: not stored).
+func storedDoc(t *testing.T, h *lctest.Harness, id string) map[string]any {
+	t.Helper()
+	docs, err := h.Store.Sandboxes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := docs[id]
+	if !ok {
+		return nil
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+// TestWarmPoolInterruptedClaim: a claim stores the request's policy and Running in one
+// write, marked claiming, and answers without a second write; a leader that starts on
+// that store asks each marked sandbox's execd whether the claim released it: the one
+// released keeps running and its mark is cleared; one still held (its claim never
+// answered: here a member's record rewritten as claimed, as a claimer killed between
+// its write and the release leaves it) is removed with its container.
+func TestWarmPoolInterruptedClaim(t *testing.T) {
+	img := testenv.NeedSandboxImage(t)
+	opts := lctest.Options{
+		APIKey:         testKey,
+		KeepContainers: true,
+		Pools:          []lifecycle.PoolSpec{{Name: "default", Image: img, Size: 2, ResourceLimits: poolLimits}},
+	}
+	h := lctest.New(t, opts)
+	t.Cleanup(func() { lctest.RemoveAll(t, h.Runtime) })
+	c := newClient(t, h)
+	waitPool(t, h, 2)
+
+	req := baseReq(img, nil)
+	req["resourceLimits"] = poolLimits
+	sb := c.create(req)
+	if sb.Status.State != opensandbox.Running {
+		t.Fatalf("claim answered %s, want Running", sb.Status.State)
+	}
+	doc := storedDoc(t, h, sb.ID)
+	if st, _ := doc["status"].(map[string]any); st["state"] != string(opensandbox.Running) || doc["claiming"] != true {
+		t.Fatalf("after the claim's answer the store holds state %v claiming %v, want Running and true (one write)", st["state"], doc["claiming"])
+	}
+	if out := c.run(sb.ID, "echo ok"); out != "ok" {
+		t.Fatalf("claimed sandbox: %q", out)
+	}
+
+	// A member's record rewritten as a claim interrupted before its release.
+	var held string
+	docs, err := h.Store.Sandboxes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, b := range docs {
+		var m map[string]any
+		if json.Unmarshal(b, &m) == nil && m["pool"] == "default" {
+			held = id
+			delete(m, "pool")
+			m["claiming"] = true
+			m["status"] = map[string]any{"state": string(opensandbox.Running), "reason": "ready", "lastTransitionAt": time.Now().UTC()}
+			nb, _ := json.Marshal(m)
+			if err := h.Store.PutSandbox(id, nb); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if held == "" {
+		t.Fatal("no pool member in the store")
+	}
+	heldCID := containerOf(t, h, held)
+
+	h.Stop()
+	opts.StateDir = h.StateDir
+	h = lctest.New(t, opts)
+	c = newClient(t, h)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		d := storedDoc(t, h, sb.ID)
+		_, gone := h.Runtime.Inspect(t.Context(), heldCID)
+		if d != nil && d["claiming"] == nil && storedDoc(t, h, held) == nil && gone != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after restart: released claim stored %v; held claim stored %v, container err %v",
+				d, storedDoc(t, h, held) != nil, gone)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := c.get(sb.ID); got.Status.State != opensandbox.Running {
+		t.Fatalf("the released claim is %s after restart", got.Status.State)
+	}
+	if out := c.run(sb.ID, "echo ok"); out != "ok" {
+		t.Fatalf("released claim after restart: %q", out)
+	}
+	c.want("GET", "/v1/sandboxes/"+held, nil, http.StatusNotFound, "SANDBOX_NOT_FOUND")
+	waitPool(t, h, 2)
+	c.want("DELETE", "/v1/sandboxes/"+sb.ID, nil, http.StatusNoContent, "")
+}

@@ -275,6 +275,10 @@ func (s *Server) reconcile(ctx context.Context) error {
 			switch st {
 			case opensandbox.Pending:
 				s.awaitReadyAsync(trace.SpanContext{}, rec.ID, in.Address)
+			case opensandbox.Running:
+				if rec.Claiming {
+					s.confirmClaimAsync(rec.ID, in.Address)
+				}
 			case opensandbox.Pausing, opensandbox.Resuming, opensandbox.Paused:
 				_ = s.setStatusLocked(rec, opensandbox.Running, "reconciled", "the container is running")
 				continue

@@ -98,6 +98,14 @@ type record struct {
 	// SnapshotID is the snapshot the sandbox was restored from (GET reports it as
 	// snapshotId); empty for a sandbox created from an image.
 	SnapshotID string `json:"snapshotId,omitempty"`
+	// Claiming marks a claimed warm pool member whose claim may not have finished: a
+	// claim stores the request's policy and Running together, in one write made before
+	// the enforcement wait and execd's release, and answers without a second one, so
+	// the mark stays stored until the record's next write. A leader that finds it at
+	// start asks the sandbox's execd (confirmClaimAsync): released, the claim answered
+	// and the mark is cleared; still held, the claim never answered and the sandbox is
+	// removed.
+	Claiming bool `json:"claiming,omitempty"`
 	// Pool names the warm pool of a member not yet claimed (PoolSpec.Name): such a
 	// record is not a sandbox of the API. Empty for every claimed or cold sandbox.
 	Pool string `json:"pool,omitempty"`

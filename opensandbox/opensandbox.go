@@ -95,8 +95,16 @@ func (s State) Terminal() bool { return s == Terminated || s == Failed }
 // ReleasePath is where Airlock's lifecycle server releases a held sandbox's execd (an
 // Airlock extension, not part of execd-api.yaml): POST with no body, 204 whether or not
 // it was held; or POST with a JSON Release body, which only a held sandbox accepts (204;
-// 409 ALREADY_EXISTS when it was released before; 400 for a malformed body).
+// 409 ALREADY_EXISTS when it was released before; 400 for a malformed body). GET
+// answers 200 with a ReleaseState and changes nothing. Both need execd's access token.
 const ReleasePath = "/_airlock/release"
+
+// ReleaseState is the answer of GET ReleasePath: whether the sandbox's execd is still
+// held (its user processes not started). A lifecycle leader that finds a warm pool
+// claim it did not see finish asks it.
+type ReleaseState struct {
+	Held bool `json:"held"`
+}
 
 // Release is the optional body of a release: what a sandbox created ahead of its
 // request (a warm pool member) learns when it is claimed.

@@ -96,6 +96,9 @@ type EgressdConfig struct {
 	// loopback.
 	WatchURL string `yaml:"-"`
 	APIKey   string `yaml:"-"`
+	// WatchFallbackURL is followed while WatchURL cannot be reached (Kubernetes: every
+	// lifecycle replica's Service behind the leader's); empty: none.
+	WatchFallbackURL string `yaml:"-"`
 	// DNSListen is the DNS filter's address, normally the Airlock bridge's gateway
 	// address port 53 (airlock up: always). Default with DNSLocalAddress: that address,
 	// port 53.
@@ -313,7 +316,8 @@ func NewEgressd(cfg EgressdConfig) (*Egressd, error) {
 		cfg.Vault = e.ownVault
 	}
 	e.Daemon, err = egressd.New(egressd.Config{
-		Watch:          watch.ClientConfig{URL: cfg.WatchURL, Header: hdr, Log: cfg.Log.With("component", "watch")},
+		Watch: watch.ClientConfig{URL: cfg.WatchURL, FallbackURL: cfg.WatchFallbackURL, Header: hdr,
+			Log: cfg.Log.With("component", "watch")},
 		Enforcer:       enforcer.Config{Mode: enforcer.Mode(cfg.Mode), EBPF: ebpf.Config{PinRoot: cfg.PinRoot, NoAttribution: cfg.AttributionDisabled}, NFT: nftfilter.Config{Table: cfg.NFTTable}},
 		DNSListen:      cfg.DNSListen,
 		Resolver:       cfg.Resolver,

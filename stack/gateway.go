@@ -87,6 +87,9 @@ type GatewayConfig struct {
 	// WatchHeader and APIKey. Empty: no routes.
 	WatchURL    string      `yaml:"-"`
 	WatchHeader http.Header `yaml:"-"`
+	// WatchFallbackURL is followed while WatchURL cannot be reached (Kubernetes: every
+	// lifecycle replica's Service behind the leader's); empty: none.
+	WatchFallbackURL string `yaml:"-"`
 	// APIKey is lifecycle's API key: sent as OPEN-SANDBOX-API-KEY to the watch and
 	// renew endpoints, and admitted from clients on token ports (the gateway keeps only
 	// its SHA-256). Empty: none.
@@ -214,6 +217,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		Listen:             cfg.Listen,
 		BaseDomains:        cfg.RouteDomains,
 		WatchURL:           cfg.WatchURL,
+		WatchFallbackURL:   cfg.WatchFallbackURL,
 		WatchHeader:        cfg.WatchHeader.Clone(),
 		SigningKeys:        cfg.SigningKeys,
 		ExecdKey:           cfg.ExecdKey,

@@ -102,6 +102,7 @@ func (ef *egressdFlags) register(f *pflag.FlagSet) {
 	ef.cfg = stack.DefaultEgressdConfig()
 	c := &ef.cfg
 	f.StringVar(&c.WatchURL, "watch-url", c.WatchURL, "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch (required)")
+	f.StringVar(&c.WatchFallbackURL, "watch-fallback-url", c.WatchFallbackURL, "watch stream followed while --watch-url cannot be reached, 30 s at a time (Kubernetes: --watch-url is the leading lifecycle replica's Service, this every replica's)")
 	f.StringVar(&c.APIKey, "api-key", c.APIKey, "lifecycle API key for the watch (default $OPEN_SANDBOX_API_KEY)")
 	f.StringVar(&c.DNSListen, "dns-listen", c.DNSListen, "DNS filter address, the Airlock bridge's gateway:53 (required unless --dns-local-address)")
 	f.Var(addrValue{&c.DNSLocalAddress}, "dns-local-address", "node-local DNS address to create and serve on, e.g. 169.254.20.10 on Kubernetes (the pods' dnsConfig nameserver); --dns-listen defaults to it, port 53")

@@ -110,6 +110,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.Listen, "listen", c.Listen, "address to serve on; airlock.yaml gateway.listen")
 	f.StringSliceVar(&c.RouteDomains, "base-domain", c.RouteDomains, "base domain for host-form routes (repeatable; \"\" disables host routing); airlock.yaml gateway.routeDomains")
 	f.StringVar(&c.WatchURL, "watch-url", c.WatchURL, "lifecycle watch stream URL, e.g. http://127.0.0.1:8080/internal/v1/watch")
+	f.StringVar(&c.WatchFallbackURL, "watch-fallback-url", c.WatchFallbackURL, "watch stream followed while --watch-url cannot be reached, 30 s at a time (Kubernetes: --watch-url is the leading lifecycle replica's Service, this every replica's)")
 	f.StringArrayVar(&gf.watchHeaders, "watch-header", nil, "extra header for the watch stream, \"Name: value\" (repeatable)")
 	f.StringVar(&c.APIKey, "api-key", c.APIKey, "lifecycle API key sent as OPEN-SANDBOX-API-KEY to the watch and renew endpoints and accepted from clients on token ports (default $OPEN_SANDBOX_API_KEY)")
 	f.StringArrayVar(&gf.signingKeys, "signing-key", nil, "signed-route key <id>=base64:<secret> or <id>=hex:<secret>, id one of [0-9a-z] (repeatable; default $AIRLOCK_SIGNING_KEYS)")

@@ -27,6 +27,7 @@ type lifecycleFlags struct {
 	cfg                               cluster.Config
 	runtimeKind, kubeconfig, logLevel string
 	dns, signingKeys, pools, deny     []string
+	advertise                         string
 }
 
 func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
@@ -134,6 +135,8 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.StringArrayVar(&lf.pools, "pool", nil, "a warm pool, name=NAME,image=IMAGE,size=N[,cpu=…][,memory=…] (repeatable; an empty value is none): held pods, enforced deny-all, that a create with the same image and limits claims")
 	f.StringVar(&c.Identity, "identity", c.Identity, "this replica's name in the Lease (default $POD_NAME, then the host name)")
 	f.DurationVar(&c.LeaseDuration, "lease-duration", c.LeaseDuration, "how long a stopped leader's Lease blocks a takeover")
+	f.StringVar(&c.LeaderService, "leader-service", c.LeaderService, "a Service without selector in --system-namespace that the leading replica points at --advertise-address while it leads (its EndpointSlice): gateways and egressd follow the watch stream there (empty: none)")
+	f.StringVar(&lf.advertise, "advertise-address", os.Getenv("POD_IP"), "this replica's address for --leader-service (env POD_IP)")
 	f.DurationVar(&c.Limits.MaxTimeout, "max-timeout", c.Limits.MaxTimeout, "longest sandbox timeout a create may ask for (default lifecycle's, 24h)")
 	f.DurationVar(&c.MaxSignedURLLifetime, "max-signed-url-lifetime", c.MaxSignedURLLifetime, "longest lifetime of a signed endpoint (?expires=) (default lifecycle's, 24h)")
 	f.DurationVar(&c.ReadyTimeout, "ready-timeout", c.ReadyTimeout, "how long a pod may take to run and answer execd /ping (default lifecycle's, 120s)")
@@ -204,6 +207,13 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 	}
 	if c.Identity == "" {
 		c.Identity = os.Getenv("POD_NAME")
+	}
+	if lf.advertise != "" {
+		a, err := netip.ParseAddr(lf.advertise)
+		if err != nil {
+			return c, fmt.Errorf("--advertise-address %q: %w", lf.advertise, err)
+		}
+		c.AdvertiseAddress = a
 	}
 	return c, nil
 }

@@ -349,7 +349,11 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	wantArgs(t, "lifecycle", args, "--runtime=kubernetes", "--listen=:8080",
 		"--namespace="+l.sandboxes, "--system-namespace="+l.system, "--token-namespace="+l.tokens,
 		"--runtime-class="+l.runtimeClass, "--dns=169.254.20.10", "--l7-port=15001", "--execd-image=airlock/execd:0.1.0",
-		"--vault", "--snapshots")
+		"--vault", "--snapshots", "--leader-service=airlock-lifecycle-leader")
+	// The leader Service has no selector: the leading replica writes its endpoint.
+	if svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-lifecycle-leader")); len(svc.Spec.Selector) != 0 || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "http" {
+		t.Errorf("airlock-lifecycle-leader: selector %v ports %v, want no selector and port http", svc.Spec.Selector, svc.Spec.Ports)
+	}
 	var deny []string
 	for _, a := range args {
 		if d, ok := strings.CutPrefix(a, "--deny="); ok {
@@ -385,8 +389,10 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 	lc := "airlock-lifecycle." + l.system + ".svc:8080"
 	// The public gateway never admits the API key from clients.
 	wantArgs(t, "gateway", args, "--refuse-api-key")
+	// The watch from the leading replica, every replica while none leads.
 	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
-		"--watch-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
+		"--watch-url=http://airlock-lifecycle-leader."+l.system+".svc:8080/internal/v1/watch",
+		"--watch-fallback-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
 	// The audit log and its key are on a volume of the pod's own (the root filesystem
 	// is read-only; replicas never share a log), or in a folder of the pod's own on the
 	// node (the pod's name in the path; the last --audit-dir wins).
@@ -438,7 +444,8 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	}
 	args := m.args(t, l.system, c)
 	wantArgs(t, "egressd", args, "egressd", "--node=node-a",
-		"--watch-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
+		"--watch-url=http://airlock-lifecycle-leader."+l.system+".svc:8080/internal/v1/watch",
+		"--watch-fallback-url=http://airlock-lifecycle."+l.system+".svc:8080/internal/v1/watch",
 		"--dns-local-address=169.254.20.10", "--l7-port=15001", "--audit-dir=/var/lib/airlock/audit", "--metrics-listen=[10.0.0.1]:9102",
 		"--cgroup-root=/host/sys/fs/cgroup", "--vault-dir=/var/lib/airlock/vault",
 		"--containerd-socket=/host/run/containerd/containerd.sock")

@@ -72,7 +72,10 @@ type Config struct {
 	// meanings); defaults 15 s, 10 s, 2 s. A new leader takes over at most
 	// LeaseDuration after the old one stopped renewing.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-	Log                                       *slog.Logger
+	// Leader, when its Service is set, is where this replica is reached while it
+	// leads: Lead points the Service's EndpointSlice at it (leader.go).
+	Leader LeaderEndpoint
+	Log    *slog.Logger
 }
 
 // Store is a lifecycle.SharedStore and a library.Store over the Kubernetes API.
@@ -515,7 +518,12 @@ func (s *Store) Lead(ctx context.Context, lead func(ctx context.Context)) {
 			ReleaseOnCancel: true,
 			Name:            s.cfg.LeaseName,
 			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: lead,
+				OnStartedLeading: func(ctx context.Context) {
+					done := make(chan struct{})
+					go func() { defer close(done); s.advertiseLeader(ctx) }()
+					lead(ctx)
+					<-done
+				},
 				OnStoppedLeading: func() {},
 			},
 		})

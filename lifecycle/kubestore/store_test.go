@@ -3,7 +3,9 @@ package kubestore_test
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,7 +112,7 @@ func TestReplicasFollowEachOther(t *testing.T) {
 		`"renewOnAccess":60,"credentialProxy":true,"deleteVolumes":["v1"],"address":"10.0.0.7",` +
 		`"address6":"fd00::7","pid":42,"hostInterface":"veth1","node":"node-a","containerID":"sbx-s1abc",` +
 		`"resourceLimits":{"cpu":"1"},"extensions":{"k":"v"},"platform":{"os":"linux","arch":"amd64"},` +
-		`"proposal":{"decision":"approve","digest":"0f60f1","lastSeq":7,"principal":"admin","at":"2026-11-25T10:05:00Z","savedAs":"learned"}}`
+		`"claiming":true,"proposal":{"decision":"approve","digest":"0f60f1","lastSeq":7,"principal":"admin","at":"2026-11-25T10:05:00Z","savedAs":"learned"}}`
 	if err := a.PutSandbox("s1abc", []byte(doc)); err != nil {
 		t.Fatal(err)
 	}
@@ -312,4 +314,54 @@ func TestFetchSandbox(t *testing.T) {
 	if got, err := b.FetchSandbox(context.Background(), "nosuch"); got != nil || err != nil {
 		t.Fatalf("FetchSandbox(missing) = %s, %v; want nil, nil", got, err)
 	}
+}
+
+// The leading replica is the only endpoint of the leader Service's EndpointSlice; when
+// it stops leading the slice stops naming it, and the next leader names itself.
+func TestLeaderEndpoint(t *testing.T) {
+	env := kubetest.Shared(t, kubetest.AirlockCRDs())
+	ns := env.Namespace(t, "leader")
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(identity, addr string) *kubestore.Store {
+		st, err := kubestore.New(kubestore.Config{Client: env.Client, Dynamic: dyn, Namespace: ns, Identity: identity,
+			LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond,
+			Leader: kubestore.LeaderEndpoint{Service: "lifecycle-leader", Address: netip.MustParseAddr(addr), Port: 8080, Pod: identity}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	endpoints := func() []string {
+		es, err := env.Client.DiscoveryV1().EndpointSlices(ns).Get(context.Background(), "lifecycle-leader", metav1.GetOptions{})
+		if err != nil {
+			return []string{"error: " + err.Error()}
+		}
+		var out []string
+		for _, ep := range es.Endpoints {
+			out = append(out, ep.Addresses...)
+			if ep.TargetRef == nil || ep.TargetRef.Name == "" || es.Labels["kubernetes.io/service-name"] != "lifecycle-leader" ||
+				*es.Ports[0].Port != 8080 {
+				out = append(out, "malformed")
+			}
+		}
+		return out
+	}
+	a, b := mk("a", "10.0.0.1"), mk("b", "10.0.0.2")
+	ctxA, stopA := context.WithCancel(context.Background())
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	doneA := make(chan struct{})
+	go func() { a.Lead(ctxA, func(c context.Context) { <-c.Done() }); close(doneA) }()
+	waitFor(t, "the slice to name a", func() bool { return slices.Equal(endpoints(), []string{"10.0.0.1"}) })
+	go b.Lead(ctxB, func(c context.Context) { <-c.Done() })
+	time.Sleep(500 * time.Millisecond)
+	if got := endpoints(); !slices.Equal(got, []string{"10.0.0.1"}) {
+		t.Fatalf("while a leads the slice names %v", got)
+	}
+	stopA()
+	<-doneA
+	waitFor(t, "the slice to name b", func() bool { return slices.Equal(endpoints(), []string{"10.0.0.2"}) })
 }

@@ -36,6 +36,14 @@ type ClientConfig struct {
 	Header http.Header
 	// HTTPClient defaults to a client with no overall timeout (the stream is long-lived).
 	HTTPClient *http.Client
+	// FallbackURL, when set, is followed while URL cannot be reached (its connection
+	// or its answer fails): on Kubernetes, the Service of every lifecycle replica
+	// behind URL's Service of the leading replica alone. A stream on FallbackURL ends
+	// after FallbackTime (default 30 s) so that URL is tried again; the switch loses no
+	// event (a stream that cannot resume where the last one ended starts with a
+	// snapshot).
+	FallbackURL  string
+	FallbackTime time.Duration
 	// MaxBackoff caps the wait between reconnects; default 5 s.
 	MaxBackoff time.Duration
 	Log        *slog.Logger
@@ -57,9 +65,17 @@ type Client struct {
 
 // NewClient validates cfg and returns a Client; it does no I/O.
 func NewClient(cfg ClientConfig) (*Client, error) {
-	u, err := url.Parse(cfg.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("watch: invalid URL %q: want http(s)://host[:port]/path", cfg.URL)
+	for _, raw := range []string{cfg.URL, cfg.FallbackURL} {
+		if raw == "" && raw != cfg.URL {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("watch: invalid URL %q: want http(s)://host[:port]/path", raw)
+		}
+	}
+	if cfg.FallbackTime <= 0 {
+		cfg.FallbackTime = 30 * time.Second
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{}
@@ -100,7 +116,18 @@ func (c *Client) Run(ctx context.Context, h Handler) error {
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := c.stream(ctx, h)
+		connected, err := c.stream(ctx, h, c.cfg.URL)
+		if !connected && c.cfg.FallbackURL != "" && ctx.Err() == nil {
+			c.cfg.Log.Info("watch: following the fallback while the first URL is unreachable", "err", err,
+				"fallback_s", c.cfg.FallbackTime.Seconds())
+			fctx, cancel := context.WithTimeout(ctx, c.cfg.FallbackTime)
+			connected, err = c.stream(fctx, h, c.cfg.FallbackURL)
+			cancel()
+			if connected && ctx.Err() == nil && fctx.Err() != nil {
+				err = nil // its time was up: back to the first URL, at once
+				backoff = 0
+			}
+		}
 		c.mu.Lock()
 		c.connected = false
 		c.mu.Unlock()
@@ -110,14 +137,16 @@ func (c *Client) Run(ctx context.Context, h Handler) error {
 		if time.Since(start) > 30*time.Second {
 			backoff = 100 * time.Millisecond
 		}
-		c.cfg.Log.Warn("watch stream ended, reconnecting", "err", err, "backoff_ms", backoff.Milliseconds())
+		if err != nil {
+			c.cfg.Log.Warn("watch stream ended, reconnecting", "err", err, "backoff_ms", backoff.Milliseconds())
+		}
 		wait := backoff/2 + rand.N(backoff/2+1)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, c.cfg.MaxBackoff)
+		backoff = max(min(backoff*2, c.cfg.MaxBackoff), 100*time.Millisecond)
 		c.mu.Lock()
 		c.reconnect++
 		c.mu.Unlock()
@@ -127,12 +156,14 @@ func (c *Client) Run(ctx context.Context, h Handler) error {
 // errStream marks a malformed or out-of-order stream.
 var errStream = errors.New("watch: malformed stream")
 
-func (c *Client) stream(ctx context.Context, h Handler) error {
+// stream follows one connection to rawURL until it ends; connected reports whether
+// the server answered 200.
+func (c *Client) stream(ctx context.Context, h Handler, rawURL string) (connected bool, err error) {
 	c.mu.Lock()
 	epoch, rv := c.epoch, c.rv
 	c.mu.Unlock()
 
-	u, _ := url.Parse(c.cfg.URL)
+	u, _ := url.Parse(rawURL)
 	q := u.Query()
 	if epoch != "" {
 		q.Set("epoch", epoch)
@@ -141,18 +172,18 @@ func (c *Client) stream(ctx context.Context, h Handler) error {
 	u.RawQuery = q.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	for k, v := range c.cfg.Header {
 		req.Header[k] = v
 	}
 	resp, err := c.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("watch: server answered %s", resp.Status)
+		return false, fmt.Errorf("watch: server answered %s", resp.Status)
 	}
 	c.mu.Lock()
 	c.connected = true
@@ -164,14 +195,14 @@ func (c *Client) stream(ctx context.Context, h Handler) error {
 	for sc.Scan() {
 		var ev Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return fmt.Errorf("%w: %v", errStream, err)
+			return true, fmt.Errorf("%w: %v", errStream, err)
 		}
 		switch ev.Type {
 		case Reset:
 			snapshot = make(map[string]Sandbox)
 		case Added, Modified:
 			if ev.Sandbox == nil {
-				return fmt.Errorf("%w: %s without sandbox", errStream, ev.Type)
+				return true, fmt.Errorf("%w: %s without sandbox", errStream, ev.Type)
 			}
 			if snapshot != nil {
 				snapshot[ev.Sandbox.ID] = *ev.Sandbox
@@ -180,7 +211,7 @@ func (c *Client) stream(ctx context.Context, h Handler) error {
 			h.Upsert(*ev.Sandbox, ev.ResourceVersion)
 		case Deleted:
 			if ev.Sandbox == nil {
-				return fmt.Errorf("%w: DELETED without sandbox", errStream)
+				return true, fmt.Errorf("%w: DELETED without sandbox", errStream)
 			}
 			if snapshot != nil {
 				delete(snapshot, ev.Sandbox.ID)
@@ -215,7 +246,7 @@ func (c *Client) stream(ctx context.Context, h Handler) error {
 		c.mu.Unlock()
 	}
 	if err := sc.Err(); err != nil {
-		return err
+		return true, err
 	}
-	return errors.New("watch: stream closed by server")
+	return true, errors.New("watch: stream closed by server")
 }

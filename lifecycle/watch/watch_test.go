@@ -212,3 +212,43 @@ func TestAccessModeFor(t *testing.T) {
 		t.Error("empty Access must be public")
 	}
 }
+
+// TestFallbackURL: while the first URL refuses (here 503, as a Service without a ready
+// leader answers nothing), the client follows FallbackURL; its stream there ends after
+// FallbackTime and the client goes back to the first URL once that answers.
+func TestFallbackURL(t *testing.T) {
+	leader, replica := NewHub(0, nil), NewHub(0, nil)
+	leader.Put(sb("a", "Running"))
+	replica.Put(sb("a", "Running"))
+	replica.Put(sb("b", "Running"))
+	var up atomic.Bool
+	first := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !up.Load() {
+			http.Error(w, "no leader", http.StatusServiceUnavailable)
+			return
+		}
+		leader.ServeHTTP(w, r)
+	}))
+	defer first.Close()
+	fallback := httptest.NewServer(replica)
+	defer fallback.Close()
+	c, err := NewClient(ClientConfig{URL: first.URL + "/watch", FallbackURL: fallback.URL + "/watch",
+		FallbackTime: 300 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{set: map[string]Sandbox{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx, rec)
+	eventually(t, "the fallback's snapshot", func() bool { return slices.Equal(rec.ids(), []string{"a", "b"}) })
+	replica.Put(sb("c", "Running"))
+	eventually(t, "the fallback's delta", func() bool { return slices.Equal(rec.ids(), []string{"a", "b", "c"}) })
+	up.Store(true)
+	eventually(t, "the first URL's snapshot", func() bool { return slices.Equal(rec.ids(), []string{"a"}) })
+	leader.Put(sb("d", "Running"))
+	eventually(t, "the first URL's delta", func() bool { return slices.Equal(rec.ids(), []string{"a", "d"}) })
+	if _, err := NewClient(ClientConfig{URL: first.URL, FallbackURL: "ftp://x"}); err == nil {
+		t.Fatal("a bad fallback URL was accepted")
+	}
+}

@@ -129,6 +129,9 @@ type SandboxStatus struct {
 	// Proposal is the last decision on the sandbox's policy proposal (lifecycle's
 	// ProposalMark): later proposals read the audit records after LastSeq.
 	Proposal *ProposalMark `json:"proposal,omitempty"`
+	// Claiming marks a warm pool claim stored before its answer (lifecycle's
+	// record.Claiming): a leader that finds it asks execd whether the claim released it.
+	Claiming bool `json:"claiming,omitempty"`
 }
 
 // PolicyPin is a sandbox's named policy held at one library version (lifecycle's
