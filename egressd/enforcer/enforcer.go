@@ -90,6 +90,15 @@ type markChooser interface {
 	OpenMarked(netns string, mark, mask uint32, log *slog.Logger) (datapath.Datapath, error)
 }
 
+// attributionOpener is an EBPF backend that loads its socket programs recording only,
+// for the nftables backend's process attribution: ebpf.Config.
+type attributionOpener interface {
+	// OpenAttribution returns the recording-only programs; nil, nil when
+	// attribution is turned off. Errors wrap datapath.ErrUnavailable when the kernel
+	// or the privileges do not allow cgroup eBPF programs.
+	OpenAttribution(log *slog.Logger) (datapath.Attributor, error)
+}
+
 // Config configures the datapath.
 type Config struct {
 	// Mode is auto (default), ebpf or nftables.
@@ -170,6 +179,9 @@ func New(cfg Config) (datapath.Datapath, error) {
 			return nftfilter.New(cfg.NFT)
 		})
 	case ModeNFTables:
+		if cfg.NFT.Attribution == nil {
+			cfg.NFT.Attribution = openAttribution(cfg)
+		}
 		nft, err := nftfilter.New(cfg.NFT)
 		if err != nil {
 			return nil, err
@@ -201,6 +213,29 @@ func New(cfg Config) (datapath.Datapath, error) {
 		return bpf, nil
 	}
 	return newFallback(bpf, nft, true, cfg.Logger), nil
+}
+
+// openAttribution loads the eBPF backend's socket programs recording only, so that the
+// nftables backend's flows name their process as eBPF's do; nil, logged once, when the
+// backend has none, attribution is off, or the kernel or privileges refuse (the flows
+// then carry no process).
+func openAttribution(cfg Config) datapath.Attributor {
+	const off = "process attribution off on the nftables datapath: flows name no process"
+	o, ok := cfg.EBPF.(attributionOpener)
+	if !ok {
+		cfg.Logger.Info(off, "reason", "no eBPF backend configured")
+		return nil
+	}
+	a, err := o.OpenAttribution(cfg.Logger.With("backend", "nftables", "part", "attribution"))
+	switch {
+	case err != nil:
+		cfg.Logger.Warn(off, "reason", "cgroup eBPF programs unavailable", "err", err)
+		return nil
+	case a == nil:
+		cfg.Logger.Info(off, "reason", "attribution disabled by configuration")
+		return nil
+	}
+	return a
 }
 
 // takeOver returns dp, the configured backend, managing as well the sandboxes the other
