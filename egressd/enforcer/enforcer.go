@@ -12,6 +12,11 @@
 // other saw), and leaving the other backend's filter in place unmanaged would keep
 // enforcing a stale policy on top of the new one.
 //
+// In nftables mode the eBPF backend, when it has the optional OpenAttribution method
+// (ebpf.Config), also loads its socket programs recording only, and the nftables
+// backend names the process behind each event with them (nftfilter.Config.Attribution);
+// when it cannot, events carry no process and the log says why once.
+//
 // The package never imports the eBPF backend (ebpf/, which depends on egressd/datapath):
 // the composition root hands it in as Config.EBPF (an ebpf.Config), so egressd depends
 // only on the datapath contract.
