@@ -1,11 +1,15 @@
 package enforcer
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	bpf "github.com/cilium/ebpf"
@@ -13,6 +17,8 @@ import (
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/internal/testenv"
 )
 
 // cgroupPrograms counts the eBPF programs attached to the cgroup directory cg at the
@@ -119,4 +125,76 @@ func TestNFTablesAttribution(t *testing.T) {
 	if ents, _ := os.ReadDir(e.root); len(ents) != 0 {
 		t.Fatalf("pinned state under %s on the nftables datapath: %v", e.root, ents)
 	}
+}
+
+// noAttribution is an eBPF backend whose recording-only programs do not load (as on a
+// kernel without cgroup eBPF).
+type noAttribution struct{ EBPF }
+
+func (noAttribution) OpenAttribution(*slog.Logger) (datapath.Attributor, error) {
+	return nil, fmt.Errorf("%w: cgroup programs refused (test)", datapath.ErrUnavailable)
+}
+
+// TestNFTablesWithoutAttribution: when the recording-only programs cannot load, the
+// nftables datapath enforces as before, its events name no process, and the log says
+// why once.
+func TestNFTablesWithoutAttribution(t *testing.T) {
+	testenv.NeedBPF(t)
+	tp := dt.NewTopology(t)
+	t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
+	e := &env{mode: ModeNFTables, tp: tp, root: pinRoot(t)}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg := e.config()
+	cfg.EBPF = noAttribution{cfg.EBPF}
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	dp, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	cg := sandboxCgroup(t)
+	for _, id := range []string{"sbx-noattr-1", "sbx-noattr-2"} {
+		spec := e.spec(id, basePolicy())
+		spec.Cgroup = cg
+		if err := dp.Attach(spec); err != nil {
+			t.Fatal(err)
+		}
+		if id == "sbx-noattr-1" {
+			denied := netip.AddrPortFrom(dt.Unknown4, 80)
+			if got := attempt(t, tp, cg, "tcp", denied); got != "errno ECONNREFUSED" {
+				t.Fatalf("tcp to a denied address: %s", got)
+			}
+			ev := waitEvent(t, dp, func(ev datapath.Event) bool { return ev.Kind == datapath.KindDrop && ev.Dst == denied })
+			if ev.Process != nil {
+				t.Fatalf("a process without attribution: %+v", ev.Process)
+			}
+		}
+		if err := dp.Detach(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logs.String(), "process attribution off on the nftables datapath"); n != 1 {
+		t.Fatalf("the reason is logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "cgroup programs refused (test)") {
+		t.Fatalf("the log does not say why:\n%s", logs.String())
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
