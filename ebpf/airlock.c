@@ -99,6 +99,10 @@ volatile const __u32 l7_mark_mask = 0xffff0000;
 // Process attribution (Config.NoAttribution sets 0): the socket programs record which
 // process opened a flow and the flow's first event carries it.
 volatile const __u32 attribute_procs = 1;
+// Recording only (ebpf.OpenAttribution, beside the nftables datapath, which enforces):
+// the socket programs record which process opened a flow and decide nothing, every
+// call goes on and no event is emitted.
+volatile const __u32 record_only = 0;
 
 struct sbx_cfg {
 	__u32 idx;
@@ -1185,6 +1189,8 @@ static __always_inline int sock_verdict(struct bpf_sock_addr *ctx, int v6)
 		return 1;
 	if (attribute_procs && p.proto == IPPROTO_UDP && p.dport != 53)
 		remember_udp(ctx, &p);
+	if (record_only)
+		return 1;
 
 	if (p.dport == 53) {
 		if (is_resolver(cfg, &p))

@@ -111,19 +111,7 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		Refused: r.Flags&evfSocket != 0,
 		Bytes:   r.Len,
 	}
-	if r.Proc.Tgid != 0 {
-		p := &r.Proc
-		e.Process = &datapath.Process{PID: p.Tgid, TID: p.Tid, PPID: p.Ppid, PGID: p.Pgid,
-			NSPID: p.NsTgid, NSPGID: p.NsPgid, Comm: cstring(p.Comm[:]), Exe: cstring(p.Exe[:]),
-			Start: time.Duration(p.StartNs), ArgsCut: p.ArgsCut != 0}
-		if n := min(int(p.ArgsLen), len(p.Args)); n > 0 {
-			args := make([]byte, n)
-			for i := range n {
-				args[i] = byte(p.Args[i])
-			}
-			e.Process.Args = strings.Split(strings.TrimRight(string(args), "\x00"), "\x00")
-		}
-	}
+	e.Process = procOf(&r.Proc)
 	if r.Family == 6 {
 		e.Src = netip.AddrPortFrom(netip.AddrFrom16(r.Saddr), r.Sport)
 		e.Dst = netip.AddrPortFrom(netip.AddrFrom16(r.Daddr), r.Dport)
@@ -132,6 +120,24 @@ func (d *Datapath) decode(r *airlockEvent) datapath.Event {
 		e.Sandbox = id.(string)
 	}
 	return e
+}
+
+// procOf is the process p names, nil when it names none (tgid 0).
+func procOf(p *airlockProcInfo) *datapath.Process {
+	if p.Tgid == 0 {
+		return nil
+	}
+	out := &datapath.Process{PID: p.Tgid, TID: p.Tid, PPID: p.Ppid, PGID: p.Pgid,
+		NSPID: p.NsTgid, NSPGID: p.NsPgid, Comm: cstring(p.Comm[:]), Exe: cstring(p.Exe[:]),
+		Start: time.Duration(p.StartNs), ArgsCut: p.ArgsCut != 0}
+	if n := min(int(p.ArgsLen), len(p.Args)); n > 0 {
+		args := make([]byte, n)
+		for i := range n {
+			args[i] = byte(p.Args[i])
+		}
+		out.Args = strings.Split(strings.TrimRight(string(args), "\x00"), "\x00")
+	}
+	return out
 }
 
 // cstring is b up to its first NUL.

@@ -342,6 +342,7 @@ func TestEgressdCleanup(t *testing.T) {
 	for _, mode := range []enforcer.Mode{enforcer.ModeEBPF, enforcer.ModeNFTables} {
 		t.Run(string(mode), func(t *testing.T) {
 			pins := pinRoot(t)
+			links := cgroupLinks(t)
 			d, _ := w.daemon(t, mode, pins)
 			ids := make(chan string, n)
 			var wg sync.WaitGroup
@@ -366,6 +367,10 @@ func TestEgressdCleanup(t *testing.T) {
 			w.noOwnTrafficDenied(t)
 			if seen := w.leftovers(t, mode, pins, all); len(seen) < n {
 				t.Fatalf("the leftover check sees %d objects of %d attached sandboxes: %v", len(seen), n, seen)
+			}
+			// Both datapaths hook each sandbox's cgroup (nftables: process attribution).
+			if got := cgroupLinks(t) - links; got < 4*n {
+				t.Fatalf("%d new cgroup links for %d sandboxes", got, n)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -392,6 +397,9 @@ func TestEgressdCleanup(t *testing.T) {
 			left := w.leftovers(t, mode, pins, all)
 			if len(left) != 0 {
 				t.Errorf("left behind after deleting %d sandboxes: %v", n, left)
+			}
+			if got := cgroupLinks(t) - links; got != 0 {
+				t.Errorf("%d cgroup links left behind after deleting %d sandboxes", got, n)
 			}
 		})
 	}

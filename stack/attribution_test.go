@@ -21,14 +21,18 @@ import (
 // ICMP error by the host, so nothing leaves the machine).
 const attribDst = "192.0.2.10"
 
-// TestProcessAttribution: in a real sandbox behind the eBPF datapath, a curl and a
+// attribDenied is where the attributed denied flow goes: TEST-NET-2, which the policy
+// does not allow (refused at connect on eBPF, dropped on the veth on nftables).
+const attribDenied = "198.51.100.10"
+
+// TestProcessAttribution: in a real sandbox behind each datapath, a curl and a
 // python3 -c run through execd (the SDK, through the gateway), a background job a
 // command leaves behind, and a curl the entrypoint runs each open a flow whose record
 // names the process the kernel saw (pid, parent, executable, command line) and the
 // process group it ran in; the command records name the same group, so each flow links
-// to its command, and the entrypoint's flow is the entrypoint's. On the nftables
-// datapath, which has no socket-layer programs, the same flows are recorded without a
-// process.
+// to its command, and the entrypoint's flow is the entrypoint's. A curl to a denied
+// destination is attributed the same way. On the nftables datapath the eBPF socket
+// programs, loaded recording only beside the nftables tables, are the witness.
 func TestProcessAttribution(t *testing.T) {
 	img := testenv.NeedSandboxImage(t)
 	testenv.NeedRoot(t)
@@ -61,8 +65,9 @@ func attribution(t *testing.T, img, mode string) {
 		81: fmt.Sprintf("curl -s -m 2 http://%s:81/", attribDst),
 		82: fmt.Sprintf(`python3 -c 'import socket; socket.create_connection(("%s", 82), 2)'`, attribDst),
 		83: fmt.Sprintf("nohup sh -c 'sleep 1; curl -s -m 2 http://%s:83/' >/dev/null 2>&1 &", attribDst),
+		85: fmt.Sprintf("curl -s -m 2 http://%s:85/", attribDenied),
 	}
-	for _, port := range []int{81, 82, 83} {
+	for _, port := range []int{81, 82, 83, 85} {
 		if _, err := x.Run(ctx, sdk.Command{Command: cmds[port]}, nil); err != nil {
 			t.Fatalf("%s: %v", cmds[port], err)
 		}
@@ -72,7 +77,7 @@ func attribution(t *testing.T, img, mode string) {
 	flows := map[int]audit.Record{}
 	commands := map[int]audit.Record{}
 	deadline := time.Now().Add(30 * time.Second)
-	for len(flows) < 4 || len(commands) < 3 {
+	for len(flows) < 5 || len(commands) < 4 {
 		if time.Now().After(deadline) {
 			t.Fatalf("flows %v, commands %v after 30 s", keys(flows), keys(commands))
 		}
@@ -83,7 +88,7 @@ func attribution(t *testing.T, img, mode string) {
 		}
 		for _, r := range all {
 			switch {
-			case r.Source == audit.SourceBPF && r.DstIP == attribDst && r.Action == "allow":
+			case r.Source == audit.SourceBPF && (r.DstIP == attribDst && r.Action == "allow" || r.DstIP == attribDenied && r.Action == "deny"):
 				if _, ok := flows[r.DstPort]; !ok {
 					flows[r.DstPort] = r
 				}
@@ -97,16 +102,11 @@ func attribution(t *testing.T, img, mode string) {
 		}
 	}
 
-	if mode == "nftables" {
-		for port, f := range flows {
-			if f.Extra["backend"] != "nftables" || f.Extra["process"] != nil {
-				t.Errorf("port %d on nftables: %+v", port, f.Extra)
-			}
-		}
-		return
-	}
-	for port, exe := range map[int]string{81: "/curl", 82: "/python3", 83: "/curl", 84: "/curl"} {
+	for port, exe := range map[int]string{81: "/curl", 82: "/python3", 83: "/curl", 84: "/curl", 85: "/curl"} {
 		f := flows[port]
+		if f.Extra["backend"] != mode {
+			t.Errorf("port %d: backend %v, want %s", port, f.Extra["backend"], mode)
+		}
 		proc, _ := f.Extra["process"].(map[string]any)
 		execution, _ := f.Extra["execution"].(map[string]any)
 		if proc == nil || execution == nil {

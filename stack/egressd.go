@@ -72,8 +72,9 @@ type EgressdConfig struct {
 	// enforcing while the daemon restarts; default /sys/fs/bpf/airlock.
 	PinRoot string `yaml:"pinRoot"`
 	// AttributionDisabled turns process attribution of flow records off (eBPF
-	// datapath: no sock_ops program, no per-flow process entries; records then carry
-	// no extra.process). Default false: on. The nftables datapath never attributes.
+	// datapath: no sock_ops program, no per-flow process entries; nftables datapath:
+	// the socket programs are not loaded recording only; records then carry no
+	// extra.process). Default false: on.
 	AttributionDisabled bool `yaml:"attributionDisabled"`
 	// NFTTable names the nftables tables (inet and netdev) of the nftables datapath;
 	// default airlock. Two installations on one host need different pin roots and

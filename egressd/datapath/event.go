@@ -28,8 +28,9 @@ type Event struct {
 	// Bytes is the packet's length (0 when Refused).
 	Bytes uint32
 	// Process is the process that opened the flow, captured by the kernel when it
-	// called connect() or sendmsg() (eBPF cgroup programs); nil when unknown (the
-	// nftables datapath, attribution off, a raw socket, or an entry evicted).
+	// called connect() or sendmsg() (eBPF cgroup programs; on the nftables datapath
+	// those of its Attributor); nil when unknown (attribution off or unavailable, a
+	// raw socket, or an entry evicted).
 	Process *Process
 }
 
@@ -60,6 +61,31 @@ type Process struct {
 	// (CLOCK_BOOTTIME): /proc/<PID>/stat's starttime in nanoseconds. With PID it
 	// names the process across pid reuse.
 	Start time.Duration
+}
+
+// Attributor records, in the kernel, which process opened each flow of the sandboxes
+// it watches, for a datapath that cannot see processes itself: the nftables backend
+// (egressd/nftfilter.Config.Attribution). The eBPF backend's socket-layer programs,
+// loaded recording only (they decide nothing: enforcement stays the datapath's), are
+// one (ebpf.Config.OpenAttribution, handed in by the composition root through
+// egressd/enforcer). Its methods are safe for concurrent use.
+type Attributor interface {
+	// Watch starts recording the processes of spec.Cgroup (its sub-cgroups
+	// included) that connect or send, under spec.ID; the sandbox's own addresses
+	// (spec.Addrs) are the local addresses of its UDP flows. Watching an id again
+	// replaces its cgroup and addresses. A spec without a Cgroup is not watched
+	// (nil). Errors name the cgroup; nothing of the failed watch is left.
+	Watch(spec Spec) error
+	// Unwatch stops recording id's processes and removes every hook of it; an id
+	// not watched is nil.
+	Unwatch(id string) error
+	// Process returns the process that opened the flow of e's 5-tuple (e.Src the
+	// sandbox's side, TCP or UDP), nil when none was recorded (another protocol, a
+	// raw socket, an entry evicted).
+	Process(e Event) *Process
+	// Close unwatches every sandbox and unloads the programs: nothing stays in the
+	// kernel or in bpffs.
+	Close() error
 }
 
 // DefaultFlowWindow is the flow window of datapaths that do not say otherwise: packets

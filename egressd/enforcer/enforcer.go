@@ -12,6 +12,11 @@
 // other saw), and leaving the other backend's filter in place unmanaged would keep
 // enforcing a stale policy on top of the new one.
 //
+// In nftables mode the eBPF backend, when it has the optional OpenAttribution method
+// (ebpf.Config), also loads its socket programs recording only, and the nftables
+// backend names the process behind each event with them (nftfilter.Config.Attribution);
+// when it cannot, events carry no process and the log says why once.
+//
 // The package never imports the eBPF backend (ebpf/, which depends on egressd/datapath):
 // the composition root hands it in as Config.EBPF (an ebpf.Config), so egressd depends
 // only on the datapath contract.
@@ -88,6 +93,15 @@ type markChooser interface {
 	RedirectMarkOr(mark, mask uint32) (uint32, uint32)
 	// OpenMarked is Open with RedirectMarkOr(mark, mask) as the mark.
 	OpenMarked(netns string, mark, mask uint32, log *slog.Logger) (datapath.Datapath, error)
+}
+
+// attributionOpener is an EBPF backend that loads its socket programs recording only,
+// for the nftables backend's process attribution: ebpf.Config.
+type attributionOpener interface {
+	// OpenAttribution returns the recording-only programs; nil, nil when
+	// attribution is turned off. Errors wrap datapath.ErrUnavailable when the kernel
+	// or the privileges do not allow cgroup eBPF programs.
+	OpenAttribution(log *slog.Logger) (datapath.Attributor, error)
 }
 
 // Config configures the datapath.
@@ -170,6 +184,9 @@ func New(cfg Config) (datapath.Datapath, error) {
 			return nftfilter.New(cfg.NFT)
 		})
 	case ModeNFTables:
+		if cfg.NFT.Attribution == nil {
+			cfg.NFT.Attribution = openAttribution(cfg)
+		}
 		nft, err := nftfilter.New(cfg.NFT)
 		if err != nil {
 			return nil, err
@@ -201,6 +218,29 @@ func New(cfg Config) (datapath.Datapath, error) {
 		return bpf, nil
 	}
 	return newFallback(bpf, nft, true, cfg.Logger), nil
+}
+
+// openAttribution loads the eBPF backend's socket programs recording only, so that the
+// nftables backend's flows name their process as eBPF's do; nil, logged once, when the
+// backend has none, attribution is off, or the kernel or privileges refuse (the flows
+// then carry no process).
+func openAttribution(cfg Config) datapath.Attributor {
+	const off = "process attribution off on the nftables datapath: flows name no process"
+	o, ok := cfg.EBPF.(attributionOpener)
+	if !ok {
+		cfg.Logger.Info(off, "reason", "no eBPF backend configured")
+		return nil
+	}
+	a, err := o.OpenAttribution(cfg.Logger.With("backend", "nftables", "part", "attribution"))
+	switch {
+	case err != nil:
+		cfg.Logger.Warn(off, "reason", "cgroup eBPF programs unavailable", "err", err)
+		return nil
+	case a == nil:
+		cfg.Logger.Info(off, "reason", "attribution disabled by configuration")
+		return nil
+	}
+	return a
 }
 
 // takeOver returns dp, the configured backend, managing as well the sandboxes the other

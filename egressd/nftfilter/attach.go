@@ -130,6 +130,7 @@ func (f *Filter) Attach(spec datapath.Spec) error {
 		f.sbx.Add(id, s)
 	}
 	s.ifname, s.policy, s.known = spec.HostIfname, spec.Policy, true
+	f.watch(spec)
 	if existing {
 		return f.cutFlows(s, netip.Addr{})
 	}
@@ -177,6 +178,17 @@ func ptr[T any](v T) *T { return &v }
 // (datapath.AttachedSet.Detach: a sandbox whose transaction fails stays attached).
 func (f *Filter) Detach(id string) error { return f.sbx.Detach(id, f.detach) }
 
+// watch has the sandbox's processes recorded (Config.Attribution); a failure is
+// logged: the sandbox stays enforced, its events without a process.
+func (f *Filter) watch(spec datapath.Spec) {
+	if f.cfg.Attribution == nil {
+		return
+	}
+	if err := f.cfg.Attribution.Watch(spec); err != nil {
+		f.log.Warn("process attribution not attached; this sandbox's flows name no process", "sandbox_id", spec.ID, "err", err)
+	}
+}
+
 func (f *Filter) detach(s *sandbox) error {
 	// The pre-chain first, on its own: it may be gone with its device.
 	f.conn.DelChain(&nftables.Chain{Name: chainName(s.id), Table: f.ndTable})
@@ -189,6 +201,11 @@ func (f *Filter) detach(s *sandbox) error {
 	f.conn.DeleteObject(&nftables.CounterObj{Table: f.table, Name: flowCounter(s.id)})
 	if err := f.conn.Flush(); err != nil {
 		return fmt.Errorf("detach %s: %w", s.id, err)
+	}
+	if f.cfg.Attribution != nil {
+		if err := f.cfg.Attribution.Unwatch(s.id); err != nil {
+			f.log.Warn("process attribution not detached", "sandbox_id", s.id, "err", err)
+		}
 	}
 	return nil
 }

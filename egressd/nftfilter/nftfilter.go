@@ -77,6 +77,13 @@ type Config struct {
 	LogGroup uint16
 	// EventBuffer is the capacity of the Events channel; default 4096.
 	EventBuffer int
+	// Attribution, when set, names the process behind each event (Event.Process):
+	// Attach watches the sandbox's cgroup (Spec.Cgroup) with it, Detach unwatches,
+	// and each event gets the process recorded for its 5-tuple. The Filter owns it
+	// from New on (Close closes it, also when New fails). A sandbox it cannot watch
+	// is enforced all the same, its events without a process (logged). egressd/enforcer
+	// sets it from the eBPF backend's recording-only socket programs.
+	Attribution datapath.Attributor
 	Logger      *slog.Logger
 }
 
@@ -131,6 +138,7 @@ type sandbox struct {
 func New(cfg Config) (*Filter, error) {
 	cfg.defaults()
 	if err := CheckTableName(cfg.Table); err != nil {
+		closeAttribution(cfg.Attribution)
 		return nil, err
 	}
 	f := &Filter{cfg: cfg, log: cfg.Logger, events: make(chan datapath.Event, cfg.EventBuffer)}
@@ -140,6 +148,7 @@ func New(cfg Config) (*Filter, error) {
 	if cfg.NetNS != "" {
 		fd, err := os.Open(cfg.NetNS)
 		if err != nil {
+			closeAttribution(cfg.Attribution)
 			return nil, fmt.Errorf("%w: netns: %v", datapath.ErrUnavailable, err)
 		}
 		f.nsFd = fd
@@ -148,6 +157,7 @@ func New(cfg Config) (*Filter, error) {
 	conn, err := nftables.New(opts...)
 	if err != nil {
 		f.closeFd()
+		closeAttribution(cfg.Attribution)
 		return nil, fmt.Errorf("%w: netlink: %v", datapath.ErrUnavailable, err)
 	}
 	f.conn = conn
@@ -198,6 +208,9 @@ func (f *Filter) Backend() datapath.Backend { return datapath.BackendNFTables }
 func (f *Filter) Events() <-chan datapath.Event { return f.events }
 
 func (f *Filter) deliver(e datapath.Event) {
+	if f.cfg.Attribution != nil && e.Sandbox != "" {
+		e.Process = f.cfg.Attribution.Process(e)
+	}
 	select {
 	case f.events <- e:
 	default:
@@ -222,7 +235,17 @@ func (f *Filter) Close() error {
 		errs = append(errs, f.conn.CloseLasting())
 	}
 	f.closeFd()
+	if f.cfg.Attribution != nil {
+		errs = append(errs, f.cfg.Attribution.Close())
+	}
 	return errors.Join(errs...)
+}
+
+// closeAttribution closes a, when set, for a New that fails.
+func closeAttribution(a datapath.Attributor) {
+	if a != nil {
+		a.Close()
+	}
 }
 
 func (f *Filter) closeFd() {

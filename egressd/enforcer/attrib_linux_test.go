@@ -1,0 +1,200 @@
+package enforcer
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	bpf "github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/airlockdev/airlock/egressd/datapath"
+	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
+	"github.com/airlockdev/airlock/egressd/nftfilter"
+	"github.com/airlockdev/airlock/internal/testenv"
+)
+
+// cgroupPrograms counts the eBPF programs attached to the cgroup directory cg at the
+// hooks process attribution uses (connect, sendmsg, sock_ops).
+func cgroupPrograms(t *testing.T, cg string) int {
+	t.Helper()
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	for _, at := range []bpf.AttachType{bpf.AttachCGroupInet4Connect, bpf.AttachCGroupInet6Connect,
+		bpf.AttachCGroupUDP4Sendmsg, bpf.AttachCGroupUDP6Sendmsg, bpf.AttachCGroupSockOps} {
+		r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+		if err != nil {
+			t.Fatalf("query %s: %v", at, err)
+		}
+		n += len(r.Programs)
+	}
+	return n
+}
+
+// TestNFTablesAttribution: on the nftables datapath the eBPF socket programs, loaded
+// recording only, name the process behind each event (a denied TCP connect, a denied
+// UDP datagram, an allowed TCP flow: the test binary's child, whose parent is this
+// process) without deciding anything (the denials are nftables': a reset and an ICMP
+// error, not EPERM); Detach and Close leave no program on the cgroup and nothing in
+// bpffs.
+func TestNFTablesAttribution(t *testing.T) {
+	e := newEnv(t, ModeNFTables)
+	tp := e.tp
+	cg := sandboxCgroup(t)
+	const id = "sbx-nftattr"
+	spec := e.spec(id, basePolicy())
+	spec.Cgroup = cg
+	if err := e.dp.Attach(spec); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	if n := cgroupPrograms(t, cg); n != 5 {
+		t.Fatalf("%d programs on the sandbox's cgroup, want 5 (connect4/6, sendmsg4/6, sock_ops)", n)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkProc := func(what string, ev datapath.Event) {
+		t.Helper()
+		p := ev.Process
+		if p == nil {
+			t.Fatalf("%s: event without a process: %v", what, ev)
+		}
+		if p.PID == 0 || p.PID == uint32(os.Getpid()) || p.PPID != uint32(os.Getpid()) || p.PGID == 0 || p.Start == 0 {
+			t.Errorf("%s: process %+v, want a child of %d", what, p, os.Getpid())
+		}
+		if name := filepath.Base(exe); !strings.HasPrefix(name, p.Exe) || p.Exe == "" {
+			t.Errorf("%s: executable %q, want %q", what, p.Exe, name)
+		}
+		if !slices.Contains(p.Args, "-test.run=^$") {
+			t.Errorf("%s: command line %q", what, p.Args)
+		}
+	}
+
+	denied := netip.AddrPortFrom(dt.Unknown4, 80)
+	if got := attempt(t, tp, cg, "tcp", denied); got != "errno ECONNREFUSED" {
+		t.Fatalf("tcp to a denied address: %s, want the nftables reset (the socket programs decide nothing)", got)
+	}
+	checkProc("denied tcp", waitEvent(t, e.dp, func(ev datapath.Event) bool {
+		return ev.Kind == datapath.KindDrop && ev.Dst == denied
+	}))
+	deniedUDP := netip.AddrPortFrom(dt.Unknown4, dt.UDPPort)
+	if got := attempt(t, tp, cg, "udp", deniedUDP); got != "errno EHOSTUNREACH" {
+		t.Fatalf("udp to a denied address: %s", got)
+	}
+	checkProc("denied udp", waitEvent(t, e.dp, func(ev datapath.Event) bool {
+		return ev.Kind == datapath.KindDrop && ev.Dst == deniedUDP
+	}))
+	allowed := netip.AddrPortFrom(dt.Static4, 80)
+	if got := attempt(t, tp, cg, "tcp", allowed); got != "ok" {
+		t.Fatalf("tcp to an allowed address: %s", got)
+	}
+	checkProc("allowed tcp", waitEvent(t, e.dp, func(ev datapath.Event) bool {
+		return ev.Kind == datapath.KindFlow && ev.Dst == allowed
+	}))
+
+	if err := e.dp.Detach(id); err != nil {
+		t.Fatal(err)
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup after Detach", n)
+	}
+	if err := e.dp.Attach(spec); err != nil {
+		t.Fatal(err)
+	}
+	if n := cgroupPrograms(t, cg); n != 5 {
+		t.Fatalf("%d programs on the cgroup after a second Attach, want 5", n)
+	}
+	if err := e.dp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup after Close", n)
+	}
+	if ents, _ := os.ReadDir(e.root); len(ents) != 0 {
+		t.Fatalf("pinned state under %s on the nftables datapath: %v", e.root, ents)
+	}
+}
+
+// noAttribution is an eBPF backend whose recording-only programs do not load (as on a
+// kernel without cgroup eBPF).
+type noAttribution struct{ EBPF }
+
+func (noAttribution) OpenAttribution(*slog.Logger) (datapath.Attributor, error) {
+	return nil, fmt.Errorf("%w: cgroup programs refused (test)", datapath.ErrUnavailable)
+}
+
+// TestNFTablesWithoutAttribution: when the recording-only programs cannot load, the
+// nftables datapath enforces as before, its events name no process, and the log says
+// why once.
+func TestNFTablesWithoutAttribution(t *testing.T) {
+	testenv.NeedBPF(t)
+	tp := dt.NewTopology(t)
+	t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
+	e := &env{mode: ModeNFTables, tp: tp, root: pinRoot(t)}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg := e.config()
+	cfg.EBPF = noAttribution{cfg.EBPF}
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	dp, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	cg := sandboxCgroup(t)
+	for _, id := range []string{"sbx-noattr-1", "sbx-noattr-2"} {
+		spec := e.spec(id, basePolicy())
+		spec.Cgroup = cg
+		if err := dp.Attach(spec); err != nil {
+			t.Fatal(err)
+		}
+		if id == "sbx-noattr-1" {
+			denied := netip.AddrPortFrom(dt.Unknown4, 80)
+			if got := attempt(t, tp, cg, "tcp", denied); got != "errno ECONNREFUSED" {
+				t.Fatalf("tcp to a denied address: %s", got)
+			}
+			ev := waitEvent(t, dp, func(ev datapath.Event) bool { return ev.Kind == datapath.KindDrop && ev.Dst == denied })
+			if ev.Process != nil {
+				t.Fatalf("a process without attribution: %+v", ev.Process)
+			}
+		}
+		if err := dp.Detach(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logs.String(), "process attribution off on the nftables datapath"); n != 1 {
+		t.Fatalf("the reason is logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "cgroup programs refused (test)") {
+		t.Fatalf("the log does not say why:\n%s", logs.String())
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
