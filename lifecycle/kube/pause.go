@@ -204,8 +204,9 @@ func (r *Runtime) Resume(ctx context.Context, name string) error {
 	}
 	pods := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace)
 	var created *corev1.Pod
+	until := time.Now().Add(podGoneWait)
 	for {
-		if created, err = pods.Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) {
+		if created, err = pods.Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) || time.Now().After(until) {
 			break
 		}
 		select { // the paused pod is still being deleted
