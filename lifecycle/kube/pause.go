@@ -87,7 +87,7 @@ func (r *Runtime) Pause(ctx context.Context, name string) (err error) {
 		return fmt.Errorf("kube: pod %s has no sandbox id or node", name)
 	}
 	ref := PauseRef(pod.Spec.NodeName, id)
-	if _, err := r.commitPod(ctx, pod, ref, "pause-"+id, false); err != nil {
+	if _, err := r.commitPod(ctx, pod, id, ref, "pause-"+id, false); err != nil {
 		return err
 	}
 	owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}

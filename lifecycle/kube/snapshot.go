@@ -85,16 +85,17 @@ func (r *Runtime) Snapshot(ctx context.Context, inst lifecycle.Instance, snapsho
 	if err != nil {
 		return art, err
 	}
-	out, err := r.commitPod(ctx, pod, SnapshotRef(pod.Spec.NodeName, snapshotID), snapshotID, trustInstalled)
+	out, err := r.commitPod(ctx, pod, inst.SandboxID, SnapshotRef(pod.Spec.NodeName, snapshotID), snapshotID, trustInstalled)
 	if err != nil {
 		return art, err
 	}
 	return lifecycle.SnapshotArtifact{Ref: out.Ref, Bytes: out.Bytes}, nil
 }
 
-// commitPod has the egressd of pod's node commit its sandbox container into image ref
-// (snapshots and pauses alike), leaving the trust variables out with dropTrust.
-func (r *Runtime) commitPod(ctx context.Context, pod *corev1.Pod, ref, snapshotID string, dropTrust bool) (watch.SnapshotCommitted, error) {
+// commitPod has the egressd of pod's node commit the sandbox container of sandbox id
+// into image ref (snapshots and pauses alike), leaving the trust variables out with
+// dropTrust.
+func (r *Runtime) commitPod(ctx context.Context, pod *corev1.Pod, id, ref, snapshotID string, dropTrust bool) (watch.SnapshotCommitted, error) {
 	var out watch.SnapshotCommitted
 	var cid string
 	for _, cs := range pod.Status.ContainerStatuses {
@@ -102,11 +103,11 @@ func (r *Runtime) commitPod(ctx context.Context, pod *corev1.Pod, ref, snapshotI
 			cid = cs.ContainerID
 		}
 	}
-	runtimeName, id, ok := strings.Cut(cid, "://")
+	runtimeName, ctrID, ok := strings.Cut(cid, "://")
 	if !ok || runtimeName != "containerd" || pod.Spec.NodeName == "" || pod.Status.HostIP == "" {
 		return out, fmt.Errorf("kube: the sandbox's container is not running in containerd on a node (container %q, node %q)", cid, pod.Spec.NodeName)
 	}
-	req := watch.SnapshotCommit{Namespace: pod.Namespace, Pod: pod.Name, Container: ContainerName, ContainerID: id,
+	req := watch.SnapshotCommit{Namespace: pod.Namespace, Pod: pod.Name, Container: ContainerName, ContainerID: ctrID,
 		Ref: ref, SnapshotID: snapshotID}
 	if dropTrust {
 		req.DropEnv = snapshotTrustEnv
@@ -115,7 +116,7 @@ func (r *Runtime) commitPod(ctx context.Context, pod *corev1.Pod, ref, snapshotI
 	if timeout <= 0 {
 		timeout = 15 * time.Minute
 	}
-	err := r.nodeCall(ctx, timeout, pod.Status.HostIP, pod.Labels[LabelSandboxID], req, &out)
+	err := r.nodeCall(ctx, timeout, pod.Status.HostIP, id, req, &out)
 	return out, err
 }
 
