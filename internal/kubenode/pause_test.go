@@ -26,7 +26,8 @@ import (
 // a PUT of its policy while paused (a second name allowed) answers 200; POST resume
 // answers once it runs again with the same id, the file there, the denied address
 // still refused with EPERM, both allowed names reached through the data plane (no
-// EPERM); the delete removes the pause image from the node.
+// EPERM); the delete removes the pause image from the node. A resume whose
+// NetworkPolicy went missing ends Failed with no pod; a paused sandbox expires.
 func TestPauseOnNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	img := testenv.NeedSandboxImage(t)
@@ -144,4 +145,64 @@ func TestPauseOnNode(t *testing.T) {
 	if _, err := n.Client.CoreV1().Secrets("airlock-sandboxes").Get(ctx, kube.PauseSecretName(sb.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the pause record after the delete: %v, want gone", err)
 	}
+
+	// A resume that cannot keep the second layer fails: with the NetworkPolicy deleted
+	// while paused, resume answers an error, the sandbox is Failed (resume_failed), no
+	// pod runs; the delete still removes the pause image.
+	t.Run("failed-resume", func(t *testing.T) {
+		id := pausedSandbox(ctx, t, n, a, c, policy(first))
+		if err := n.Client.NetworkingV1().NetworkPolicies("airlock-sandboxes").Delete(ctx, kube.PodName(id), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if code := apiCall(ctx, t, a, http.MethodPost, "/sandboxes/"+id+"/resume", nil, nil); code/100 == 2 {
+			t.Errorf("POST resume without the NetworkPolicy: HTTP %d, want an error", code)
+		}
+		if got, err := c.Get(ctx, id); err != nil || got.Status.State != opensandbox.Failed || got.Status.Reason != "resume_failed" || got.Status.Message == "" {
+			t.Errorf("after the failed resume: %+v, %v; want Failed, resume_failed, a message", got.Status, err)
+		}
+		if _, err := pods.Get(ctx, kube.PodName(id), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the pod after a failed resume: %v, want none", err)
+		}
+		if err := c.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if out := n.ctr(t, "images", "ls", "-q"); strings.Contains(out, kube.PauseRef(NodeName, id)) {
+			t.Errorf("the pause image of the failed sandbox is still on the node after its delete")
+		}
+	})
+
+	// Expiry applies while paused: the reaper deletes the sandbox and its pause image.
+	t.Run("expiry", func(t *testing.T) {
+		id := pausedSandbox(ctx, t, n, a, c, policy(first))
+		if code := apiCall(ctx, t, a, http.MethodPost, "/sandboxes/"+id+"/renew-expiration",
+			map[string]any{"expiresAt": time.Now().Add(3 * time.Second)}, nil); code != http.StatusOK {
+			t.Fatalf("renew-expiration: HTTP %d", code)
+		}
+		n.Wait(t, "the paused sandbox to expire", 2*time.Minute, func() (bool, error) {
+			return apiCall(ctx, t, a, http.MethodGet, "/sandboxes/"+id, nil, nil) == http.StatusNotFound, nil
+		})
+		if out := n.ctr(t, "images", "ls", "-q"); strings.Contains(out, kube.PauseRef(NodeName, id)) {
+			t.Errorf("the pause image of the expired sandbox is still on the node")
+		}
+	})
+}
+
+// pausedSandbox creates a sandbox under policy, waits until it runs, pauses it and
+// returns its id once Paused; it is deleted when t ends.
+func pausedSandbox(ctx context.Context, t *testing.T, n *Node, a Airlock, c *sdk.Client, policy json.RawMessage) string {
+	t.Helper()
+	sb, err := c.Create(ctx, sdk.CreateRequest{Image: nodeSandboxImage, Timeout: 10 * time.Minute,
+		Resources: map[string]string{"cpu": "250m", "memory": "256Mi"}, NetworkPolicy: policy})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Kill(context.Background(), sb.ID) })
+	waitExecd(ctx, t, c, sb.ID)
+	if code := apiCall(ctx, t, a, http.MethodPost, "/sandboxes/"+sb.ID+"/pause", nil, nil); code != http.StatusAccepted {
+		t.Fatalf("POST pause: HTTP %d, want 202", code)
+	}
+	if out := n.ctr(t, "images", "ls", "-q"); !strings.Contains(out, kube.PauseRef(NodeName, sb.ID)) {
+		t.Fatalf("no pause image of %s on the node", sb.ID)
+	}
+	return sb.ID
 }

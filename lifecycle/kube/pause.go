@@ -184,7 +184,8 @@ func resumePod(sec *corev1.Secret) (*corev1.Pod, error) {
 }
 
 // Resume implements lifecycle.RecreatingPauser for pod name: the pod again from its
-// pause record, then its objects owned by it once more. The pod's execd starts held
+// pause record (only while its NetworkPolicy exists), then its objects owned by it once
+// more. The pod's execd starts held
 // (its command is the one it was made with); lifecycle releases it once ready.
 func (r *Runtime) Resume(ctx context.Context, name string) error {
 	if err := r.CanPause(); err != nil {
@@ -201,6 +202,10 @@ func (r *Runtime) Resume(ctx context.Context, name string) error {
 	pod, err := resumePod(sec)
 	if err != nil {
 		return err
+	}
+	// The second layer first, as at create: a resumed pod never runs without it.
+	if _, err := r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("kube: the NetworkPolicy of %s: %w", id, err)
 	}
 	pods := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace)
 	var created *corev1.Pod

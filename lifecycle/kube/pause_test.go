@@ -27,7 +27,8 @@ import (
 // into PauseRef(node, id) (no trust variables dropped: the pod states its env), keeps
 // the pod in a pause record, releases the NetworkPolicy and execd token Secret from the
 // pod and deletes it; Inspect and List then report the sandbox paused on its node.
-// Resume makes the pod again under the same name and sandbox id from the pause image,
+// Resume refuses without the NetworkPolicy (no pod made), then makes the pod again
+// under the same name and sandbox id from the pause image,
 // unscheduled but bound to that node, never pulled, with the rest of its spec as it
 // was, and gives the NetworkPolicy and Secret back to it; Resumed stops reporting it
 // paused; Remove takes the pause image and record away.
@@ -130,6 +131,20 @@ func TestPauseResumeThroughNode(t *testing.T) {
 		t.Error("Resumed of a sandbox never paused: no error")
 	}
 
+	np.OwnerReferences = nil
+	if err := cs.NetworkingV1().NetworkPolicies("sbx").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Resume(ctx, name); err == nil {
+		t.Fatal("Resume without the NetworkPolicy: no error")
+	}
+	if _, err := cs.CoreV1().Pods("sbx").Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a pod after a resume without the NetworkPolicy: %v", err)
+	}
+	np.ResourceVersion = ""
+	if _, err := cs.NetworkingV1().NetworkPolicies("sbx").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := rt.Resume(ctx, name); err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
