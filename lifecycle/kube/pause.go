@@ -169,7 +169,9 @@ func resumePod(sec *corev1.Secret) (*corev1.Pod, error) {
 	if err := json.Unmarshal(sec.Data[pauseKeyPod], &pod); err != nil || snapshotNode(ref) == "" {
 		return nil, fmt.Errorf("kube: the pause record %s is damaged", sec.Name)
 	}
-	pod.Spec.NodeName = ""
+	// Scheduling and admission fill these again (the Priority admission plugin refuses
+	// a priority it did not compute).
+	pod.Spec.NodeName, pod.Spec.Priority = "", nil
 	found := false
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == ContainerName {
