@@ -32,7 +32,7 @@ type Runtime interface {
 }
 
 // PauseChecker is implemented by a Runtime that knows before trying that it cannot pause
-// at all (the Kubernetes runtime: a pod has no freezer). CanPause returns nil, or an
+// at all (the Kubernetes runtime without snapshots). CanPause returns nil, or an
 // error wrapping ErrNotImplemented whose text names the alternative; Server.Pause and
 // Server.Resume then answer it (501) at once, without moving the sandbox through
 // Pausing or Resuming or recording a runtime error on it.
