@@ -246,13 +246,21 @@ func (s *Server) Delete(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// Pause freezes a Running sandbox (409 otherwise).
+// Pause freezes a Running sandbox (409 otherwise); on a RecreatingPauser runtime it
+// captures the sandbox and removes its workload instead (pauserecreate.go).
 func (s *Server) Pause(ctx context.Context, id string) error {
+	if rp, ok := s.rt.(RecreatingPauser); ok {
+		return s.pauseRecreating(ctx, id, rp)
+	}
 	return s.transition(ctx, id, opensandbox.Running, opensandbox.Pausing, opensandbox.Paused, "paused", s.rt.Pause)
 }
 
-// Resume thaws a Paused sandbox (409 otherwise).
+// Resume thaws a Paused sandbox (409 otherwise); on a RecreatingPauser runtime it
+// makes the workload again and waits for the create's readiness.
 func (s *Server) Resume(ctx context.Context, id string) error {
+	if rp, ok := s.rt.(RecreatingPauser); ok {
+		return s.resumeRecreating(ctx, id, rp)
+	}
 	return s.transition(ctx, id, opensandbox.Paused, opensandbox.Resuming, opensandbox.Running, "resumed", s.rt.Resume)
 }
 

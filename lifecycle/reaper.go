@@ -35,71 +35,80 @@ const addressWait = 2 * time.Second
 // (a child of parent, the create's span, when valid). The probe connects only
 // after enforcement, so its replies are a recorded inbound flow, never a denial.
 func (s *Server) awaitReadyAsync(parent trace.SpanContext, id string, addr netip.Addr) {
-	s.wg.Go(func() {
-		span := readySpan(parent, id)
-		defer span.End()
-		deadline := time.Now().Add(s.cfg.ReadyTimeout)
-		gated := s.cfg.ReadyGate == nil
-		var releaseErr error
-		base := ""
-		for {
-			waited := false
-			if !addr.IsValid() {
-				// A pod has its address only once it runs (Kubernetes): ask the runtime.
-				addr, waited = s.discoverAddress(id)
-			}
-			if addr.IsValid() && base == "" {
-				base = "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
-			}
-			if base != "" && !gated {
-				if gated = s.cfg.ReadyGate(id); gated {
-					span.AddEvent("egress.enforced")
-					s.noteEgressAttached(id)
-				}
-			}
-			if base != "" && gated && s.pingOnce(base+"/ping") {
-				if releaseErr = s.release(id, base+opensandbox.ReleasePath); releaseErr == nil {
-					s.noteReleased(id)
-					span.AddEvent("execd.released")
-					s.markReady(id, opensandbox.Running, "ready", "execd answers")
-					return
-				}
-			}
-			if time.Now().After(deadline) {
-				msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
-				switch {
-				case base == "":
-					msg = "the sandbox got no address within " + s.cfg.ReadyTimeout.String()
-				case !gated:
-					msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
-				case releaseErr != nil:
-					msg = "execd did not start the entrypoint: " + releaseErr.Error()
-				}
-				s.markReady(id, opensandbox.Failed, "ready_timeout", msg)
-				span.SetStatus(codes.Error, msg)
-				return
-			}
-			wait := pingInterval
-			switch {
-			case base == "" && waited:
-				wait = 0 // the runtime's wait already took its time
-			case base == "":
-				wait = addressInterval
-			}
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			s.mu.Lock()
-			e, ok := s.sbx[id]
-			pending := ok && e.rec.Status.State == opensandbox.Pending
-			s.mu.Unlock()
-			if !ok || !pending {
-				return
+	s.wg.Go(func() { s.awaitReady(parent, id, addr, opensandbox.Pending) })
+}
+
+// awaitReady is awaitReadyAsync's wait for a sandbox in state from (Pending after a
+// create, Resuming after the resume of a RecreatingPauser runtime): it ends once the
+// sandbox is Running (true) or Failed (ready_timeout), or when the sandbox leaves from
+// or the server stops (false).
+func (s *Server) awaitReady(parent trace.SpanContext, id string, addr netip.Addr, from opensandbox.State) bool {
+	span := readySpan(parent, id)
+	defer span.End()
+	deadline := time.Now().Add(s.cfg.ReadyTimeout)
+	gated := s.cfg.ReadyGate == nil
+	var releaseErr error
+	base := ""
+	for {
+		waited := false
+		if !addr.IsValid() {
+			// A pod has its address only once it runs (Kubernetes): ask the runtime.
+			addr, waited = s.discoverAddress(id)
+		}
+		if addr.IsValid() && base == "" {
+			base = "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(s.cfg.ExecdPort))
+		}
+		if base != "" && !gated {
+			if gated = s.cfg.ReadyGate(id); gated {
+				span.AddEvent("egress.enforced")
+				s.noteEgressAttached(id)
 			}
 		}
-	})
+		if base != "" && gated && s.pingOnce(base+"/ping") {
+			if releaseErr = s.release(id, base+opensandbox.ReleasePath); releaseErr == nil {
+				s.noteReleased(id)
+				span.AddEvent("execd.released")
+				reason := "ready"
+				if from != opensandbox.Pending {
+					reason = "resumed"
+				}
+				return s.markReady(id, from, opensandbox.Running, reason, "execd answers")
+			}
+		}
+		if time.Now().After(deadline) {
+			msg := "execd did not answer /ping within " + s.cfg.ReadyTimeout.String()
+			switch {
+			case base == "":
+				msg = "the sandbox got no address within " + s.cfg.ReadyTimeout.String()
+			case !gated:
+				msg = "egress enforcement was not in place within " + s.cfg.ReadyTimeout.String()
+			case releaseErr != nil:
+				msg = "execd did not start the entrypoint: " + releaseErr.Error()
+			}
+			s.markReady(id, from, opensandbox.Failed, "ready_timeout", msg)
+			span.SetStatus(codes.Error, msg)
+			return false
+		}
+		wait := pingInterval
+		switch {
+		case base == "" && waited:
+			wait = 0 // the runtime's wait already took its time
+		case base == "":
+			wait = addressInterval
+		}
+		select {
+		case <-s.ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		s.mu.Lock()
+		e, ok := s.sbx[id]
+		pending := ok && e.rec.Status.State == from
+		s.mu.Unlock()
+		if !ok || !pending {
+			return false
+		}
+	}
 }
 
 // discoverAddress asks the runtime where sandbox id runs; once it has an address it is
@@ -182,13 +191,14 @@ func (s *Server) pingOnce(url string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// markReady moves a Pending sandbox to state; other states are left alone.
-func (s *Server) markReady(id string, state opensandbox.State, reason, msg string) {
+// markReady moves a sandbox in state from (Pending, Resuming) to state and reports
+// whether it is Running now; other states are left alone.
+func (s *Server) markReady(id string, from, state opensandbox.State, reason, msg string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.sbx[id]
-	if !ok || e.rec.Status.State != opensandbox.Pending {
-		return
+	if !ok || e.rec.Status.State != from {
+		return false
 	}
 	if err := s.setStatusLocked(e.rec, state, reason, msg); err != nil {
 		s.log.Error("persisting sandbox status failed", "sandbox_id", id, "err", err)
@@ -198,6 +208,7 @@ func (s *Server) markReady(id string, state opensandbox.State, reason, msg strin
 	} else {
 		s.log.Warn("sandbox failed to become ready", "sandbox_id", id, "reason", reason)
 	}
+	return state == opensandbox.Running
 }
 
 // reconcile rebuilds the registry from the store and the runtime's containers: adopts
@@ -279,7 +290,16 @@ func (s *Server) reconcile(ctx context.Context) error {
 				if rec.Claiming {
 					s.confirmClaimAsync(rec.ID, in.Address)
 				}
-			case opensandbox.Pausing, opensandbox.Resuming, opensandbox.Paused:
+			case opensandbox.Resuming:
+				if _, ok := s.rt.(RecreatingPauser); ok {
+					// A resume interrupted after its pod was made: the pod's execd is
+					// held until the create's readiness releases it.
+					s.wg.Go(func() { s.awaitReady(trace.SpanContext{}, rec.ID, in.Address, opensandbox.Resuming) })
+					break
+				}
+				_ = s.setStatusLocked(rec, opensandbox.Running, "reconciled", "the container is running")
+				continue
+			case opensandbox.Pausing, opensandbox.Paused:
 				_ = s.setStatusLocked(rec, opensandbox.Running, "reconciled", "the container is running")
 				continue
 			}

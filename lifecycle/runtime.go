@@ -32,12 +32,30 @@ type Runtime interface {
 }
 
 // PauseChecker is implemented by a Runtime that knows before trying that it cannot pause
-// at all (the Kubernetes runtime: a pod has no freezer). CanPause returns nil, or an
+// at all (the Kubernetes runtime without snapshots). CanPause returns nil, or an
 // error wrapping ErrNotImplemented whose text names the alternative; Server.Pause and
 // Server.Resume then answer it (501) at once, without moving the sandbox through
 // Pausing or Resuming or recording a runtime error on it.
 type PauseChecker interface {
 	CanPause() error
+}
+
+// RecreatingPauser is implemented by a Runtime that pauses a sandbox by capturing it
+// and removing its workload, and resumes it by making the workload anew from that
+// capture under the same sandbox id (Kubernetes: a pod cannot be frozen, so Pause
+// commits the pod's container into a node-local image and deletes the pod, keeping
+// its NetworkPolicy and Secrets; Resume makes the pod again from that image on that
+// node). A Paused sandbox of such a runtime has no address; its resumed workload gets
+// new addresses and its execd starts held, so Server.Resume takes it through a
+// create's readiness (address, egress enforced, execd /ping, release) before Running,
+// and Failed (ready_timeout) when that does not come. Pause may take as long as a
+// snapshot's commit (snapshotTimeout). While paused, Inspect and List report the
+// sandbox PhasePaused.
+type RecreatingPauser interface {
+	Runtime
+	// Resumed tells the runtime that the sandbox of inst is Running again after a
+	// Resume (it stops reporting it paused); its error is logged only.
+	Resumed(ctx context.Context, inst Instance) error
 }
 
 // RunningWaiter is implemented by runtimes whose containers get their address only

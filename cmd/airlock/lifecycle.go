@@ -57,7 +57,10 @@ on one replica: sessionAffinity ClientIP; a restarted replica signs its sessions
 and the console has no audit pages here (the audit lives in each node's egressd and in
 the gateways): they answer 501.
 
-Pause and resume answer 501 on Kubernetes. The Credential Vault (--vault) lives in
+Pause on Kubernetes needs --snapshots: it commits the sandbox's container into an image
+on its node and deletes the pod; resume makes the pod again from it under the same id
+(processes restart over the files as they were); without --snapshots both answer 501.
+The Credential Vault (--vault) lives in
 each node's egressd (airlock egressd --vault-dir), reached at --egressd-port. Warm pools (--pool) are held by the leading replica: it creates, adopts
 and claims their pods; creates served by another replica are created cold.
 

@@ -215,7 +215,8 @@ func TestAirlockOnNode(t *testing.T) {
 	// `make kube-up` would run it: the lifecycle API's and the gateway's NodePorts.
 	t.Run("sdk", func(t *testing.T) {
 		out := runSDKSuite(t, "kube.test.mjs", "AIRLOCK_KUBE_DOMAIN="+api, "AIRLOCK_KUBE_GATEWAY="+gw,
-			"AIRLOCK_KUBE_API_KEY="+a.APIKey, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage)
+			"AIRLOCK_KUBE_API_KEY="+a.APIKey, "AIRLOCK_TEST_IMAGE="+nodeSandboxImage,
+			"AIRLOCK_KUBE_PAUSE=1") // this deployment has snapshots: pause is real
 		var summary []string
 		for l := range strings.SplitSeq(out, "\n") {
 			if strings.HasPrefix(l, "ok ") || strings.HasPrefix(l, "not ok ") || strings.HasPrefix(l, "# ") {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -32,7 +31,7 @@ const GatewayAuditDir = StateDir + "/gateway"
 // TestAirlockParityOnNode checks, on Airlock deployed by `make kube-up`'s own scripts,
 // what the Kubernetes mode shares with `airlock up` or says plainly it does not:
 //   - the operator README's SDK snippet, run as written (readmeSnippet);
-//   - pause and resume answer 501 naming the alternative, the sandbox untouched;
+//   - (pause and resume are real on the node with snapshots: TestPauseOnNode);
 //   - with the node's egressd stopped and its datapath gone, the NetworkPolicy layer
 //     alone keeps a sandbox whose policy allows everything from the other sandboxes and
 //     the control plane (failClosed), and egressd enforces again once back;
@@ -60,33 +59,6 @@ func TestAirlockParityOnNode(t *testing.T) {
 	t.Run("readme-sdk-snippet", func(t *testing.T) { readmeSnippet(t, a) })
 
 	sb := runningSandbox(ctx, t, c, `{"defaultAction":"allow"}`, "tail", "-f", "/dev/null")
-	t.Run("pause-501", func(t *testing.T) {
-		for _, op := range []string{"pause", "resume"} {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.API+"/v1/sandboxes/"+sb+"/"+op, nil)
-			req.Header.Set(opensandbox.HeaderAPIKey, a.APIKey)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			var eb opensandbox.ErrorBody
-			if resp.StatusCode != http.StatusNotImplemented || json.Unmarshal(body, &eb) != nil || eb.Code != "NOT_IMPLEMENTED" ||
-				!strings.Contains(eb.Message, "renew-expiration") || !strings.Contains(eb.Message, "airlock up") {
-				t.Errorf("%s on Kubernetes: HTTP %d %s, want 501 NOT_IMPLEMENTED naming the alternatives (renew-expiration, airlock up)",
-					op, resp.StatusCode, body)
-			} else {
-				t.Logf("%s: HTTP %d %s", op, resp.StatusCode, body)
-			}
-		}
-		got, err := c.Get(ctx, sb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Status.State != opensandbox.Running || got.Status.Reason == "runtime_error" {
-			t.Errorf("after pause and resume the sandbox is %+v, want Running as before", got.Status)
-		}
-	})
 	t.Run("fail-closed", func(t *testing.T) { failClosed(ctx, t, n, c, sb) })
 	// A sandbox of its own: after failClosed the gateway's kept-alive connections to sb
 	// are gone with egressd's flow state (see failClosed).

@@ -39,7 +39,7 @@ const sdkResource = `{"cpu":"250m","memory":"512Mi"}`
 //     headless Services the cluster DNS answers with the same addresses (egressd on
 //     the node forwards to the cluster DNS: that is how pods reach the fake resolver),
 //     whose warm-pool claim goes to the leading replica's pool (the testnode overlay's)
-//     and whose pause/resume is skipped as Docker only, with the reason printed;
+//     and whose pause/resume goes through a snapshot of the pod on the node;
 //   - bypass: egressd's bypass suite from a real pod (checkBypass);
 //   - vault: vault.test.mjs, its echo servers in a network namespace routed from this
 //     host (not at addresses of the node, which egressd denies once restarted), their

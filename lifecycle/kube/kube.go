@@ -10,8 +10,9 @@
 // extra CAs.
 //
 // Readiness comes from the pod's status (WaitRunning: a watch until Running with an
-// address) and then execd's /ping, which lifecycle polls. Pause is not available on
-// Kubernetes.
+// address) and then execd's /ping, which lifecycle polls. Pause (with snapshots
+// configured) commits the pod into a node-local image and deletes the pod; resume makes
+// it again from that image (pause.go, lifecycle.RecreatingPauser).
 package kube
 
 import (
@@ -306,8 +307,8 @@ func (r *Runtime) labels(id string) map[string]string {
 }
 
 // Remove deletes the sandbox's pod (or agent-sandbox Sandbox), NetworkPolicy and pull
-// Secret at once (grace period 0, background propagation); missing objects are not an
-// error. PersistentVolumeClaims are the user's and stay.
+// Secret at once (grace period 0, background propagation), and its pause image and
+// record (pause.go); missing objects are not an error. PersistentVolumeClaims are the user's and stay.
 func (r *Runtime) Remove(ctx context.Context, inst lifecycle.Instance) error {
 	return r.removeObjects(ctx, inst.SandboxID)
 }
@@ -330,30 +331,14 @@ func (r *Runtime) removeObjects(ctx context.Context, id string) error {
 	keep("NetworkPolicy", r.cfg.Client.NetworkingV1().NetworkPolicies(r.cfg.Namespace).Delete(ctx, name, opts))
 	keep("image pull Secret", r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Delete(ctx, PullSecretName(id), opts))
 	keep("execd token Secret", r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).Delete(ctx, ExecdTokenSecretName(id), opts))
+	keep("pause image and record", r.removePaused(ctx, id))
 	return errors.Join(errs...)
 }
 
-// ErrPauseUnavailable is what pause and resume answer on Kubernetes (501
-// NOT_IMPLEMENTED, through lifecycle.PauseChecker): a pod cannot be frozen through the
-// Kubernetes API. Its text names the alternatives.
-var ErrPauseUnavailable = fmt.Errorf("%w: pause and resume are not available on Kubernetes (a pod cannot be frozen); "+
-	"instead keep the sandbox running and extend its life (POST /sandboxes/{id}/renew-expiration), "+
-	"or delete it and create it again; pause works with `airlock up` (Docker)", lifecycle.ErrNotImplemented)
-
-// CanPause implements lifecycle.PauseChecker: always ErrPauseUnavailable, so lifecycle
-// answers pause and resume with 501 before touching the sandbox's state.
-func (r *Runtime) CanPause() error { return ErrPauseUnavailable }
-
-// Pause is not available on Kubernetes: ErrPauseUnavailable (lifecycle asks CanPause
-// first and never calls it).
-func (r *Runtime) Pause(context.Context, string) error { return ErrPauseUnavailable }
-
-// Resume is not available on Kubernetes: ErrPauseUnavailable.
-func (r *Runtime) Resume(context.Context, string) error { return ErrPauseUnavailable }
-
 // Inspect returns the sandbox's view by its ContainerID (the pod name): Pending →
 // created, Running → running (with its addresses and node), Succeeded/Failed or being
-// deleted → exited. lifecycle.ErrInstanceGone when it does not exist (agent-sandbox:
+// deleted → exited; a paused sandbox (no pod, its pause record) → paused.
+// lifecycle.ErrInstanceGone when it does not exist (agent-sandbox:
 // when the Sandbox does not; a Sandbox whose pod is not made yet is created).
 func (r *Runtime) Inspect(ctx context.Context, name string) (lifecycle.Instance, error) {
 	if r.cfg.Provider == ProviderAgentSandbox {
@@ -361,7 +346,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (lifecycle.Instance,
 	}
 	pod, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return lifecycle.Instance{}, fmt.Errorf("%w: pod %s", lifecycle.ErrInstanceGone, name)
+		return r.inspectPaused(ctx, name)
 	}
 	if err != nil {
 		return lifecycle.Instance{}, fmt.Errorf("kube: reading pod %s: %w", name, err)
@@ -406,7 +391,7 @@ func instanceOf(pod *corev1.Pod) lifecycle.Instance {
 }
 
 // List returns every sandbox of this lifecycle instance (label airlock.dev/instance),
-// in any state; agent-sandbox Sandboxes whose pod is not made yet are created.
+// in any state (paused ones from their pause records); agent-sandbox Sandboxes whose pod is not made yet are created.
 func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 	sel := metav1.ListOptions{LabelSelector: LabelInstance + "=" + r.cfg.Instance}
 	pods, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).List(ctx, sel)
@@ -420,9 +405,18 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 	if r.cfg.Provider == ProviderAgentSandbox {
 		return r.listAgentSandboxes(ctx, sel, byName)
 	}
-	out := make([]lifecycle.Instance, 0, len(byName))
+	paused, err := r.pausedByName(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]lifecycle.Instance, 0, len(byName)+len(paused))
 	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		out = append(out, instanceOf(byName[name]))
+	}
+	for _, name := range slices.Sorted(maps.Keys(paused)) {
+		if byName[name] == nil { // a pod of a sandbox being resumed wins
+			out = append(out, paused[name])
+		}
 	}
 	return out, nil
 }

@@ -672,8 +672,8 @@ func TestUpdateEgress(t *testing.T) {
 	}
 }
 
-// TestPauseNotImplemented: a 501 through lifecycle's error mapping, which lifecycle asks
-// for first (lifecycle.PauseChecker), naming the alternative.
+// TestPauseNotImplemented: without snapshots, a 501 through lifecycle's error mapping,
+// which lifecycle asks for first (lifecycle.PauseChecker), naming the alternative.
 func TestPauseNotImplemented(t *testing.T) {
 	rt, err := kube.New(kube.Config{Client: fake.NewClientset(), Namespace: "x", Instance: "i"})
 	if err != nil {
@@ -683,7 +683,7 @@ func TestPauseNotImplemented(t *testing.T) {
 	for name, f := range map[string]func(context.Context, string) error{"pause": rt.Pause, "resume": rt.Resume,
 		"CanPause": func(context.Context, string) error { return pc.CanPause() }} {
 		err := f(t.Context(), "sbx-x")
-		if !errors.Is(err, lifecycle.ErrNotImplemented) || !strings.Contains(err.Error(), "not available on Kubernetes") ||
+		if !errors.Is(err, lifecycle.ErrNotImplemented) || !strings.Contains(err.Error(), "need snapshots") ||
 			!strings.Contains(err.Error(), "renew-expiration") {
 			t.Errorf("%s: %v", name, err)
 		}

@@ -85,30 +85,39 @@ func (r *Runtime) Snapshot(ctx context.Context, inst lifecycle.Instance, snapsho
 	if err != nil {
 		return art, err
 	}
+	out, err := r.commitPod(ctx, pod, inst.SandboxID, SnapshotRef(pod.Spec.NodeName, snapshotID), snapshotID, trustInstalled)
+	if err != nil {
+		return art, err
+	}
+	return lifecycle.SnapshotArtifact{Ref: out.Ref, Bytes: out.Bytes}, nil
+}
+
+// commitPod has the egressd of pod's node commit the sandbox container of sandbox id
+// into image ref (snapshots and pauses alike), leaving the trust variables out with
+// dropTrust.
+func (r *Runtime) commitPod(ctx context.Context, pod *corev1.Pod, id, ref, snapshotID string, dropTrust bool) (watch.SnapshotCommitted, error) {
+	var out watch.SnapshotCommitted
 	var cid string
 	for _, cs := range pod.Status.ContainerStatuses {
 		if cs.Name == ContainerName {
 			cid = cs.ContainerID
 		}
 	}
-	runtimeName, id, ok := strings.Cut(cid, "://")
+	runtimeName, ctrID, ok := strings.Cut(cid, "://")
 	if !ok || runtimeName != "containerd" || pod.Spec.NodeName == "" || pod.Status.HostIP == "" {
-		return art, fmt.Errorf("kube: the sandbox's container is not running in containerd on a node (container %q, node %q)", cid, pod.Spec.NodeName)
+		return out, fmt.Errorf("kube: the sandbox's container is not running in containerd on a node (container %q, node %q)", cid, pod.Spec.NodeName)
 	}
-	req := watch.SnapshotCommit{Namespace: pod.Namespace, Pod: pod.Name, Container: ContainerName, ContainerID: id,
-		Ref: SnapshotRef(pod.Spec.NodeName, snapshotID), SnapshotID: snapshotID}
-	if trustInstalled {
+	req := watch.SnapshotCommit{Namespace: pod.Namespace, Pod: pod.Name, Container: ContainerName, ContainerID: ctrID,
+		Ref: ref, SnapshotID: snapshotID}
+	if dropTrust {
 		req.DropEnv = snapshotTrustEnv
 	}
 	timeout := r.cfg.Snapshots.Timeout
 	if timeout <= 0 {
 		timeout = 15 * time.Minute
 	}
-	var out watch.SnapshotCommitted
-	if err := r.nodeCall(ctx, timeout, pod.Status.HostIP, inst.SandboxID, req, &out); err != nil {
-		return art, err
-	}
-	return lifecycle.SnapshotArtifact{Ref: out.Ref, Bytes: out.Bytes}, nil
+	err := r.nodeCall(ctx, timeout, pod.Status.HostIP, id, req, &out)
+	return out, err
 }
 
 // sandboxPod is sandbox id's pod: named PodName(id), or (the agent-sandbox provider's

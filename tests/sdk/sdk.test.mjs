@@ -5,8 +5,8 @@
 // external-server mode (AIRLOCK_SDK_LIFECYCLE: see harness.mjs) it runs against an
 // installation already up instead, Airlock on the one-node Kubernetes cluster
 // (internal/kubenode TestSDKSuitesOnNode): the fake names are the cluster DNS's, the pool
-// test claims from the installation's pool, and pause/resume (Docker only) is skipped
-// with the reason printed.
+// test claims from the installation's pool, and pause/resume goes through a snapshot
+// of the pod on its node.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -19,7 +19,6 @@ import {
   SandboxManager,
 } from "@alibaba-group/opensandbox";
 import {
-  dockerOnly,
   dockerSection,
   EXTERNAL,
   fakeName,
@@ -218,7 +217,9 @@ test("metadata merge patch", async () => {
   assert.equal(info.metadata.suite, RUN);
 });
 
-test("pause, then resume", dockerOnly("pause needs the snapshot of a container; Kubernetes answers 501 (kube.test.mjs checks it)"), async () => {
+// On Kubernetes (external-server mode on the node, lifecycle --snapshots) pause goes
+// through a snapshot: the pod is deleted and made again from it under the same id.
+test("pause, then resume", async () => {
   await sbx.pause();
   assert.equal((await sbx.getInfo()).status.state, "Paused");
   sbx = await sbx.resume({ readyTimeoutSeconds: 60 });
