@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -98,4 +99,34 @@ func (s *Server) beginRecreate(id string, rt Runtime, from, via opensandbox.Stat
 	}
 	s.setStatus(e.rec, via, reason, "")
 	return e, cid, nil
+}
+
+// pausedAway asks a RecreatingPauser runtime (Inspect) about the sandboxes of cids
+// (sandbox id → container id: the Pausing, Paused or Resuming ones its List did not
+// name, since a paused sandbox has no workload to list) and returns those it reports
+// paused, by container id. Other runtimes: none. s.mu must not be held.
+func (s *Server) pausedAway(ctx context.Context, cids map[string]string) map[string]Instance {
+	out := map[string]Instance{}
+	if _, ok := s.rt.(RecreatingPauser); !ok {
+		return out
+	}
+	for id, cid := range cids {
+		in, err := s.rt.Inspect(ctx, cid)
+		if err != nil {
+			if !errors.Is(err, ErrInstanceGone) {
+				s.log.Warn("inspecting a paused sandbox failed", "sandbox_id", id, "err", err)
+			}
+			continue
+		}
+		if in.Phase == PhasePaused {
+			out[cid] = in
+		}
+	}
+	return out
+}
+
+// pauseState reports whether st is a state in which a RecreatingPauser's sandbox may
+// have no workload.
+func pauseState(st opensandbox.State) bool {
+	return st == opensandbox.Pausing || st == opensandbox.Paused || st == opensandbox.Resuming
 }

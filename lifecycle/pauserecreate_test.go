@@ -62,8 +62,12 @@ func (r *recreator) Inspect(_ context.Context, cid string) (Instance, error) {
 
 var recreated string // the sandbox id of TestPauseRecreating's List
 
+// List leaves a paused sandbox out, as the Kubernetes runtime does (no pod).
 func (r *recreator) List(ctx context.Context) ([]Instance, error) {
 	in, _ := r.Inspect(ctx, "pod-"+recreated)
+	if in.Phase == PhasePaused {
+		return nil, nil
+	}
 	return []Instance{in}, nil
 }
 

@@ -236,6 +236,15 @@ func (s *Server) reconcile(ctx context.Context) error {
 		}
 		byCID[in.ContainerID] = in
 	}
+	away := map[string]string{}
+	for _, rec := range recs {
+		if _, listed := byCID[rec.ContainerID]; !listed && rec.Pool == "" && pauseState(rec.Status.State) {
+			away[rec.ID] = rec.ContainerID
+		}
+	}
+	for cid, in := range s.pausedAway(ctx, away) {
+		byCID[cid] = in
+	}
 	var stopping []string
 	var members []*record
 	memberInsts := map[string]Instance{}
@@ -410,8 +419,12 @@ func (s *Server) reapLoop(ctx context.Context) {
 func (s *Server) resync() {
 	s.mu.Lock()
 	before := make(map[string]*entry, len(s.sbx))
+	pausing := map[string]string{} // sandbox id → container id
 	for id, e := range s.sbx {
 		before[id] = e
+		if pauseState(e.rec.Status.State) {
+			pausing[id] = e.rec.ContainerID
+		}
 	}
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
@@ -423,6 +436,10 @@ func (s *Server) resync() {
 	}
 	byID := make(map[string]Instance, len(insts))
 	for _, in := range insts {
+		byID[in.SandboxID] = in
+		delete(pausing, in.SandboxID)
+	}
+	for _, in := range s.pausedAway(ctx, pausing) {
 		byID[in.SandboxID] = in
 	}
 	for id, e := range before {

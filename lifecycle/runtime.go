@@ -49,8 +49,10 @@ type PauseChecker interface {
 // new addresses and its execd starts held, so Server.Resume takes it through a
 // create's readiness (address, egress enforced, execd /ping, release) before Running,
 // and Failed (ready_timeout) when that does not come. Pause may take as long as a
-// snapshot's commit (snapshotTimeout). While paused, Inspect and List report the
-// sandbox PhasePaused.
+// snapshot's commit (snapshotTimeout). While paused, Inspect reports the sandbox
+// PhasePaused; List may leave it out (it has no workload to list): reconcile and
+// resync ask Inspect about each Pausing, Paused or Resuming sandbox List did not name
+// (pausedAway).
 type RecreatingPauser interface {
 	Runtime
 	// Resumed tells the runtime that the sandbox of inst is Running again after a

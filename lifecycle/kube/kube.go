@@ -405,18 +405,11 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Instance, error) {
 	if r.cfg.Provider == ProviderAgentSandbox {
 		return r.listAgentSandboxes(ctx, sel, byName)
 	}
-	paused, err := r.pausedByName(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]lifecycle.Instance, 0, len(byName)+len(paused))
+	// A paused sandbox has no pod: List leaves it out, and lifecycle asks Inspect (its
+	// pause record, by name: lifecycle may not list the Secrets of this namespace).
+	out := make([]lifecycle.Instance, 0, len(byName))
 	for _, name := range slices.Sorted(maps.Keys(byName)) {
 		out = append(out, instanceOf(byName[name]))
-	}
-	for _, name := range slices.Sorted(maps.Keys(paused)) {
-		if byName[name] == nil { // a pod of a sandbox being resumed wins
-			out = append(out, paused[name])
-		}
 	}
 	return out, nil
 }

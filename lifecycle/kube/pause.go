@@ -275,25 +275,6 @@ func pausedInstance(sec *corev1.Secret) lifecycle.Instance {
 		Node: snapshotNode(string(sec.Data[pauseKeyImage]))}
 }
 
-// pausedByName returns the paused sandboxes of this instance (pause records labelled
-// paused) by pod name; none without Config.Snapshots.
-func (r *Runtime) pausedByName(ctx context.Context) (map[string]lifecycle.Instance, error) {
-	if r.CanPause() != nil {
-		return nil, nil
-	}
-	l, err := r.cfg.Client.CoreV1().Secrets(r.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelInstance + "=" + r.cfg.Instance + "," + LabelPaused + "=true"})
-	if err != nil {
-		return nil, fmt.Errorf("kube: listing pause records: %w", err)
-	}
-	out := make(map[string]lifecycle.Instance, len(l.Items))
-	for i := range l.Items {
-		in := pausedInstance(&l.Items[i])
-		out[in.ContainerID] = in
-	}
-	return out, nil
-}
-
 // inspectPaused is Inspect of pod name that does not exist: its paused view when its
 // pause record says paused, else lifecycle.ErrInstanceGone.
 func (r *Runtime) inspectPaused(ctx context.Context, name string) (lifecycle.Instance, error) {
