@@ -66,11 +66,11 @@ type Config struct {
 	BaseDomains []string
 	// WatchURL and WatchHeader locate lifecycle's watch stream and carry its credential.
 	// Empty WatchURL leaves the route table empty.
-	WatchURL    string
+	WatchURL string
 	// WatchFallbackURL is followed while WatchURL cannot be reached
 	// (watch.ClientConfig.FallbackURL); empty: none.
 	WatchFallbackURL string
-	WatchHeader http.Header
+	WatchHeader      http.Header
 	// SigningKeys verify signed routes; ActiveKey names the minting key (default: the
 	// first).
 	SigningKeys []signedurl.Key
