@@ -39,8 +39,9 @@ const (
 )
 
 // execdArgs is execd's command line in front of the user's entrypoint; maxPTY is
-// Config.MaxPTYSessions (0: execd's default).
-func execdArgs(hold, token bool, maxPTY int) []string {
+// Config.MaxPTYSessions (0: execd's default); token, when set, is the sandbox's execd
+// token, of which execd gets only the SHA-256 (tokenFlags).
+func execdArgs(hold bool, token string, maxPTY int) []string {
 	args := []string{ExecdPath, "--exec"}
 	if hold {
 		args = append(args, "--hold")
@@ -48,9 +49,7 @@ func execdArgs(hold, token bool, maxPTY int) []string {
 	if maxPTY != 0 {
 		args = append(args, "--max-pty-sessions", strconv.Itoa(maxPTY))
 	}
-	if token {
-		args = append(args, "--access-token-file", TokenPath)
-	}
+	args = append(args, tokenFlags(token)...)
 	return append(args, "--")
 }
 
@@ -330,7 +329,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
 			Image:      image,
-			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken != "", r.cfg.MaxPTYSessions), spec.Entrypoint...),
+			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken, r.cfg.MaxPTYSessions), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
 			Labels:     labels,
@@ -369,11 +368,6 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			Content:         bytes.NewReader(r.execd),
 		}); err != nil {
 			return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
-		}
-	}
-	if spec.ExecdToken != "" {
-		if err = r.installToken(ctx, cres.ID, spec.ExecdToken); err != nil {
-			return inst, err
 		}
 	}
 	if len(spec.TrustedCAPEM) > 0 {
