@@ -112,8 +112,10 @@ type Runtime struct {
 	execd  []byte // tar archive holding opt/airlock/execd
 	// templates are the images with execd already in them, per base image.
 	templates *templates
-	gateway   netip.Addr
-	subnet    netip.Prefix
+	// bundles are the images' own trust bundles (trust.go).
+	bundles bundleCache
+	gateway netip.Addr
+	subnet  netip.Prefix
 	// gateway6 and subnet6 are the network's IPv6, invalid without.
 	gateway6 netip.Addr
 	subnet6  netip.Prefix
@@ -371,7 +373,11 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		}
 	}
 	if len(spec.TrustedCAPEM) > 0 {
-		if err = r.installTrust(ctx, cres.ID, spec.TrustedCAPEM); err != nil {
+		imageID := baseID
+		if len(mounts) > 0 {
+			imageID = "" // a mount may cover the bundle: read it, never cache it
+		}
+		if err = r.installTrust(ctx, imageID, cres.ID, spec.TrustedCAPEM); err != nil {
 			return inst, err
 		}
 	}
