@@ -1,6 +1,8 @@
 package lifecycle_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -34,7 +36,8 @@ func sandboxAddr(t *testing.T, h *lctest.Harness, id string) string {
 // TestExecdToken: every sandbox's execd requires its own token (derived from the
 // server's execd key), so a process that reaches the container's address (another
 // sandbox, a host process) gets 401 on everything but GET /ping, the hold's release
-// included. The token reaches neither the user's environment nor a file in the sandbox.
+// included. The token reaches neither the user's environment nor a file in the sandbox:
+// execd's command line carries its SHA-256 only.
 // The endpoint of port 44772 lists it under X-EXECD-ACCESS-TOKEN, and the server proxy
 // accepts it (alone, as OpenSandbox's execd clients send it) for that port of that
 // sandbox only.
@@ -102,15 +105,21 @@ func TestExecdToken(t *testing.T) {
 	if strings.Contains(string(body), tokA) || strings.Contains(string(body), "execd-token\"") {
 		t.Errorf("the token is readable inside the sandbox: %s", body)
 	}
+	// execd knows the token's SHA-256 only, and nothing was copied in for it.
+	sum := sha256.Sum256([]byte(tokA))
+	want := "--access-token-sha256 " + hex.EncodeToString(sum[:])
 	var sawCmdline bool
 	for _, line := range strings.Split(string(body), "\n") {
 		var ev struct{ Type, Text string }
-		if json.Unmarshal([]byte(line), &ev) == nil && strings.Contains(ev.Text, "--access-token-file") {
+		if json.Unmarshal([]byte(line), &ev) == nil && strings.Contains(ev.Text, want) {
 			sawCmdline = true
 		}
 	}
 	if !sawCmdline {
-		t.Errorf("execd was not started with --access-token-file: %s", body)
+		t.Errorf("execd was not started with %s: %s", want, body)
+	}
+	if strings.Contains(string(body), "--access-token-file") {
+		t.Errorf("execd was started with a token file: %s", body)
 	}
 }
 

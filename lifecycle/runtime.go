@@ -100,9 +100,11 @@ type Spec struct {
 	// unfiltered. The Server sets it on every create.
 	Hold bool
 	// ExecdToken, when set, is the sandbox's execd credential (package
-	// internal/execdtoken): the runtime hands it to execd through a file execd reads and
-	// removes at start (execd --access-token-file), never through the environment, so
-	// execd then requires it in X-EXECD-ACCESS-TOKEN on every request but GET /ping.
+	// internal/execdtoken): the runtime hands execd its SHA-256 on the command line
+	// (execd --access-token-sha256: Docker, and Kubernetes pods with the node's execd) or
+	// the token in a file execd reads and removes at start (--access-token-file), never
+	// through the environment, so execd then requires it in X-EXECD-ACCESS-TOKEN on
+	// every request but GET /ping.
 	ExecdToken string
 	// OCIRuntime is the engine runtime this sandbox runs under ("runsc": gVisor), from
 	// the create's ExtRuntime, checked against the engine (OCIRuntimes); empty: the

@@ -39,8 +39,9 @@ const (
 )
 
 // execdArgs is execd's command line in front of the user's entrypoint; maxPTY is
-// Config.MaxPTYSessions (0: execd's default).
-func execdArgs(hold, token bool, maxPTY int) []string {
+// Config.MaxPTYSessions (0: execd's default); token, when set, is the sandbox's execd
+// token, of which execd gets only the SHA-256 (tokenFlags).
+func execdArgs(hold bool, token string, maxPTY int) []string {
 	args := []string{ExecdPath, "--exec"}
 	if hold {
 		args = append(args, "--hold")
@@ -48,9 +49,7 @@ func execdArgs(hold, token bool, maxPTY int) []string {
 	if maxPTY != 0 {
 		args = append(args, "--max-pty-sessions", strconv.Itoa(maxPTY))
 	}
-	if token {
-		args = append(args, "--access-token-file", TokenPath)
-	}
+	args = append(args, tokenFlags(token)...)
 	return append(args, "--")
 }
 
@@ -113,8 +112,10 @@ type Runtime struct {
 	execd  []byte // tar archive holding opt/airlock/execd
 	// templates are the images with execd already in them, per base image.
 	templates *templates
-	gateway   netip.Addr
-	subnet    netip.Prefix
+	// bundles are the images' own trust bundles (trust.go).
+	bundles bundleCache
+	gateway netip.Addr
+	subnet  netip.Prefix
 	// gateway6 and subnet6 are the network's IPv6, invalid without.
 	gateway6 netip.Addr
 	subnet6  netip.Prefix
@@ -330,7 +331,7 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 		Name: r.cfg.NamePrefix + spec.SandboxID,
 		Config: &container.Config{
 			Image:      image,
-			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken != "", r.cfg.MaxPTYSessions), spec.Entrypoint...),
+			Entrypoint: append(execdArgs(spec.Hold, spec.ExecdToken, r.cfg.MaxPTYSessions), spec.Entrypoint...),
 			Cmd:        nil,
 			Env:        env,
 			Labels:     labels,
@@ -371,13 +372,12 @@ func (r *Runtime) Create(ctx context.Context, spec lifecycle.Spec) (inst lifecyc
 			return inst, fmt.Errorf("docker: copying execd into the container: %w", err)
 		}
 	}
-	if spec.ExecdToken != "" {
-		if err = r.installToken(ctx, cres.ID, spec.ExecdToken); err != nil {
-			return inst, err
-		}
-	}
 	if len(spec.TrustedCAPEM) > 0 {
-		if err = r.installTrust(ctx, cres.ID, spec.TrustedCAPEM); err != nil {
+		imageID := baseID
+		if len(mounts) > 0 {
+			imageID = "" // a mount may cover the bundle: read it, never cache it
+		}
+		if err = r.installTrust(ctx, imageID, cres.ID, spec.TrustedCAPEM); err != nil {
 			return inst, err
 		}
 	}

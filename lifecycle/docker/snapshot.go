@@ -22,7 +22,8 @@ import (
 //   - Not its volumes: host paths and named volumes are mounts, which a commit never
 //     includes; nor /etc/hosts, /etc/resolv.conf and /etc/hostname (the engine's bind
 //     mounts).
-//   - Not the execd token: execd removed TokenPath before the sandbox ran anything.
+//   - Not the execd token: it is never in the container; execd gets its SHA-256 on its
+//     command line (tokenFlags), which the image does not keep (no entrypoint).
 //   - Not the credential proxy's CA (trustInstalled): a second, never started container
 //     of the first commit gets the image's own SystemBundle back (the appended CA cut
 //     off) and an empty ExtraCAPath, and is committed under the same tag; the restore's

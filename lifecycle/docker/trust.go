@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -35,29 +36,103 @@ func trustEnv() map[string]string {
 }
 
 // installTrust writes the image's system bundle plus ca to SystemBundle and ca alone to
-// ExtraCAPath in the created (not yet started) container. An image without a bundle
-// gets one holding ca only.
-func (r *Runtime) installTrust(ctx context.Context, id string, ca []byte) error {
-	var bundle []byte
-	res, err := r.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: SystemBundle})
-	switch {
-	case err == nil:
-		bundle, err = firstFile(res.Content)
-		res.Content.Close()
-		if err != nil {
-			return fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
-		}
-	case !cerrdefs.IsNotFound(err):
-		return fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
+// ExtraCAPath in the created (not yet started) container id of image imageID (the base
+// image's id: the execd template above it does not touch the bundle; empty when the
+// container has mounts, which may cover the bundle: it is then read, never cached). An
+// image without a bundle gets one holding ca only.
+func (r *Runtime) installTrust(ctx context.Context, imageID, id string, ca []byte) error {
+	bundle, err := r.bundles.get(ctx, imageID, func() ([]byte, error) { return r.readBundle(ctx, id) })
+	if err != nil {
+		return err
 	}
-	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
-		bundle = append(bundle, '\n')
+	full := make([]byte, 0, len(bundle)+1+len(ca)) // bundle is shared: never append to it
+	full = append(full, bundle...)
+	if len(full) > 0 && !bytes.HasSuffix(full, []byte("\n")) {
+		full = append(full, '\n')
 	}
 	dirs := []string{"etc/", "etc/ssl/", "etc/ssl/certs/", "usr/", "usr/local/", "usr/local/share/", "usr/local/share/ca-certificates/"}
-	if err := r.writeTrustStore(ctx, id, dirs, append(bundle, ca...), ca); err != nil {
+	if err := r.writeTrustStore(ctx, id, dirs, append(full, ca...), ca); err != nil {
 		return fmt.Errorf("docker: installing the credential proxy CA: %w", err)
 	}
 	return nil
+}
+
+// readBundle returns SystemBundle as it is in container id (nil when it has none).
+func (r *Runtime) readBundle(ctx context.Context, id string) ([]byte, error) {
+	res, err := r.cli.CopyFromContainer(ctx, id, client.CopyFromContainerOptions{SourcePath: SystemBundle})
+	switch {
+	case err == nil:
+		bundle, err := firstFile(res.Content)
+		res.Content.Close()
+		if err != nil {
+			return nil, fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
+		}
+		return bundle, nil
+	case !cerrdefs.IsNotFound(err):
+		return nil, fmt.Errorf("docker: reading the image's %s: %w", SystemBundle, err)
+	}
+	return nil, nil
+}
+
+// maxBundles bounds bundleCache: past it, the cache starts over.
+const maxBundles = 64
+
+// bundleCache holds each image's own SystemBundle, read from the first container of
+// that image that needs the extra CAs: an image id names immutable content, so every
+// later sandbox of the image (the ten of a fork) skips a copy out of its container,
+// which costs the engine a rootfs mount (about 65 ms of CPU each on the 2-core test
+// host). Concurrent first reads of one image wait for a single read; a failed read is
+// not kept.
+type bundleCache struct {
+	mu      sync.Mutex
+	byImage map[string]*bundleRead
+	reads   int // reads from a container, for the tests
+}
+
+type bundleRead struct {
+	done   chan struct{}
+	bundle []byte
+	err    error
+}
+
+// get returns image imageID's bundle, calling read when it is not known yet (read's
+// result is shared with every caller waiting meanwhile). The caller must not modify
+// the slice. An empty imageID is never cached.
+func (c *bundleCache) get(ctx context.Context, imageID string, read func() ([]byte, error)) ([]byte, error) {
+	c.mu.Lock()
+	if imageID == "" {
+		c.reads++
+		c.mu.Unlock()
+		return read()
+	}
+	if c.byImage == nil || len(c.byImage) >= maxBundles {
+		c.byImage = map[string]*bundleRead{}
+	}
+	b, ok := c.byImage[imageID]
+	if !ok {
+		b = &bundleRead{done: make(chan struct{})}
+		c.byImage[imageID] = b
+		c.reads++
+	}
+	c.mu.Unlock()
+	if ok {
+		select {
+		case <-b.done:
+			return b.bundle, b.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	b.bundle, b.err = read()
+	if b.err != nil {
+		c.mu.Lock()
+		if c.byImage[imageID] == b {
+			delete(c.byImage, imageID)
+		}
+		c.mu.Unlock()
+	}
+	close(b.done)
+	return b.bundle, b.err
 }
 
 // writeTrustStore writes bundle to SystemBundle and ca to ExtraCAPath (mode 0644) in
