@@ -169,3 +169,19 @@ func BenchmarkParse(b *testing.B) {
 		}
 	})
 }
+
+// TestAppendFloat64MatchesJSON: AppendFloat64 writes every finite float64 as
+// json.Marshal does (audit/ocsf relies on it for the numbers of records read back).
+func TestAppendFloat64MatchesJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	for range 100_000 {
+		f := randFloat(rng)
+		want, err := json.Marshal(f)
+		if err != nil {
+			continue // NaN, ±Inf: callers hand those to encoding/json
+		}
+		if got := AppendFloat64([]byte("x"), f); string(got) != "x"+string(want) {
+			t.Fatalf("AppendFloat64(%v) = %s, want %s", f, got[1:], want)
+		}
+	}
+}
