@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/airlockdev/airlock/audit/record"
 )
 
 // Filter selects records. Zero fields select everything.
@@ -86,7 +88,7 @@ func Scan(dir string, f Filter, fn func(Record) error) error {
 				return nil
 			}
 			var r Record
-			if err := json.Unmarshal(line, &r); err != nil {
+			if err := record.Parse(line, &r); err != nil {
 				return nil // Verify reports damaged lines; readers skip them
 			}
 			if f.SandboxID != "" && r.SandboxID != f.SandboxID {
@@ -242,7 +244,7 @@ func (t *Follower) Read(fn func(Record) error) error {
 				return nil
 			}
 			var r Record
-			if json.Unmarshal(line, &r) != nil || (t.f.SandboxID != "" && r.SandboxID != t.f.SandboxID) {
+			if record.Parse(line, &r) != nil || (t.f.SandboxID != "" && r.SandboxID != t.f.SandboxID) {
 				return nil
 			}
 			return fn(r)

@@ -10,7 +10,9 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/audit/execdaudit"
+	"github.com/airlockdev/airlock/gateway/route"
 	"github.com/airlockdev/airlock/internal/pathform"
+	"github.com/airlockdev/airlock/lifecycle/watch"
 )
 
 // AuditSink receives one canonical record per request decision. Append is called on the
@@ -45,13 +47,13 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 		Action:    "allow",
 		Reason:    dec.access,
 		Extra: map[string]any{
-			auditRoute:      dec.cand.Form.String(),
+			auditRoute:      formValue(dec.cand.Form),
 			auditStatus:     status,
 			auditBytes:      bytes,
 			auditDurationMS: float64(time.Since(start).Microseconds()) / 1000,
 			auditRequestID:  reqID,
-			auditMethod:     r.Method,
-			auditResult:     res.String(),
+			auditMethod:     methodValue(r.Method),
+			auditResult:     resultValues[res],
 		},
 	}
 	if r.TLS != nil {
@@ -63,7 +65,7 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 		} else if dec.sb.Address6.IsValid() {
 			rec.DstIP = dec.sb.Address6.String()
 		}
-		rec.Rule = "access:" + string(dec.mode)
+		rec.Rule = accessRule(dec.mode)
 	}
 	if c := dec.caller; c != nil && c.known {
 		rec.Extra["principal"] = c.p.ID // who, never the key
@@ -75,13 +77,81 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 			rec.Source = audit.SourceIngress // a refused credential (never its value)
 		}
 	}
-	if up := r.Header.Get("Upgrade"); up != "" || r.Method == http.MethodConnect {
+	if up := headerValue(r.Header, "Upgrade"); up != "" || r.Method == http.MethodConnect {
 		if up == "" {
 			up = r.Header.Get(":protocol")
 		}
 		rec.Extra[auditUpgrade] = up
 	}
 	return rec
+}
+
+// The values of a record that come from small fixed sets are boxed once here: putting
+// a string into Extra (map[string]any) otherwise allocates per request.
+var (
+	resultValues = func() (v [numResults]any) {
+		for i := range v {
+			v[i] = result(i).String()
+		}
+		return v
+	}()
+	formValues = func() (v [route.FormPath + 1]any) {
+		for i := range v {
+			v[i] = route.Form(i).String()
+		}
+		return v
+	}()
+)
+
+// formValue is f's name as an Extra value.
+func formValue(f route.Form) any {
+	if f >= 0 && int(f) < len(formValues) {
+		return formValues[f]
+	}
+	return f.String()
+}
+
+// methodValue is the request method as an Extra value: the common methods without an
+// allocation (a constant in an interface is static), any other as it is.
+func methodValue(m string) any {
+	switch m {
+	case http.MethodGet:
+		return http.MethodGet
+	case http.MethodPost:
+		return http.MethodPost
+	case http.MethodPut:
+		return http.MethodPut
+	case http.MethodDelete:
+		return http.MethodDelete
+	case http.MethodHead:
+		return http.MethodHead
+	case http.MethodPatch:
+		return http.MethodPatch
+	case http.MethodOptions:
+		return http.MethodOptions
+	}
+	return m
+}
+
+// accessRule is the record's rule for an access mode: "access:<mode>".
+func accessRule(m watch.AccessMode) string {
+	switch m {
+	case watch.Public:
+		return "access:" + string(watch.Public)
+	case watch.Token:
+		return "access:" + string(watch.Token)
+	case watch.Signed:
+		return "access:" + string(watch.Signed)
+	}
+	return "access:" + string(m)
+}
+
+// headerValue is h.Get(key) for a key already in canonical form (no canonicalization).
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // clientAddr returns the client's address as Caddy determined it (trusted proxies

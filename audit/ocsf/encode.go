@@ -2,6 +2,7 @@ package ocsf
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"strconv"
 
@@ -104,6 +105,10 @@ func appendValue(b []byte, v any, depth int) []byte {
 		return strconv.AppendUint(b, uint64(v), 10)
 	case bool:
 		return strconv.AppendBool(b, v)
+	case float64: // every number of a record read back from the chain
+		if !math.IsInf(v, 0) && !math.IsNaN(v) {
+			return record.AppendFloat64(b, v)
+		}
 	case []string:
 		b = append(b, '[')
 		for i, s := range v {

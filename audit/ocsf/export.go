@@ -2,7 +2,6 @@ package ocsf
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/record"
 )
 
 // DirName is the directory of the OCSF files inside the audit directory.
@@ -260,7 +260,7 @@ func (e *Exporter) readSome(target uint64) bool {
 		}
 		if seq >= e.next {
 			var r audit.Record
-			if err := json.Unmarshal(line, &r); err != nil {
+			if err := record.Parse(line, &r); err != nil {
 				e.log.Warn("ocsf export: a chain line does not decode", "file", srcName, "seq", seq, "err", err)
 			} else {
 				e.emit(srcName, &r)

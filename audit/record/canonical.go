@@ -211,6 +211,11 @@ func appendValue(b []byte, v any) (_ []byte, ok bool) {
 	return append(b, j...), true
 }
 
+// AppendFloat64 appends f as encoding/json writes a float64 (appendFloat); f must be
+// finite (encoding/json refuses NaN and ±Inf). audit/ocsf writes the numbers of
+// records read back (float64 all) with it.
+func AppendFloat64(b []byte, f float64) []byte { return appendFloat(b, f, 64) }
+
 // appendFloat is encoding/json's float encoding (ES6 number to string): 'f' format,
 // 'e' below 1e-6 and from 1e21, exponents without leading zeros. f is finite.
 func appendFloat(b []byte, f float64, bits int) []byte {
