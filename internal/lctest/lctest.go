@@ -63,7 +63,7 @@ func Execd(t testing.TB) string {
 		return p
 	}
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "airlock-execd-")
+		dir, err := processTempDir("airlock-execd-")
 		if err != nil {
 			buildErr = err
 			return
@@ -278,7 +278,7 @@ func Airlock(t testing.TB) string {
 	t.Helper()
 	execd := Execd(t)
 	airlockOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "airlock-bin-")
+		dir, err := processTempDir("airlock-bin-")
 		if err != nil {
 			airlockErr = err
 			return
@@ -321,4 +321,22 @@ func RemoveNetwork(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, _ = cli.NetworkRemove(ctx, name, client.NetworkRemoveOptions{})
+}
+
+// processTempDir makes a temporary directory named prefix, this process's pid and a
+// random suffix, for binaries built once per test process, and first removes the
+// directories of the same prefix whose process is gone: a test process cannot remove
+// its own at exit, and each holds up to 155 MB (the airlock binary and execd).
+func processTempDir(prefix string) (string, error) {
+	old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, dir := range old {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(dir), prefix), "-")
+		if !ok || pid == "" || strings.Trim(pid, "0123456789") != "" {
+			continue // not of this naming (an older one, or another tool's)
+		}
+		if _, err := os.Stat(filepath.Join("/proc", pid)); os.IsNotExist(err) {
+			os.RemoveAll(dir)
+		}
+	}
+	return os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
 }
