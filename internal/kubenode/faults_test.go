@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlockdev/airlock/internal/kubedeploy"
-	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -36,20 +35,7 @@ import (
 //   - containerd: the node's containerd restarted; the denied connect still fails, the
 //     sandbox is Running or Failed (never unenforced) and a create works after.
 func TestFaultsOnNode(t *testing.T) {
-	testenv.NeedRoot(t)
-	img := testenv.NeedSandboxImage(t)
-	n := Start(t)
-	tagImage(t, img, nodeSandboxImage)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 40))
-		}
-	})
-	a := n.AirlockUp(t, nodeSandboxImage)
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + a.API, APIKey: a.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, _, c := deployed(t, 40)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 

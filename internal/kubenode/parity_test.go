@@ -19,7 +19,6 @@ import (
 
 	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/internal/kubedeploy"
-	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -39,20 +38,7 @@ const GatewayAuditDir = StateDir + "/gateway"
 //     and `airlock audit verify` checks it with the requests' records in it
 //     (gatewayAudit).
 func TestAirlockParityOnNode(t *testing.T) {
-	testenv.NeedRoot(t)
-	img := testenv.NeedSandboxImage(t)
-	n := Start(t)
-	tagImage(t, img, nodeSandboxImage)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 40))
-		}
-	})
-	a := n.AirlockUp(t, nodeSandboxImage)
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + a.API, APIKey: a.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, a, c := deployed(t, 40)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 

@@ -12,8 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/airlockdev/airlock/internal/kubedeploy"
-	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
@@ -29,22 +27,9 @@ import (
 // EPERM); the delete removes the pause image from the node. A resume whose
 // NetworkPolicy went missing ends Failed with no pod; a paused sandbox expires.
 func TestPauseOnNode(t *testing.T) {
-	testenv.NeedRoot(t)
-	img := testenv.NeedSandboxImage(t)
-	n := Start(t)
-	tagImage(t, img, nodeSandboxImage)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 60))
-		}
-	})
-	a := n.AirlockUp(t, nodeSandboxImage)
+	n, a, c := deployed(t, 60)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + a.API, APIKey: a.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := n.Namespace(t, "pause")
 	first := dnsName(t, n, ns, "first", "198.51.100.7")
 	second := dnsName(t, n, ns, "second", "198.51.100.8")

@@ -15,8 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/airlockdev/airlock/internal/kubedeploy"
-	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/opensandbox"
 	"github.com/airlockdev/airlock/sdk"
@@ -34,22 +32,9 @@ import (
 // already refused with EPERM (the snapshot's policy enforced before the entrypoint);
 // deleting the snapshot answers 204, then 404, and the image is gone from the node.
 func TestSnapshotOnNode(t *testing.T) {
-	testenv.NeedRoot(t)
-	img := testenv.NeedSandboxImage(t)
-	n := Start(t)
-	tagImage(t, img, nodeSandboxImage)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 60))
-		}
-	})
-	a := n.AirlockUp(t, nodeSandboxImage)
+	n, a, c := deployed(t, 60)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + a.API, APIKey: a.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := n.Namespace(t, "snap")
 	allowedName := dnsName(t, n, ns, "allowed", "198.51.100.7")
 	policy := fmt.Sprintf(`{"defaultAction":"deny","egress":[{"action":"allow","target":%q}]}`, allowedName)

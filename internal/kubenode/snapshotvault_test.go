@@ -15,8 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlockdev/airlock/egressd/vault"
-	"github.com/airlockdev/airlock/internal/kubedeploy"
-	"github.com/airlockdev/airlock/internal/testenv"
 	"github.com/airlockdev/airlock/lifecycle/kube"
 	"github.com/airlockdev/airlock/sdk"
 )
@@ -30,23 +28,10 @@ import (
 // proxy reaches the server with the secret injected; deleting the snapshot removes the
 // node's copy, and the restored sandbox keeps its own vault.
 func TestSnapshotVaultOnNode(t *testing.T) {
-	testenv.NeedRoot(t)
-	img := testenv.NeedSandboxImage(t)
-	n := Start(t)
-	tagImage(t, img, nodeSandboxImage)
 	upstreamCA := trustTestCA(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("Airlock's pods at the end of the failed test:\n%s", podLogs(n, kubedeploy.SystemNamespace, 60))
-		}
-	})
-	a := n.AirlockUp(t, nodeSandboxImage)
+	n, a, c := deployed(t, 60)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, err := sdk.New(sdk.Config{BaseURL: "http://" + a.API, APIKey: a.APIKey})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := n.Namespace(t, "snapvault")
 	const addr = "198.51.100.7"
 	name := dnsName(t, n, ns, "vaultsnap", addr)
