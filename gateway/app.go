@@ -114,6 +114,13 @@ type App struct {
 	// and code instead of the text.
 	AgentActions execdaudit.Config `json:"agent_actions,omitzero"`
 
+	// NodeGroups, when set with agent actions on, names the process group of each
+	// execd command (extra.process_group) where the gateway has no view of the
+	// sandbox's /proc (Runtime.Pid 0: Kubernetes): the egressd of the sandbox's node
+	// (Runtime.HostIP) watches for it (execdaudit.GroupsPath). Nil: such commands
+	// name no group.
+	NodeGroups *NodeGroupsConfig `json:"node_groups,omitempty"`
+
 	// TombstoneTTL is how long a deleted sandbox answers 410 Gone instead of 404;
 	// default 1h.
 	TombstoneTTL caddy.Duration `json:"tombstone_ttl,omitempty"`
@@ -155,6 +162,8 @@ type App struct {
 	audit      AuditSink
 	// agentAudit records agent actions through execd; nil: none.
 	agentAudit *execdaudit.Observer
+	// nodeGroups asks nodes' egressd for commands' process groups; nil: off.
+	nodeGroups *execdaudit.RemoteGroups
 	log        *slog.Logger
 	cancel     context.CancelFunc
 	wg         *sync.WaitGroup
@@ -206,6 +215,15 @@ type RenewConfig struct {
 
 func (c *RenewConfig) header() http.Header { return c.Headers.Clone() }
 
+// NodeGroupsConfig is where each node's egressd serves execdaudit.GroupsPath: Port
+// on the node's address (`airlock egressd --metrics-listen`, 9102 in the Kubernetes
+// manifests), with APIKey sent as OPEN-SANDBOX-API-KEY (placeholders such as
+// {env.OPEN_SANDBOX_API_KEY} work).
+type NodeGroupsConfig struct {
+	Port   int    `json:"port"`
+	APIKey string `json:"api_key,omitempty"`
+}
+
 // CaddyModule returns the Caddy module information.
 func (App) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "airlock", New: func() caddy.Module { return new(App) }}
@@ -254,6 +272,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 		if a.keys, err = signedurl.NewKeyring(active, keys...); err != nil {
 			return fmt.Errorf("airlock: %w", err)
 		}
+	}
+
+	if ng := a.NodeGroups; ng != nil && a.agentAudit != nil {
+		if ng.Port <= 0 || ng.Port > 65535 {
+			return fmt.Errorf("airlock: node_groups.port %d is not a port", ng.Port)
+		}
+		a.nodeGroups = execdaudit.NewRemoteGroups(ng.Port, repl.ReplaceKnown(ng.APIKey, ""), a.log)
 	}
 
 	switch key, sum := repl.ReplaceKnown(a.APIKey, ""), repl.ReplaceKnown(a.APIKeySHA256, ""); {

@@ -220,7 +220,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// An agent action through execd is recorded here, on the host (package
 	// audit/execdaudit): the body and the response are observed as they pass.
 	if dec.cand.Port == opensandbox.ExecdPort {
-		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client, InitPID: dec.sb.Runtime.Pid})
+		info := execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client, InitPID: dec.sb.Runtime.Pid}
+		if ng, node := h.app.nodeGroups, dec.sb.Runtime.HostIP; info.InitPID <= 0 && ng != nil && node != "" {
+			// No view of the sandbox's /proc here (a pod): its node's egressd looks.
+			info.Groups = func() execdaudit.GroupWatch { return ng.Watch(node, info.SandboxID) }
+		}
+		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, info)
 	}
 	h.app.metrics.active.Inc()
 	res := resProxied

@@ -96,6 +96,9 @@ type Config struct {
 	// to lifecycle's egress API (App.EgressAPI).
 	EgressAPIDial   string
 	EgressAPIHeader http.Header
+	// NodeGroups has the egressd of a sandbox's node watch for the process groups of
+	// execd commands where the gateway cannot (App.NodeGroups); nil: off.
+	NodeGroups *NodeGroupsConfig
 	// IdleTimeout closes idle client connections; default 620s (above common load
 	// balancers' 600s).
 	IdleTimeout time.Duration
@@ -229,6 +232,7 @@ func (s *Server) appConfig() App {
 	if c.EgressAPIDial != "" {
 		app.EgressAPI = &EgressAPIConfig{Dial: c.EgressAPIDial, Headers: c.EgressAPIHeader}
 	}
+	app.NodeGroups = c.NodeGroups
 	return app
 }
 

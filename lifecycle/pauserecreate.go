@@ -35,7 +35,7 @@ func (s *Server) pauseRecreating(ctx context.Context, id string, rp RecreatingPa
 	}
 	s.mu.Lock()
 	r := e.rec
-	r.Address, r.Address6, r.Pid, r.PodUID, r.HostInterface = netip.Addr{}, netip.Addr{}, 0, "", ""
+	r.Address, r.Address6, r.Pid, r.PodUID, r.HostInterface, r.HostIP = netip.Addr{}, netip.Addr{}, 0, "", "", ""
 	err = s.setStatusLocked(r, opensandbox.Paused, "paused", "the sandbox's filesystem is kept on its node; its workload is removed until resume")
 	s.mu.Unlock()
 	s.log.Info("sandbox paused", "sandbox_id", id, "runtime", rp.Kind(), "pause_ms", time.Since(start).Milliseconds())

@@ -151,7 +151,7 @@ func (s *Server) claim(ctx context.Context, p *pool, v *validated, want *record)
 
 	rec := want.clone()
 	rec.ID, rec.ContainerID, rec.Address, rec.Address6, rec.Pid = m.ID, m.ContainerID, m.Address, m.Address6, m.Pid
-	rec.PodUID, rec.Node, rec.HostInterface = m.PodUID, m.Node, m.HostInterface
+	rec.PodUID, rec.Node, rec.HostInterface, rec.HostIP = m.PodUID, m.Node, m.HostInterface, m.HostIP
 	rec.PolicyVersion = m.PolicyVersion + 1 // above the member's deny-all, named or not
 	began := time.Now()
 	s.mu.Lock()
@@ -422,7 +422,7 @@ func (s *Server) memberAddress(ctx context.Context, rec *record) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec.Address, rec.Address6, rec.Pid, rec.Node = in.Address, in.Address6, in.Pid, in.Node
+	rec.Address, rec.Address6, rec.Pid, rec.Node, rec.HostIP = in.Address, in.Address6, in.Pid, in.Node, in.HostIP
 	if in.HostInterface != "" {
 		rec.HostInterface = in.HostInterface
 	}

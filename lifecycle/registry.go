@@ -75,7 +75,7 @@ func (s *Server) watchView(rec *record) watch.Sandbox {
 		State:    string(rec.Status.State),
 		Address:  rec.Address,
 		Address6: rec.Address6,
-		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid, HostInterface: rec.HostInterface, PodUID: rec.PodUID},
+		Runtime:  watch.Runtime{Kind: s.rt.Kind(), ContainerID: rec.ContainerID, Pid: rec.Pid, HostInterface: rec.HostInterface, PodUID: rec.PodUID, HostIP: rec.HostIP},
 		// PolicyVersion only means something with a policy.
 		RenewOnAccess:   rec.RenewOnAccess,
 		CredentialProxy: rec.CredentialProxy,

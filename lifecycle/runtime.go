@@ -162,6 +162,9 @@ type Instance struct {
 	// Node is the node that runs the sandbox (Kubernetes: the pod's spec.nodeName);
 	// empty on a single host.
 	Node string
+	// HostIP is the address of that node (Kubernetes: the pod's status.hostIP, once
+	// bound); the gateway reaches the node's egressd there. Empty on a single host.
+	HostIP string
 	// DeleteVolumes are named volumes the runtime created for this sandbox and removes
 	// with it.
 	DeleteVolumes []string

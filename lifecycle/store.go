@@ -86,6 +86,8 @@ type record struct {
 	PodUID string `json:"podUID,omitempty"`
 	// Node is the node that runs the sandbox (Kubernetes); empty on a single host.
 	Node string `json:"node,omitempty"`
+	// HostIP is the address of that node (Kubernetes; Instance.HostIP).
+	HostIP string `json:"hostIP,omitempty"`
 	// PolicyName names the library policy the sandbox runs under; then Policy holds only
 	// the per-sandbox additions (rules put before the named policy's, OpenSandbox PATCH
 	// semantics) and PolicyVersion counts their changes.

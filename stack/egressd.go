@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlockdev/airlock/audit"
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/dnsfilter"
 	"github.com/airlockdev/airlock/ebpf"
 	"github.com/airlockdev/airlock/egressd"
@@ -362,6 +363,10 @@ func (e *Egressd) Run(ctx context.Context) error {
 		mux.Handle("GET "+watch.EnforcedPath+"{id}", e.StatusHandler())
 		if e.ownVault != nil && e.cfg.APIKey != "" {
 			mux.Handle(watch.VaultPath, e.VaultHandler(e.ownVault, e.cfg.APIKey))
+		}
+		if e.cfg.APIKey != "" {
+			// The gateway on Kubernetes asks for the process groups of execd commands.
+			mux.Handle(execdaudit.GroupsPath, e.GroupsHandler(e.cfg.APIKey))
 		}
 		if e.cfg.ContainerdSocket != "" && e.cfg.APIKey != "" {
 			ns := cmp.Or(e.cfg.ContainerdNamespace, "k8s.io")

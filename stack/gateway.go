@@ -112,6 +112,10 @@ type GatewayConfig struct {
 	// OPEN-SANDBOX-API-KEY; empty: port 18080 is proxied to the sandbox.
 	EgressAPI    string `yaml:"-"`
 	EgressAPIKey string `yaml:"-"`
+	// NodeEgressdPort, when set, is the port of each node's egressd node API (its
+	// --metrics-listen): the gateway asks the egressd of a pod's node for the process
+	// groups of execd commands (gateway.NodeGroupsConfig, with APIKey). 0: off.
+	NodeEgressdPort int `yaml:"-"`
 	// DataDir is Caddy's storage (certificates, the internal CA); default Caddy's
 	// ($XDG_DATA_HOME/caddy). airlock up: <stateDir>/caddy.
 	DataDir string `yaml:"-"`
@@ -245,6 +249,9 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 			gc.APIKeySHA256 = accesstoken.Sum(cfg.APIKey).String()
 			gc.PrincipalKeysURL = cfg.KeysURL
 		}
+	}
+	if cfg.NodeEgressdPort > 0 {
+		gc.NodeGroups = &gateway.NodeGroupsConfig{Port: cfg.NodeEgressdPort, APIKey: cfg.APIKey}
 	}
 	if k := cmp.Or(cfg.EgressAPIKey, cfg.APIKey); k != "" {
 		gc.EgressAPIHeader = http.Header{}

@@ -57,11 +57,13 @@ type Action struct {
 	errValue    string
 	sawErrEvent bool
 	finished    bool
-	// process groups of a command (procgroup.go): bootStart is the request's arrival
-	// on CLOCK_BOOTTIME (0: not looked for).
-	bootStart  time.Duration
-	watch      *groupWatch
-	groups     []procGroup
+	// process groups of a command (procgroup.go): watch started at the request's
+	// arrival (nil: not looked for); remote when it is Info.Groups' (its End(true) runs
+	// on a goroutine of its own, groupsDone closed once groups are set).
+	watch      GroupWatch
+	remote     bool
+	groupsDone chan struct{}
+	groups     []ProcGroup
 	groupsAmbi bool
 }
 
@@ -198,8 +200,19 @@ func (a *Action) event(line []byte) {
 	case "init":
 		if a.commandID == "" {
 			a.commandID = ev.Text
-			if a.watch != nil {
-				a.groups, a.groupsAmbi = takeGroups(a.info.InitPID, a.watch.end())
+			switch {
+			case a.watch != nil && a.remote:
+				done, w := make(chan struct{}), a.watch
+				a.groupsDone = done
+				go func() {
+					g, ambi := w.End(true)
+					a.mu.Lock()
+					a.groups, a.groupsAmbi = g, ambi
+					a.mu.Unlock()
+					close(done)
+				}()
+			case a.watch != nil:
+				a.groups, a.groupsAmbi = a.watch.End(true)
 			}
 		}
 	case "execution_complete":
@@ -259,12 +272,32 @@ func (a *Action) Finish(status int) {
 		return
 	}
 	a.finished = true
-	a.watch.end()
+	done := a.groupsDone
+	if a.watch != nil && done == nil {
+		a.watch.End(false)
+	}
 	if status != 0 {
 		a.status = status
 	}
 	a.mu.Unlock()
-	for _, rec := range a.records(time.Now()) {
+	now := time.Now()
+	if done != nil {
+		select {
+		case <-done:
+		default: // the remote source has not answered: the record follows it
+			go func() {
+				<-done
+				a.appendRecords(now)
+			}()
+			return
+		}
+	}
+	a.appendRecords(now)
+}
+
+// appendRecords appends the action's records as of now.
+func (a *Action) appendRecords(now time.Time) {
+	for _, rec := range a.records(now) {
 		a.o.sink.Append(rec)
 	}
 }

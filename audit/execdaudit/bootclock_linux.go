@@ -6,8 +6,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bootNow is CLOCK_BOOTTIME, the clock of /proc's start times; 0 when unreadable.
-func bootNow() time.Duration {
+// BootNow is CLOCK_BOOTTIME, the clock of /proc's start times; 0 when unreadable.
+func BootNow() time.Duration {
 	var ts unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
 		return 0

@@ -4,5 +4,5 @@ package execdaudit
 
 import "time"
 
-// bootNow is 0 outside Linux: no /proc, so commands name no process group.
-func bootNow() time.Duration { return 0 }
+// BootNow is 0 outside Linux: no /proc, so commands name no process group.
+func BootNow() time.Duration { return 0 }

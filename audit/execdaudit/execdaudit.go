@@ -70,6 +70,12 @@ type Info struct {
 	RequestID string
 	Client    string
 	InitPID   int
+	// Groups, when set, starts the look for a command's process group in place of
+	// InitPID's (which needs the sandbox's host /proc): the gateway on Kubernetes asks
+	// the sandbox's node's egressd (RemoteGroups). It returns within a short bound, nil
+	// for no look; the watch's End(true) then runs off the response's path and the
+	// command's record is appended once it answers (bounded by the source's timeout).
+	Groups func() GroupWatch
 }
 
 // Start returns the Action of r when r is an agent action, nil otherwise (and for a
@@ -86,9 +92,13 @@ func (o *Observer) Start(r *http.Request, path string, info Info) *Action {
 	}
 	a := &Action{o: o, op: op, id: id, info: info, start: time.Now(), query: r.URL.Query(),
 		principal: principal.IDFromContext(r.Context())}
-	if op == opCommand && info.InitPID > 0 {
-		a.bootStart = bootNow()
-		a.watch = watchGroups(info.InitPID, a.bootStart)
+	if op == opCommand {
+		switch {
+		case info.Groups != nil:
+			a.watch, a.remote = info.Groups(), true
+		case info.InitPID > 0:
+			a.watch = WatchGroups(info.InitPID, BootNow())
+		}
 	}
 	switch op {
 	case opCommand, opSessionRun, opCode:

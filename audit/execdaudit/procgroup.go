@@ -37,11 +37,44 @@ var claims = struct {
 	m map[[2]int]time.Time // {init pid, pgid} -> when taken
 }{m: map[[2]int]time.Time{}}
 
-// procGroup is a command's process group: host pgid and the same in the sandbox's
-// pid namespace (0 when /proc did not say).
-type procGroup struct {
+// ProcGroup is a command's process group (extra.process_group of its record): PGID the
+// host's pgid, NSPGID the same in the sandbox's pid namespace (0 when /proc did not
+// say).
+type ProcGroup struct {
 	PGID   int `json:"pgid"`
 	NSPGID int `json:"ns_pgid,omitempty"`
+}
+
+// GroupWatch is a look for one command's process group, started at the command's
+// arrival: WatchGroups on the host that runs the sandbox, RemoteGroups through the
+// sandbox's node's egressd (Kubernetes).
+type GroupWatch interface {
+	// End stops looking. With take it claims the command's group among those seen
+	// (see takeGroups): one group, or several left untaken with ambiguous set; none
+	// (nil) when nothing new was seen or the source failed. Without take it returns
+	// nil. A watch ends once; later calls return nil.
+	End(take bool) (groups []ProcGroup, ambiguous bool)
+}
+
+// WatchGroups starts looking, on this host's /proc, for the groups of initPID's
+// children (initPID: the sandbox's init, execd, as a host pid) that start no earlier
+// than since (CLOCK_BOOTTIME, BootNow), every watchTick then watchSlow, for at most
+// WatchMax; End takes from what it saw.
+func WatchGroups(initPID int, since time.Duration) GroupWatch {
+	return watchGroups(initPID, since)
+}
+
+// End implements GroupWatch.
+func (w *groupWatch) End(take bool) ([]ProcGroup, bool) {
+	if w == nil {
+		return nil, false
+	}
+	found := w.end()
+	if !take || w.taken {
+		return nil, false
+	}
+	w.taken = true
+	return takeGroups(w.initPID, found)
 }
 
 // statFields returns ppid, pgrp and starttime (since boot) from /proc/<pid>/stat.
@@ -110,21 +143,25 @@ func children(pid int) []int {
 // process groups takeGroups may take: a command that ends within milliseconds (a curl
 // refused at once) is gone from /proc by the time execd's init event is read, so
 // the host looks while it runs, every watchTick for the first watchFast, then every
-// watchSlow, at most watchMax.
+// watchSlow, at most WatchMax.
 type groupWatch struct {
 	initPID int
 	since   time.Duration
 	stop    chan struct{}
 	done    chan struct{}
 	found   []int // groups seen, in order; read after done
+	taken   bool  // End(true) was called (by one goroutine: the watch's owner)
 }
 
 const (
 	watchTick = time.Millisecond
 	watchFast = 200 * time.Millisecond
 	watchSlow = 10 * time.Millisecond
-	watchMax  = 30 * time.Second
 )
+
+// WatchMax is the longest a watch looks: a command whose init event comes later
+// names no group.
+const WatchMax = 30 * time.Second
 
 // watchGroups starts looking for the groups of initPID's children that started no
 // earlier than since (boot time).
@@ -156,7 +193,7 @@ func (w *groupWatch) run() {
 		case <-t.C:
 			scan()
 			switch d := time.Since(start); {
-			case d > watchMax:
+			case d > WatchMax:
 				return
 			case d > watchFast:
 				t.Reset(watchSlow)
@@ -205,10 +242,10 @@ func scanGroups(initPID int, since time.Duration) []int {
 // takeGroups returns those of found (groups of initPID's children, from scanGroups or
 // a groupWatch) that no earlier call took. One group is taken and returned; several
 // (commands started together) are returned untaken with ambiguous set.
-func takeGroups(initPID int, found []int) (groups []procGroup, ambiguous bool) {
+func takeGroups(initPID int, found []int) (groups []ProcGroup, ambiguous bool) {
 	now := time.Now()
 	claims.Lock()
-	var out []procGroup
+	var out []ProcGroup
 	for k, at := range claims.m {
 		if now.Sub(at) > claimKeep {
 			delete(claims.m, k)
@@ -216,7 +253,7 @@ func takeGroups(initPID int, found []int) (groups []procGroup, ambiguous bool) {
 	}
 	for _, g := range found {
 		if _, taken := claims.m[[2]int{initPID, g}]; !taken {
-			out = append(out, procGroup{PGID: g})
+			out = append(out, ProcGroup{PGID: g})
 		}
 	}
 	if len(out) == 1 {

@@ -40,7 +40,7 @@ func fakeProc(t *testing.T, kids map[int][2]int) string {
 }
 
 // newGroups is one look at /proc, as at a command's init event.
-func newGroups(initPID int, since time.Duration) ([]procGroup, bool) {
+func newGroups(initPID int, since time.Duration) ([]ProcGroup, bool) {
 	return takeGroups(initPID, scanGroups(initPID, since))
 }
 

@@ -120,6 +120,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.KeysURL, "keys-url", c.KeysURL, "lifecycle's key lookup, e.g. http://127.0.0.1:8080/v1/keys/self: other API keys are admitted on token ports by their principal's role (admin and operator: every sandbox; user: its own; auditor: none); empty: only --api-key")
 	f.StringVar(&c.RenewURL, "renew-url", c.RenewURL, "renew-on-access endpoint with {id}, e.g. http://127.0.0.1:8080/v1/sandboxes/{id}/renew-expiration (empty: off)")
 	f.StringVar(&c.EgressAPI, "egress-api", c.EgressAPI, "lifecycle host:port that answers sandbox port 18080 (the OpenSandbox egress API /policy), e.g. 127.0.0.1:8080 (empty: port 18080 is proxied to the sandbox)")
+	f.IntVar(&c.NodeEgressdPort, "node-egressd-port", c.NodeEgressdPort, "port of each node's egressd node API (its --metrics-listen; Kubernetes): the egressd of a sandbox pod's node watches for the process group of each execd command, which its record then names (0: off)")
 	f.StringVar(&c.TLS, "tls", c.TLS, "TLS mode: \"\" (plain HTTP and h2c) or \"internal\" (local CA for *.<base domain>); airlock.yaml gateway.tls")
 	f.StringVar(&c.DataDir, "data-dir", c.DataDir, "Caddy storage for certificates and the internal CA (default Caddy's data dir)")
 	f.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "serve Prometheus /metrics on this address (empty: off)")

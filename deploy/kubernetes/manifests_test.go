@@ -392,7 +392,9 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 	// The watch from the leading replica, every replica while none leads.
 	wantArgs(t, "gateway", args, "gateway", "--listen=:8081",
 		"--watch-url=http://airlock-lifecycle-leader."+l.system+".svc:8080/internal/v1/watch",
-		"--watch-fallback-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc)
+		"--watch-fallback-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc,
+		// The egressd of a sandbox's node names each execd command's process group.
+		"--node-egressd-port=9102")
 	// The audit log and its key are on a volume of the pod's own (the root filesystem
 	// is read-only; replicas never share a log), or in a folder of the pod's own on the
 	// node (the pod's name in the path; the last --audit-dir wins).
@@ -435,6 +437,11 @@ func checkEgressd(t *testing.T, m *manifest, l layout) {
 	noToken(t, m, l, "airlock-egressd", p)
 	if !p.HostNetwork || p.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
 		t.Errorf("egressd: hostNetwork %v dnsPolicy %q, want true and ClusterFirstWithHostNet", p.HostNetwork, p.DNSPolicy)
+	}
+	// The node's pid namespace: egressd finds each execd command's process group in
+	// the node's /proc (egressd.GroupsHandler). No other host namespace.
+	if !p.HostPID || p.HostIPC {
+		t.Errorf("egressd: hostPID %v hostIPC %v, want true and false", p.HostPID, p.HostIPC)
 	}
 	c := p.Containers[0]
 	caps := slices.Clone(c.SecurityContext.Capabilities.Add)

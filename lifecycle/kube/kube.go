@@ -356,7 +356,8 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (lifecycle.Instance,
 
 // instanceOf maps a pod's status; addresses only while it runs.
 func instanceOf(pod *corev1.Pod) lifecycle.Instance {
-	in := lifecycle.Instance{SandboxID: pod.Labels[LabelSandboxID], ContainerID: pod.Name, Node: pod.Spec.NodeName, PodUID: string(pod.UID)}
+	in := lifecycle.Instance{SandboxID: pod.Labels[LabelSandboxID], ContainerID: pod.Name, Node: pod.Spec.NodeName, PodUID: string(pod.UID),
+		HostIP: pod.Status.HostIP}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		in.Phase = lifecycle.PhaseRunning

@@ -111,6 +111,10 @@ type Runtime struct {
 	HostInterface string `json:"hostInterface,omitempty"`
 	// PodUID is the pod's UID (Kubernetes): egressd finds the pod's cgroup by it.
 	PodUID string `json:"podUID,omitempty"`
+	// HostIP is the address of the pod's node (Kubernetes; empty elsewhere): the
+	// gateway asks that node's egressd for the process groups of execd commands
+	// (execdaudit.GroupsPath).
+	HostIP string `json:"hostIP,omitempty"`
 }
 
 // AccessMode is how the gateway admits requests to a sandbox port.

@@ -120,7 +120,9 @@ type SandboxStatus struct {
 	Pid           int    `json:"pid,omitempty"`
 	HostInterface string `json:"hostInterface,omitempty"`
 	// PodUID is the pod's UID, by which egressd finds the pod's cgroup.
-	PodUID        string   `json:"podUID,omitempty"`
+	PodUID string `json:"podUID,omitempty"`
+	// HostIP is the address of the pod's node (status.hostIP).
+	HostIP        string   `json:"hostIP,omitempty"`
 	DeleteVolumes []string `json:"deleteVolumes,omitempty"`
 	// Events is the sandbox's diagnostic event ring, oldest first (at most 64): what
 	// lifecycle did and saw (create, state transitions, policy versions, egress
