@@ -58,6 +58,13 @@ func (s *sink) take(n int) []record.Record {
 // reverse proxy that records agent actions as lifecycle's server proxy does.
 func proxyFront(t *testing.T, cfg Config) (string, *sink, string) {
 	t.Helper()
+	return proxyFrontInfo(t, cfg, nil)
+}
+
+// proxyFrontInfo is proxyFront with the Info of each request changed by info (nil: as
+// is).
+func proxyFrontInfo(t *testing.T, cfg Config, info func(*Info)) (string, *sink, string) {
+	t.Helper()
 	work := t.TempDir()
 	srv, err := execd.New(execd.Config{Addr: "127.0.0.1:0", Workdir: work})
 	if err != nil {
@@ -75,7 +82,11 @@ func proxyFront(t *testing.T, cfg Config) (string, *sink, string) {
 		// As lifecycle's server proxy: execd answers before the body is all read.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		r = r.WithContext(principal.NewContext(r.Context(), principal.Principal{ID: "alice", Role: principal.User}))
-		a := obs.Start(r, r.URL.Path, Info{SandboxID: "sb1", RequestID: "req-1", Client: r.RemoteAddr})
+		in := Info{SandboxID: "sb1", RequestID: "req-1", Client: r.RemoteAddr}
+		if info != nil {
+			info(&in)
+		}
+		a := obs.Start(r, r.URL.Path, in)
 		if a != nil {
 			w = a.Writer(w)
 			defer a.Finish(0)
