@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -163,10 +164,10 @@ func (r *RemoteGroups) call(path string, body, out any) (int, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		var e opensandbox.ErrorBody
-		_ = json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 4<<10)).Decode(&e)
+		_ = json.NewDecoder(io.LimitReader(resp.Body, 4<<10)).Decode(&e)
 		return resp.StatusCode, &remoteError{status: resp.StatusCode, msg: e.Message}
 	}
-	return resp.StatusCode, json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 64<<10)).Decode(out)
+	return resp.StatusCode, json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(out)
 }
 
 type remoteError struct {
