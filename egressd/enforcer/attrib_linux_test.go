@@ -198,3 +198,98 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// attachFails is an eBPF backend whose datapath refuses to attach the sandbox id (as
+// when the kernel refuses one sandbox's programs), so that auto mode falls back to
+// nftables for it.
+type attachFails struct {
+	EBPF
+	id string
+}
+
+func (a attachFails) Open(netns string, log *slog.Logger) (datapath.Datapath, error) {
+	dp, err := a.EBPF.Open(netns, log)
+	return refuseAttach{dp, a.id}, err
+}
+
+func (a attachFails) OpenMarked(netns string, mark, mask uint32, log *slog.Logger) (datapath.Datapath, error) {
+	dp, err := a.EBPF.(markChooser).OpenMarked(netns, mark, mask, log)
+	return refuseAttach{dp, a.id}, err
+}
+
+func (a attachFails) RedirectMarkOr(mark, mask uint32) (uint32, uint32) {
+	return a.EBPF.(markChooser).RedirectMarkOr(mark, mask)
+}
+
+func (a attachFails) OpenAttribution(log *slog.Logger) (datapath.Attributor, error) {
+	return a.EBPF.(attributionOpener).OpenAttribution(log)
+}
+
+type refuseAttach struct {
+	datapath.Datapath
+	id string
+}
+
+func (r refuseAttach) Attach(spec datapath.Spec) error {
+	if spec.ID == r.id {
+		return fmt.Errorf("%w: attach refused (test)", datapath.ErrUnavailable)
+	}
+	return r.Datapath.Attach(spec)
+}
+
+// TestAutoFallbackAttribution: in auto mode a sandbox whose eBPF attach fails is
+// enforced by nftables (a denied connect is reset, not EPERM) and its flows still name
+// their process: the recording-only programs load for it, on its cgroup only, and go
+// with its Detach and the datapath's Close.
+func TestAutoFallbackAttribution(t *testing.T) {
+	testenv.NeedBPF(t)
+	tp := dt.NewTopology(t)
+	t.Cleanup(func() { nftfilter.RemoveTable(tp.Host.Path(), "") })
+	e := &env{mode: ModeAuto, tp: tp, root: pinRoot(t)}
+	const id = "sbx-fallback"
+	cfg := e.config()
+	cfg.EBPF = attachFails{cfg.EBPF, id}
+	dp, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			dp.Close()
+		}
+	})
+	cg := sandboxCgroup(t)
+	spec := e.spec(id, basePolicy())
+	spec.Cgroup = cg
+	if err := dp.Attach(spec); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	if n := cgroupPrograms(t, cg); n != 5 {
+		t.Fatalf("%d programs on the fallen-back sandbox's cgroup, want the 5 recording ones", n)
+	}
+	denied := netip.AddrPortFrom(dt.Unknown4, 80)
+	if got := attempt(t, tp, cg, "tcp", denied); got != "errno ECONNREFUSED" {
+		t.Fatalf("tcp to a denied address: %s, want the nftables reset", got)
+	}
+	ev := waitEvent(t, dp, func(ev datapath.Event) bool { return ev.Kind == datapath.KindDrop && ev.Dst == denied })
+	if p := ev.Process; p == nil || p.PPID != uint32(os.Getpid()) || p.PID == 0 {
+		t.Fatalf("the fallen-back sandbox's denial names process %+v, want a child of %d", ev.Process, os.Getpid())
+	}
+	if err := dp.Detach(id); err != nil {
+		t.Fatal(err)
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup after Detach", n)
+	}
+	if err := dp.Attach(spec); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	if err := dp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := cgroupPrograms(t, cg); n != 0 {
+		t.Fatalf("%d programs on the cgroup after Close", n)
+	}
+}

@@ -15,7 +15,9 @@
 // In nftables mode the eBPF backend, when it has the optional OpenAttribution method
 // (ebpf.Config), also loads its socket programs recording only, and the nftables
 // backend names the process behind each event with them (nftfilter.Config.Attribution);
-// when it cannot, events carry no process and the log says why once.
+// when it cannot, events carry no process and the log says why once. In auto mode the
+// nftables backend a sandbox falls back to does the same, loading the programs when
+// the first sandbox falls back (lazyattrib.go).
 //
 // The package never imports the eBPF backend (ebpf/, which depends on egressd/datapath):
 // the composition root hands it in as Config.EBPF (an ebpf.Config), so egressd depends
@@ -126,7 +128,10 @@ type Config struct {
 }
 
 // New returns the datapath for cfg. In auto mode an eBPF load failure falls back to
-// nftables for every sandbox; an eBPF attach failure falls back for that sandbox.
+// nftables for every sandbox; an eBPF attach failure falls back for that sandbox. A
+// sandbox on nftables, in either mode, has its processes recorded by the eBPF
+// backend's socket programs loaded recording only (in auto mode loaded when the first
+// sandbox falls back), unless they cannot load or attribution is off.
 func New(cfg Config) (datapath.Datapath, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -200,6 +205,11 @@ func New(cfg Config) (datapath.Datapath, error) {
 	case ModeAuto:
 	default:
 		return nil, fmt.Errorf("%w: datapath mode %q (auto, ebpf, nftables)", datapath.ErrInvalidSpec, cfg.Mode)
+	}
+	if cfg.NFT.Attribution == nil {
+		// A sandbox that falls back to nftables (all of them when eBPF does not load)
+		// names its processes too, as in nftables mode.
+		cfg.NFT.Attribution = &lazyAttribution{open: func() datapath.Attributor { return openAttribution(cfg) }}
 	}
 	nft, err := nftfilter.New(cfg.NFT)
 	if err != nil {
