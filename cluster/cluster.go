@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/internal/execdtoken"
 	"github.com/airlockdev/airlock/lifecycle"
@@ -300,7 +301,11 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	var readyGate func(string) bool
 	var policyGate func(string, uint64) bool
 	var credVault lifecycle.CredentialVault
+	var nodeGroups *execdaudit.RemoteGroups
 	if cfg.EgressdPort > 0 {
+		// The server proxy's command records get their process group from the node
+		// (lifecycle has no view of a pod's /proc).
+		nodeGroups = execdaudit.NewRemoteGroups(cfg.EgressdPort, cfg.APIKey, cfg.Log.With("component", "agent-audit"))
 		g := newEnforcementGate(cs, cfg.Namespace, cfg.EgressdPort)
 		readyGate, policyGate = g.ready, g.policy
 		if cfg.Vault {
@@ -319,8 +324,8 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		MaxSignedURLLifetime: cfg.MaxSignedURLLifetime,
 		Pools:                cfg.Pools,
 		ReadyGate:            readyGate, PolicyGate: policyGate,
-		CredentialVault: credVault,
-		Registry:        cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
+		CredentialVault: credVault, NodeGroups: nodeGroups,
+		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {
 		return nil, err

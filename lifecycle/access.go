@@ -114,6 +114,9 @@ type proxySandbox struct {
 	// initPID is the host pid of the sandbox's init (execd), for command records' process
 	// groups (execdaudit.Info.InitPID).
 	initPID int
+	// hostIP is the address of the sandbox's node when the runtime reports one
+	// (Kubernetes), where its egressd looks for command groups (Config.NodeGroups).
+	hostIP string
 }
 
 // gatewayPrincipal is the principal of requests the gateway forwards with its key.

@@ -66,6 +66,8 @@ type serverProxy struct {
 	audit interface{ Append(audit.Record) }
 	// agentAudit records the agent actions sent to execd's port; nil: none.
 	agentAudit *execdaudit.Observer
+	// nodeGroups is Config.NodeGroups.
+	nodeGroups *execdaudit.RemoteGroups
 	log        *slog.Logger
 	proxy      *httputil.ReverseProxy
 	// transport is proxy's pooled transport: its idle connections are closed when a
@@ -148,7 +150,7 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 	sb.found = p.reg.peek(id, func(rec *record) {
 		st, addr = rec.Status.State, rec.Address
 		sb.token, sb.secure, sb.owner = rec.AccessToken, rec.secure(), rec.Owner
-		sb.initPID = rec.Pid
+		sb.initPID, sb.hostIP = rec.Pid, rec.HostIP
 	})
 	who, err := p.admit(r, id, port, sb)
 	if err == nil && who.ID != "" {
@@ -212,8 +214,12 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 		if perr != nil {
 			path = rest
 		}
-		if act := p.agentAudit.Start(r, path, execdaudit.Info{SandboxID: id,
-			RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr, InitPID: sb.initPID}); act != nil {
+		info := execdaudit.Info{SandboxID: id, RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr, InitPID: sb.initPID}
+		if ng, node := p.nodeGroups, sb.hostIP; info.InitPID <= 0 && ng != nil && node != "" {
+			// No view of the sandbox's /proc here (a pod): its node's egressd looks.
+			info.Groups = func() execdaudit.GroupWatch { return ng.Watch(node, id) }
+		}
+		if act := p.agentAudit.Start(r, path, info); act != nil {
 			t.act = act
 			w = act.Writer(w)
 			defer act.Finish(0)

@@ -139,6 +139,11 @@ type Config struct {
 	// AgentActions configures the records of agent actions through execd that the
 	// server proxy writes to Audit (package audit/execdaudit; on unless disabled).
 	AgentActions execdaudit.Config
+	// NodeGroups, when set, names the process group of the commands the server proxy
+	// records where lifecycle has no view of the sandbox's /proc (no init pid: a pod on
+	// Kubernetes): the egressd of the sandbox's node (record HostIP) watches for it
+	// (execdaudit.GroupsPath). Nil: such commands name no group.
+	NodeGroups *execdaudit.RemoteGroups
 	// AuditDir is the audit log's directory, read by GET /v1/sandboxes/{id}/audit;
 	// empty answers that route 501.
 	AuditDir string
@@ -310,7 +315,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.proxy = &serverProxy{
 		reg: s, rules: s.rules, keys: keys, auth: cfg.APIKey != "", gatewayKey: cfg.GatewayKey, execdKey: cfg.ExecdKey,
-		egressAPI: s.policies, audit: cfg.Audit, log: cfg.Log,
+		egressAPI: s.policies, audit: cfg.Audit, nodeGroups: cfg.NodeGroups, log: cfg.Log,
 	}
 	if cfg.Audit != nil {
 		s.proxy.agentAudit = execdaudit.New(cfg.Audit, cfg.AgentActions, "server_proxy")
