@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/airlockdev/airlock/audit"
 	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/internal/execdtoken"
@@ -158,6 +159,16 @@ type Config struct {
 	SigningKeys []signedurl.Key `yaml:"-"`
 	// Kube is the API server's client configuration (in-cluster or a kubeconfig).
 	Kube *rest.Config `yaml:"-"`
+	// Audit receives this replica's control-plane records: a record (source control)
+	// for every mutating API or console call and refusal, key management and console
+	// sign-ins, the policy versions (source policy) and the agent actions through the
+	// server proxy (source execd, entry server_proxy), each with its principal
+	// (lifecycle.Config.Audit). airlock lifecycle --audit-dir: a signed chain of its own
+	// per replica (stack.OpenAudit). nil: none, and sign-ins are only logged.
+	Audit interface{ Append(audit.Record) } `yaml:"-"`
+	// AgentActions configures the agent-action records written to Audit
+	// (execdaudit.Config: on unless disabled, command text or its SHA-256).
+	AgentActions execdaudit.Config `yaml:"-"`
 	// Registry receives the metrics; nil: a new registry.
 	Registry *prometheus.Registry `yaml:"-"`
 	// Log is the replica's logger; nil discards.
@@ -325,6 +336,7 @@ func Start(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		Pools:                cfg.Pools,
 		ReadyGate:            readyGate, PolicyGate: policyGate,
 		CredentialVault: credVault, NodeGroups: nodeGroups,
+		Audit: cfg.Audit, AgentActions: cfg.AgentActions,
 		Registry: cfg.Registry, Log: cfg.Log.With("component", "lifecycle"),
 	})
 	if err != nil {

@@ -17,9 +17,11 @@ import (
 // On Kubernetes a console session lives in the memory of the replica that signed it
 // in: the Service in front of the replicas keeps a browser on one of them
 // (sessionAffinity: ClientIP in deploy/kubernetes), and a replica that restarts signs
-// its sessions out. There are no audit pages: the audit lives in each node's egressd
-// and in the gateways, not beside lifecycle, so the console's audit routes answer 501
-// (after the role check: a key that may not read the audit still gets 403).
+// its sessions out. Sign-ins, failed or not, are control records in the replica's
+// audit log (Config.Audit; none: only logged). There are no audit pages: the audit is
+// spread over each node's egressd, the gateways and every lifecycle replica, each a
+// chain of its own, so the console's audit routes answer 501 (after the role check: a
+// key that may not read the audit still gets 403).
 type ConsoleConfig struct {
 	// Disabled turns the console off (/console/ is then the API's 404); `airlock
 	// lifecycle --no-console`. Default on.
@@ -62,8 +64,8 @@ func apiHandler(cfg Config, api http.Handler, authenticate func(string) (princip
 		API:            api,
 		APIKey:         cfg.APIKey,
 		Authenticate:   authenticate,
-		AuditDir:       "",  // no local audit log on Kubernetes (ConsoleConfig)
-		Audit:          nil, // nor an audit writer for the sign-ins: they are logged
+		AuditDir:       "", // no audit pages on Kubernetes (ConsoleConfig)
+		Audit:          cfg.Audit,
 		Overlay:        ov,
 		SessionTTL:     cfg.Console.SessionTTL,
 		EndpointScheme: "http",

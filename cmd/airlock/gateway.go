@@ -125,9 +125,7 @@ func (gf *gatewayFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.DataDir, "data-dir", c.DataDir, "Caddy storage for certificates and the internal CA (default Caddy's data dir)")
 	f.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "serve Prometheus /metrics on this address (empty: off)")
 	registerAuditFlags(f, &c.Audit)
-	f.Var(notValue{&c.Audit.AgentActions.Disabled}, "audit-agent-actions", "record agent actions through execd (commands, code, sessions, PTYs, file changes) in the audit log; airlock.yaml audit.agentActions.disabled")
-	f.Lookup("audit-agent-actions").NoOptDefVal = "true"
-	f.BoolVar(&c.Audit.AgentActions.HashCommands, "audit-hash-commands", c.Audit.AgentActions.HashCommands, "store the SHA-256 of executed commands and code instead of their text; airlock.yaml audit.agentActions.hashCommands")
+	registerAgentActionFlags(f, &c.Audit)
 	f.BoolVar(&c.RefuseAPIKey, "refuse-api-key", c.RefuseAPIKey, "do not admit the API key from clients on token ports (only the sandbox's tokens or a signed URL); the key is still sent to lifecycle; airlock.yaml gateway.refuseAPIKey")
 	f.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "enable Caddy's admin API on this address (empty: off); airlock.yaml gateway.adminListen")
 	f.StringVar(&gf.logLevel, "log-level", "info", "log level: debug, info, warn, error")

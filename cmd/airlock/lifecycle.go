@@ -19,6 +19,7 @@ import (
 	"github.com/airlockdev/airlock/cluster"
 	"github.com/airlockdev/airlock/gateway/signedurl"
 	"github.com/airlockdev/airlock/internal/execdtoken"
+	"github.com/airlockdev/airlock/stack"
 )
 
 // lifecycleFlags are the flags of `airlock lifecycle`: they fill a cluster.Config and
@@ -28,6 +29,7 @@ type lifecycleFlags struct {
 	runtimeKind, kubeconfig, logLevel string
 	dns, signingKeys, pools, deny     []string
 	advertise                         string
+	audit                             stack.AuditConfig
 }
 
 func newLifecycleCmd() *cobra.Command { return lifecycleCommand(&lifecycleFlags{}) }
@@ -54,8 +56,18 @@ The operator console (the web UI of airlock up) is served under /console/ on the
 listener (--no-console: none): an operator signs in with any API key. A session lives
 in the memory of the replica that signed it in (the manifests' Services keep a client
 on one replica: sessionAffinity ClientIP; a restarted replica signs its sessions out),
-and the console has no audit pages here (the audit lives in each node's egressd and in
-the gateways): they answer 501.
+and the console has no audit pages here (the audit is spread over each node's egressd,
+the gateways and every lifecycle replica): they answer 501.
+
+With --audit-dir, the replica writes its control-plane records to a hash-chained audit
+log of its own there, as 'airlock up' does: every mutating API or console call and every
+refusal (create, delete, renew, pause, policy put/patch, vault, key management,
+signed-URL minting) with its principal, console sign-ins, policy versions, and the
+agent actions through its execd server proxy (--audit-agent-actions). Every checkpoint
+is signed with an Ed25519 key, <audit-dir>.key beside the directory unless
+--audit-signing-key names one, generated with <audit-dir>.pub at the first start;
+'airlock audit verify <audit-dir>' checks it. Each replica needs a directory of its
+own. Without --audit-dir none of these records is kept (sign-ins are only logged).
 
 Pause on Kubernetes needs --snapshots: it commits the sandbox's container into an image
 on its node and deletes the pod; resume makes the pod again from it under the same id
@@ -71,7 +83,8 @@ gateways need the same; default: derived from the API key) and
 AIRLOCK_SIGNING_KEYS (comma-separated --signing-key values). In a pod, the Kubernetes
 client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 		Example: `  OPEN_SANDBOX_API_KEY=... airlock lifecycle --namespace airlock-sandboxes \
-      --system-namespace airlock-system --gateway sandboxes.example.com --dns 169.254.20.10`,
+      --system-namespace airlock-system --gateway sandboxes.example.com --dns 169.254.20.10 \
+      --audit-dir /var/lib/airlock/audit`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := lf.config()
@@ -88,16 +101,25 @@ client is configured in-cluster; elsewhere from --kubeconfig or $KUBECONFIG.`,
 			c.Log = log
 			c.Registry = prometheus.NewRegistry()
 			c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			closeAudit, err := lf.openAudit(&c)
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cp, err := cluster.Start(ctx, c)
 			if err != nil {
-				return err
+				return errors.Join(err, closeAudit())
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "airlock lifecycle: serving on %s (sandboxes in %s, state in %s)\n", cp.Addr, c.Namespace, c.SystemNamespace)
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "airlock lifecycle: serving on %s (sandboxes in %s, state in %s)\n", cp.Addr, c.Namespace, c.SystemNamespace)
+			if lf.audit.Dir != "" {
+				_, pub := lf.audit.KeyFiles()
+				fmt.Fprintf(out, "airlock lifecycle: audit log %s, checkpoints signed (public key %s)\n", lf.audit.Dir, pub)
+			}
 			<-ctx.Done()
 			log.Info("stopping: releasing the Lease; sandboxes keep running")
-			return cp.Close()
+			return errors.Join(cp.Close(), closeAudit())
 		},
 	}
 	lf.register(cmd.Flags())
@@ -146,6 +168,9 @@ func (lf *lifecycleFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&c.Console.Disabled, "no-console", c.Console.Disabled, "serve no operator console (/console/ on the API listener)")
 	f.DurationVar(&c.Console.SessionTTL, "console-session-ttl", c.Console.SessionTTL, "how long a console sign-in lasts (default the console's, 12h)")
 	f.StringSliceVar(&c.Console.TrustedOrigins, "console-trusted-origin", c.Console.TrustedOrigins, "an origin (https://airlock.example.com) whose console writes are accepted besides the request's own: a TLS-terminating Ingress in front of the replicas (repeatable)")
+	lf.audit = stack.DefaultAuditConfig()
+	registerAuditFlags(f, &lf.audit)
+	registerAgentActionFlags(f, &lf.audit)
 	f.StringVar(&lf.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.BoolVar(&c.NoAuth, "no-auth", c.NoAuth, "serve without an API key (a test cluster only)")
 }
@@ -219,6 +244,35 @@ func (lf *lifecycleFlags) config() (cluster.Config, error) {
 		c.AdvertiseAddress = a
 	}
 	return c, nil
+}
+
+// openAudit opens the audit log of --audit-dir (stack.OpenAudit, as airlock gateway and
+// airlock up do: signing key made at the first start, OCSF export, anchors) into
+// c.Audit, with c.Registry for its metrics and c.Log for its messages, and sets
+// c.AgentActions. Without --audit-dir c.Audit stays nil (nothing is recorded). The
+// returned function closes the log, flushing it; it is safe to call when none opened.
+func (lf *lifecycleFlags) openAudit(c *cluster.Config) (closeFn func() error, err error) {
+	c.AgentActions = lf.audit.AgentActions
+	if lf.audit.Dir == "" {
+		if c.Log != nil {
+			c.Log.Info("no audit log (--audit-dir): control-plane records are not kept, console sign-ins only logged")
+		}
+		return func() error { return nil }, nil
+	}
+	var reg prometheus.Registerer
+	if c.Registry != nil {
+		reg = c.Registry
+	}
+	log := c.Log
+	if log != nil {
+		log = log.With("component", "audit")
+	}
+	w, err := stack.OpenAudit(lf.audit, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("--audit-dir %s: %w", lf.audit.Dir, err)
+	}
+	c.Audit = w
+	return w.Close, nil
 }
 
 // Kubernetes client rate limits of lifecycle: client-go's defaults (5 requests/s, bursts

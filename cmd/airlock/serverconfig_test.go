@@ -221,6 +221,13 @@ func TestAuditSameConfig(t *testing.T) {
 			if e.Audit != fromYAML || g.Audit != fromYAML {
 				t.Errorf("egressd flags give %+v, gateway flags %+v, airlock.yaml %+v", e.Audit, g.Audit, fromYAML)
 			}
+			lf := &lifecycleFlags{}
+			if err := lifecycleCommand(lf).ParseFlags(tc.flags); err != nil {
+				t.Fatal(err)
+			}
+			if lf.audit != fromYAML {
+				t.Errorf("lifecycle flags give %+v, airlock.yaml %+v", lf.audit, fromYAML)
+			}
 			if fromYAML.OCSF.Disabled != strings.Contains(tc.name, "off") {
 				t.Errorf("OCSF export disabled = %v", fromYAML.OCSF.Disabled)
 			}

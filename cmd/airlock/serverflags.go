@@ -29,6 +29,15 @@ func registerAuditFlags(f *pflag.FlagSet, c *stack.AuditConfig) {
 	f.Lookup("audit-ocsf").NoOptDefVal = "true"
 }
 
+// registerAgentActionFlags adds --audit-agent-actions and --audit-hash-commands, which
+// fill c.AgentActions: the records of agent actions through execd that a server
+// proxying execd (the gateway, lifecycle's server proxy) writes.
+func registerAgentActionFlags(f *pflag.FlagSet, c *stack.AuditConfig) {
+	f.Var(notValue{&c.AgentActions.Disabled}, "audit-agent-actions", "record agent actions through execd (commands, code, sessions, PTYs, file changes) in the audit log; airlock.yaml audit.agentActions.disabled")
+	f.Lookup("audit-agent-actions").NoOptDefVal = "true"
+	f.BoolVar(&c.AgentActions.HashCommands, "audit-hash-commands", c.AgentActions.HashCommands, "store the SHA-256 of executed commands and code instead of their text; airlock.yaml audit.agentActions.hashCommands")
+}
+
 // notValue is a boolean flag that sets the negation of its value in *b (a flag that
 // turns on what a Disabled field turns off).
 type notValue struct{ b *bool }

@@ -39,6 +39,7 @@ type layout struct {
 	egressdAudit   string             // egressd's audit hostPath; default /var/lib/airlock
 	containerd     string             // the node containerd's folder (egressd's hostPath); default /run/containerd
 	gatewayAudit   string             // the gateway's audit hostPath (per pod: <pod name>/audit); default an emptyDir
+	lifecycleAudit string             // lifecycle's audit hostPath (per pod: <pod name>/audit); default an emptyDir
 	deny           []string           // lifecycle's --deny (and egressd's)
 	// execdNode is the node's execd folder (lifecycle --execd-claim): a hostPath that
 	// egressd's init container alone mounts (it installs execd there) and the
@@ -56,7 +57,7 @@ var layouts = []layout{
 			"PersistentVolumeClaim/airlock-sandboxes/airlock-execd"}, namespaceCount: 3,
 		gatewayService: corev1.ServiceTypeNodePort, egressdAudit: "/var/lib/airlock-kube/egressd",
 		containerd:   "/run/airlock-kube/containerd",
-		gatewayAudit: "/var/lib/airlock-kube/gateway", deny: []string{"10.244.0.0/24", "10.96.0.0/16"},
+		gatewayAudit: "/var/lib/airlock-kube/gateway", lifecycleAudit: "/var/lib/airlock-kube/lifecycle", deny: []string{"10.244.0.0/24", "10.96.0.0/16"},
 		execdNode: "/var/lib/airlock-kube/execd"},
 }
 
@@ -370,6 +371,41 @@ func checkLifecycle(t *testing.T, m *manifest, l layout) {
 	// Console sessions live in one replica's memory (cluster.ConsoleConfig).
 	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
 		t.Errorf("lifecycle Service: sessionAffinity %q, want ClientIP (console sessions are per replica)", svc.Spec.SessionAffinity)
+	}
+	checkReplicaAudit(t, "lifecycle", p, args, l.lifecycleAudit)
+}
+
+// checkReplicaAudit: the audit log of a Deployment's replica (what; its pod spec p and
+// container 0's resolved args) and its signing key are on a volume mounted at
+// /var/lib/airlock (the root filesystem is read-only; replicas never share a log): an
+// emptyDir with --audit-dir=/var/lib/airlock/audit, or, with hostPath set, a folder of
+// the pod's own in that node folder (/var/lib/airlock/$(POD_NAME)/audit; the last
+// --audit-dir wins).
+func checkReplicaAudit(t *testing.T, what string, p corev1.PodSpec, args []string, hostPath string) {
+	t.Helper()
+	auditDir := ""
+	for _, a := range args {
+		if d, ok := strings.CutPrefix(a, "--audit-dir="); ok {
+			auditDir = d
+		}
+	}
+	vol := ""
+	for _, m := range p.Containers[0].VolumeMounts {
+		if m.MountPath == "/var/lib/airlock" && !m.ReadOnly {
+			vol = m.Name
+		}
+	}
+	i := slices.IndexFunc(p.Volumes, func(v corev1.Volume) bool { return v.Name == vol })
+	podName := slices.ContainsFunc(p.Containers[0].Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	})
+	switch {
+	case vol == "" || i < 0:
+		t.Errorf("%s: no writable volume at /var/lib/airlock for the audit log (%v)", what, p.Containers[0].VolumeMounts)
+	case hostPath == "" && (p.Volumes[i].EmptyDir == nil || auditDir != "/var/lib/airlock/audit"):
+		t.Errorf("%s: audit in %q on %+v, want /var/lib/airlock/audit on an emptyDir", what, auditDir, p.Volumes[i].VolumeSource)
+	case hostPath != "" && (p.Volumes[i].HostPath == nil || p.Volumes[i].HostPath.Path != hostPath || auditDir != "/var/lib/airlock/pod-1/audit" || !podName):
+		t.Errorf("%s: audit in %q on %+v, want /var/lib/airlock/$(POD_NAME)/audit on hostPath %s", what, auditDir, p.Volumes[i].VolumeSource, hostPath)
 	}
 }
 

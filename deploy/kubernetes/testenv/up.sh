@@ -64,9 +64,10 @@ done
 kubectl() { "$ASSETS/kubectl" --kubeconfig "$KUBE_CONFIG" --request-timeout=20s "$@"; }
 
 mkdir -p "$KUBE_STATE" "$KUBE_LOGS" "$KUBE_PIDS" "$PKI" "$KUBE_RUN"
-# The node's folder for the gateway pods' audit logs (the testnode overlay's hostPath),
-# owned by the gateway's user (65532, non-root): each pod writes <pod name>/audit there.
-install -d -o 65532 -g 65532 -m 0700 "$KUBE_STATE/gateway"
+# The node's folders for the gateway and lifecycle pods' audit logs (the testnode
+# overlay's hostPaths), owned by their user (65532, non-root): each pod writes
+# <pod name>/audit there.
+install -d -o 65532 -g 65532 -m 0700 "$KUBE_STATE/gateway" "$KUBE_STATE/lifecycle"
 trap 'rc=$?; ((rc == 0)) || echo "kube node: up.sh failed (exit $rc): the node is partly up; logs in $KUBE_LOGS; make kube-down (or up.sh again) removes it" >&2' EXIT
 echo "$ASSETS" >"$KUBE_STATE/assets"
 
