@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -337,4 +338,32 @@ func (d *Deployer) NodePortAddr(ctx context.Context, ns, name string) (string, e
 		}
 	}
 	return "", fmt.Errorf("no node with an InternalIP for Service %s/%s", ns, name)
+}
+
+// WaitServing waits until an HTTP server answers at each of addrs (host:port; any
+// status counts): a rolled-out workload's Service is reachable only once the node's
+// kube-proxy has programmed its ready endpoints, a moment after the rollout; until
+// then a NodePort refuses connections. On ctx's end the error names the address and
+// the last failure.
+func WaitServing(ctx context.Context, addrs ...string) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	for _, addr := range addrs {
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s not serving: %w", addr, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }

@@ -78,6 +78,10 @@ func run(kubeconfig, dir, sandboxImage, readme, upstreamCA string, timeout time.
 	if err != nil {
 		return err
 	}
+	// The NodePorts refuse connections until kube-proxy has the ready pods as endpoints.
+	if err := kubedeploy.WaitServing(ctx, api, gw); err != nil {
+		return err
+	}
 	fmt.Fprintf(os.Stderr, "==> Airlock deployed from %s and rolled out in %s\n", dir, time.Since(began).Round(100*time.Millisecond))
 	w := os.Stdout
 	fmt.Fprintf(w, "Airlock is up on the one-node cluster (%s).\n\n", kubeconfig)
