@@ -151,6 +151,12 @@ func TestPTYInSandbox(t *testing.T) {
 	var c2 *execdtest.PTYClient
 	outer := t // c2 outlives the subtest
 	replayed := t.Run("replay_since_offset", func(t *testing.T) {
+		// bash must sit at its prompt first: a line typed while it is still busy is
+		// echoed by the terminal, then drawn again with the prompt when readline
+		// starts, after the offset taken below. The new prompt is spelt apart in the
+		// typed line, so only bash's drawing of it matches.
+		c1.Stdin(t, "PS1='rea''dy> '\n")
+		c1.Expect(t, "ready> ", ptyWait)
 		// 5000 bytes after the marker: once the offset moved that far, the marker is in.
 		c1.Stdin(t, "sleep 2; echo missed-$((40+2)); printf '%05000d\\n' 0\n")
 		c1.Expect(t, "missed-$((40+2))", ptyWait) // the terminal's echo of the line
