@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"slices"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -164,12 +163,12 @@ func TestBenchGateway(t *testing.T) {
 			}
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
-			c0 := processCPU()
+			c0 := benchreport.ProcessCPU()
 			s, err := benchreport.MeasureParallel(ops[i].name, workers, n, ops[i].op)
 			if err != nil {
 				t.Fatal(err)
 			}
-			cpus[i] += processCPU() - c0
+			cpus[i] += benchreport.ProcessCPU() - c0
 			runtime.ReadMemStats(&m1)
 			allocs[i] += m1.TotalAlloc - m0.TotalAlloc
 			gcs[i] += m1.NumGC - m0.NumGC
@@ -187,7 +186,7 @@ func TestBenchGateway(t *testing.T) {
 	for r := range rounds {
 		perRound[r] = samples[2][r].Rate() / samples[1][r].Rate()
 	}
-	benchreport.Value("gateway", "throughput_ratio_rounds", "%s", fmtRatios(perRound))
+	benchreport.Value("gateway", "throughput_ratio_rounds", "%s", benchreport.List(perRound, 3))
 	for i, o := range ops {
 		benchreport.Value("gateway", o.name+"_heap_alloc", "%d B per request, %d GC cycles in %d requests", allocs[i]/uint64(rounds*n), gcs[i], rounds*n)
 		benchreport.Value("gateway", o.name+"_process_cpu", "%.1f µs per request (client included)", float64(cpus[i].Microseconds())/float64(rounds*n))
@@ -237,27 +236,6 @@ func TestBenchGateway(t *testing.T) {
 }
 
 var benchPlainPort string
-
-// processCPU is the CPU time (user and system) this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// fmtRatios lists per-round ratios in round order.
-func fmtRatios(v []float64) string {
-	var b []byte
-	for i, x := range v {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = fmt.Appendf(b, "%.3f", x)
-	}
-	return string(b)
-}
 
 // newEnvWith is newEnv with a hook that edits the Caddy JSON before it is loaded.
 func newEnvWith(t *testing.T, mod func(*Config), edit func(map[string]any)) *env {

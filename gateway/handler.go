@@ -221,9 +221,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// audit/execdaudit): the body and the response are observed as they pass.
 	if dec.cand.Port == opensandbox.ExecdPort {
 		info := execdaudit.Info{SandboxID: dec.sb.ID, RequestID: reqID, Client: client, InitPID: dec.sb.Runtime.Pid}
-		if ng, node := h.app.nodeGroups, dec.sb.Runtime.HostIP; info.InitPID <= 0 && ng != nil && node != "" {
+		if info.InitPID <= 0 {
 			// No view of the sandbox's /proc here (a pod): its node's egressd looks.
-			info.Groups = func() execdaudit.GroupWatch { return ng.Watch(node, info.SandboxID) }
+			info.Groups = h.app.nodeGroups.For(dec.sb.Runtime.HostIP, dec.sb.ID)
 		}
 		rec.obs = h.app.agentAudit.Start(r, r.URL.Path, info)
 	}

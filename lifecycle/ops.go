@@ -177,8 +177,8 @@ func (s *Server) create(ctx context.Context, req *CreateRequest) (Sandbox, error
 		s.metrics.creates.WithLabelValues("error").Inc()
 		return Sandbox{}, err
 	}
-	rec.ContainerID, rec.Address, rec.Address6, rec.Pid, rec.DeleteVolumes = inst.ContainerID, inst.Address, inst.Address6, inst.Pid, inst.DeleteVolumes
-	rec.HostInterface, rec.Node, rec.PodUID, rec.HostIP = inst.HostInterface, inst.Node, inst.PodUID, inst.HostIP
+	rec.ContainerID, rec.DeleteVolumes = inst.ContainerID, inst.DeleteVolumes
+	rec.placeWorkload(inst)
 
 	s.mu.Lock()
 	addEventLocked(rec, EventLifecycle, EventNormal, "ContainerCreated", fmt.Sprintf("%s runtime: container %s made in %d ms",

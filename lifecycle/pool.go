@@ -422,13 +422,7 @@ func (s *Server) memberAddress(ctx context.Context, rec *record) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec.Address, rec.Address6, rec.Pid, rec.Node, rec.HostIP = in.Address, in.Address6, in.Pid, in.Node, in.HostIP
-	if in.HostInterface != "" {
-		rec.HostInterface = in.HostInterface
-	}
-	if in.PodUID != "" {
-		rec.PodUID = in.PodUID
-	}
+	rec.placeWorkload(in)
 	if err := s.commitLocked(rec); err != nil {
 		s.log.Error("persisting a warm pool member's address failed", "sandbox_id", rec.ID, "err", err)
 	}

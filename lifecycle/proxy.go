@@ -215,9 +215,9 @@ func (p *serverProxy) handle(w http.ResponseWriter, r *http.Request) {
 			path = rest
 		}
 		info := execdaudit.Info{SandboxID: id, RequestID: r.Header.Get(opensandbox.HeaderRequestID), Client: r.RemoteAddr, InitPID: sb.initPID}
-		if ng, node := p.nodeGroups, sb.hostIP; info.InitPID <= 0 && ng != nil && node != "" {
+		if info.InitPID <= 0 {
 			// No view of the sandbox's /proc here (a pod): its node's egressd looks.
-			info.Groups = func() execdaudit.GroupWatch { return ng.Watch(node, id) }
+			info.Groups = p.nodeGroups.For(sb.hostIP, id)
 		}
 		if act := p.agentAudit.Start(r, path, info); act != nil {
 			t.act = act

@@ -147,13 +147,7 @@ func (s *Server) discoverAddress(id string) (netip.Addr, bool) {
 	defer s.mu.Unlock()
 	if e, ok = s.sbx[id]; ok {
 		r := e.rec
-		r.Address, r.Address6, r.Pid, r.Node, r.HostIP = in.Address, in.Address6, in.Pid, in.Node, in.HostIP
-		if in.HostInterface != "" {
-			r.HostInterface = in.HostInterface
-		}
-		if in.PodUID != "" {
-			r.PodUID = in.PodUID
-		}
+		r.placeWorkload(in)
 		if err := s.commitLocked(r); err != nil {
 			s.log.Error("persisting sandbox address failed", "sandbox_id", id, "err", err)
 		}

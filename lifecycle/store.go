@@ -138,6 +138,19 @@ type record struct {
 
 const historyLen = 16
 
+// placeWorkload records where the runtime says the sandbox's workload runs: its
+// addresses, init pid, node and node address, and its veth and pod UID when the
+// runtime knows them (an Inspect may not, and keeps what the record had).
+func (r *record) placeWorkload(in Instance) {
+	r.Address, r.Address6, r.Pid, r.Node, r.HostIP = in.Address, in.Address6, in.Pid, in.Node, in.HostIP
+	if in.HostInterface != "" {
+		r.HostInterface = in.HostInterface
+	}
+	if in.PodUID != "" {
+		r.PodUID = in.PodUID
+	}
+}
+
 // clone returns a deep copy of r.
 func (r *record) clone() *record {
 	c := *r

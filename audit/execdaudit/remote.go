@@ -94,6 +94,16 @@ func NewRemoteGroups(port int, apiKey string, log *slog.Logger) *RemoteGroups {
 		logged: map[string]bool{}, down: map[string]time.Time{}}
 }
 
+// For returns, for Info.Groups, the look for a command of sandbox id on the egressd of
+// node (the pod's status.hostIP): nil, no look, for a nil RemoteGroups or an unknown
+// node.
+func (r *RemoteGroups) For(node, id string) func() GroupWatch {
+	if r == nil || node == "" {
+		return nil
+	}
+	return func() GroupWatch { return r.Watch(node, id) }
+}
+
 // Watch starts a watch of sandbox id's command on the egressd of node (the pod's
 // status.hostIP); it waits at most remoteStartWait. Nil when node is empty or its
 // egressd failed lately.

@@ -49,8 +49,8 @@ func streamChildMain() {
 		defer c.Close()
 		buf := make([]byte, 256<<10)
 		var n int64
-		cpu0 := processCPU()
-		defer func() { cpu = processCPU() - cpu0 }()
+		cpu0 := benchreport.ProcessCPU()
+		defer func() { cpu = benchreport.ProcessCPU() - cpu0 }()
 		start := time.Now()
 		c.SetWriteDeadline(start.Add(time.Duration(ms) * time.Millisecond))
 		for {
@@ -71,7 +71,7 @@ func streamChildMain() {
 }
 
 // streamFrom runs one TCP stream of d from a process in cgroup cg: Gbit/s, and Gbit
-// per CPU-second of the sending process (processCPU).
+// per CPU-second of the sending process (benchreport.ProcessCPU).
 func streamFrom(t *testing.T, tp *dt.Topology, cg string, d time.Duration) (gbps, perCPU float64) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -189,13 +189,13 @@ func benchAttribution(t *testing.T, mode Mode) {
 	}
 	for _, on := range []bool{false, true} {
 		name, f := map[bool]string{false: "off", true: "on"}[on], got[on]
-		benchreport.Value(suite, prefix+name+"_tcp_connects", "median=%.0f per CPU-second, wall %.0f/s at the median connect; rounds=%v", median(f.cpuRate), median(f.wallRate), fmtList(f.cpuRate))
-		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit per CPU-second of the sender, wall %.2f Gbit/s; rounds=%v", median(f.gbpsCPU), median(f.gbps), fmtList(f.gbpsCPU))
+		benchreport.Value(suite, prefix+name+"_tcp_connects", "median=%.0f per CPU-second, wall %.0f/s at the median connect; rounds=%v", median(f.cpuRate), median(f.wallRate), benchreport.List(f.cpuRate, 2))
+		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit per CPU-second of the sender, wall %.2f Gbit/s; rounds=%v", median(f.gbpsCPU), median(f.gbps), benchreport.List(f.gbpsCPU, 2))
 	}
 	if len(sockops) > 0 {
-		benchreport.Value(suite, "attribution_sockops_run_time", "median=%.0f ns per connect (the kernel's BPF run-time stats) rounds=%v", median(sockops), fmtList(sockops))
+		benchreport.Value(suite, "attribution_sockops_run_time", "median=%.0f ns per connect (the kernel's BPF run-time stats) rounds=%v", median(sockops), benchreport.List(sockops, 2))
 	}
-	benchreport.Value(suite, prefix+"ratio_rounds", "connects=%s stream=%s", fmtList(cpuRatio), fmtList(streamRatio))
+	benchreport.Value(suite, prefix+"ratio_rounds", "connects=%s stream=%s", benchreport.List(cpuRatio, 2), benchreport.List(streamRatio, 2))
 	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (per CPU-second)", median(cpuRatio), "≥", 0.95)
 	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (per CPU-second)", median(streamRatio), "≥", 0.98)
 	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (wall clock, median connect)", median(wallRatio), "", 0)

@@ -91,23 +91,12 @@ func TestBenchThroughput(t *testing.T) {
 	for mode, v := range res {
 		slices.Sort(v)
 		med[mode] = v[len(v)/2]
-		benchreport.Value(suite, "tcp_stream_"+mode, "median=%.2f Gbit/s rounds=%v", med[mode], fmtList(v))
+		benchreport.Value(suite, "tcp_stream_"+mode, "median=%.2f Gbit/s rounds=%v", med[mode], benchreport.List(v, 2))
 	}
 	// The ratio is the median of the per-round ratios: each round measures the three
 	// side by side, so load from other processes affects them alike.
 	benchreport.Ratio(suite, "tcp stream ebpf/no filter", ebpfRatio[rounds/2], "≥", 0.95)
 	benchreport.Ratio(suite, "tcp stream nftables/no filter", nftRatio[rounds/2], "", 0)
-}
-
-func fmtList(v []float64) string {
-	s := ""
-	for i, x := range v {
-		if i > 0 {
-			s += ","
-		}
-		s += strconv.FormatFloat(x, 'f', 2, 64)
-	}
-	return s
 }
 
 // stream writes to the sink for d and returns Gbit/s.

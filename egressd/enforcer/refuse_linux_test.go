@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockdev/airlock/egressd/datapath"
 	dt "github.com/airlockdev/airlock/egressd/datapath/datapathtest"
+	"github.com/airlockdev/airlock/internal/benchreport"
 	"github.com/airlockdev/airlock/internal/cgroupv2"
 	"github.com/airlockdev/airlock/internal/testenv"
 )
@@ -41,13 +42,13 @@ func connectChildMain() {
 	took := make([]string, 0, n)
 	var cpu time.Duration
 	err := ns.Do(func() error {
-		cpu0 := processCPU()
+		cpu0 := benchreport.ProcessCPU()
 		for range n {
 			start := time.Now()
 			outcome = tryOnce(a[2], a[3])
 			took = append(took, strconv.FormatInt(int64(time.Since(start)), 10))
 		}
-		cpu = processCPU() - cpu0
+		cpu = benchreport.ProcessCPU() - cpu0
 		return nil
 	})
 	if err != nil {
@@ -55,17 +56,6 @@ func connectChildMain() {
 		os.Exit(1)
 	}
 	fmt.Println(outcome + "|" + strings.Join(took, ",") + "|" + strconv.FormatInt(int64(cpu), 10))
-}
-
-// processCPU is the CPU time (user and system) this process has used: the kernel's
-// work in its system calls counts, and so do the packets its sends carry through the
-// host's stack in its context (veth and loopback deliver in the sender's softirq).
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tryOnce connects (tcp) or sends a datagram and waits for the echo (udp).
@@ -139,7 +129,7 @@ func attempts(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrP
 }
 
 // attemptsCPU is attempts that also returns the CPU time the attempting process used
-// for all n (processCPU).
+// for all n (benchreport.ProcessCPU).
 func attemptsCPU(t *testing.T, tp *dt.Topology, cg, network string, dst netip.AddrPort, n int) (string, []time.Duration, time.Duration) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

@@ -14,7 +14,9 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -140,4 +142,28 @@ func round(d time.Duration) time.Duration {
 	default:
 		return d.Round(100 * time.Nanosecond)
 	}
+}
+
+// ProcessCPU is the CPU time (user and system) the calling process has used, its
+// threads' work in the kernel included: a bench reads it around a measured part to
+// give that part's CPU cost beside its wall-clock rate.
+func ProcessCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// List formats v comma-separated with prec decimals, for the per-round figures a
+// BENCH line prints.
+func List(v []float64, prec int) string {
+	b := make([]byte, 0, len(v)*(prec+4))
+	for i, x := range v {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendFloat(b, x, 'f', prec, 64)
+	}
+	return string(b)
 }
