@@ -108,6 +108,12 @@ func TestBenchGateway(t *testing.T) {
 				"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": net.JoinHostPort(up.addr.String(), itoa(up.port))}},
 			}}}},
 		}
+		// (b) logs as Caddy ships: its reverse_proxy's logger gets the redacting encoder
+		// without the gateway's airlock_lazy, so it encodes its With fields eagerly.
+		logs := cfg["logging"].(map[string]any)["logs"].(map[string]any)
+		def := logs["default"].(map[string]any)
+		def["exclude"] = []string{"http.handlers.reverse_proxy"}
+		logs["plain"] = map[string]any{"level": def["level"], "encoder": redactingEncoder(), "include": []string{"http.handlers.reverse_proxy"}}
 	})
 
 	var ms0, ms1 runtime.MemStats

@@ -21,8 +21,16 @@ const redactedLogValue = "REDACTED"
 // logEncoder returns the Caddy log encoder of the embedded gateway: JSON lines through
 // Caddy's "filter" encoder, which replaces every RedactedLogHeaders value under
 // request>headers (the field the server's error and access logs and reverse_proxy's
-// "upstream roundtrip" debug log put the request in) with "REDACTED".
+// "upstream roundtrip" debug log put the request in) with "REDACTED", under the
+// "airlock_lazy" encoder (LazyEncoder), which encodes a logger's With fields only
+// when an entry is written.
 func logEncoder() map[string]any {
+	return map[string]any{"format": "airlock_lazy", "wrap": redactingEncoder()}
+}
+
+// redactingEncoder is the "filter" encoder of logEncoder, on its own: the fields of
+// every entry, given with With or with the entry, are redacted by it.
+func redactingEncoder() map[string]any {
 	fields := make(map[string]any, len(RedactedLogHeaders))
 	for _, h := range RedactedLogHeaders {
 		fields["request>headers>"+h] = map[string]any{"filter": "replace", "value": redactedLogValue}
