@@ -132,9 +132,9 @@ func TestBenchGateway(t *testing.T) {
 	}
 
 	// Many short paired rounds: on 2 shared cores a burst of background load swings one
-	// round by ±10 %, and the median of 16 paired ratios resolves the 5 % target where
-	// 8 longer rounds could not.
-	const workers, n, rounds = 8, 2000, 16
+	// round by ±10 %; the median of 48 paired ratios holds still to about ±2 %, where
+	// 16 swung by ±3 % from run to run around the gateway's true cost.
+	const workers, n, rounds = 8, 2000, 48
 	direct := benchClient(net.JoinHostPort(up.addr.String(), itoa(up.port)), workers)
 	plain := benchClient("127.0.0.1:"+benchPlainPort, workers)
 	gw := benchClient(e.gw.Addr(), workers)
