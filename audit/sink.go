@@ -14,3 +14,16 @@ type Sink interface {
 	// Close flushes and stops the sink.
 	Close() error
 }
+
+// RecordSink is a Sink that is also handed the records of each write, so that it need
+// not read them back from the chain (audit/ocsf keeps them while it can and reads the
+// chain for what it did not keep).
+//
+// The writer goroutine calls Records right before the Written of the same write, with
+// that write's records in seq order (Seq, Prev and Hash set, the rest as appended) and
+// end, the chain file's size in bytes after them. The slice is the sink's; the
+// records' Extra maps are shared and must not be modified. Records must return at once.
+type RecordSink interface {
+	Sink
+	Records(file string, recs []Record, end int64)
+}

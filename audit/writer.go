@@ -53,7 +53,8 @@ type Config struct {
 	// Registry receives the airlock_audit_* metrics; nil means none.
 	Registry prometheus.Registerer
 	// Sink, when set, is told of every write to the chain, for an export that reads
-	// the chain files behind the writer (audit/ocsf); Close closes it. nil: none.
+	// the chain files behind the writer (audit/ocsf), and handed the written records
+	// when it is a RecordSink; Close closes it. nil: none.
 	Sink Sink
 	// Anchors receive a signed digest of every checkpoint and head (anchor.go),
 	// shipped from a goroutine per sink with a bounded queue: a sink that fails never
@@ -106,7 +107,9 @@ type Writer struct {
 	checkpoint string   // hash of the last checkpoint
 	dirty      bool
 	batch      []Record
-	sealer     sealer   // chain position while a batch is sealed; prev once written
+	sealer     sealer // chain position while a batch is sealed; prev once written
+	recSink    RecordSink
+	handoff    []Record // the sealed records of w.buf, for recSink
 	buf        []byte   // the sealed lines not yet written
 	sources    []Source // the source of each line in buf, for loss accounting
 
@@ -168,6 +171,7 @@ func open(cfg Config) (*Writer, error) {
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger, queue: make(chan queued, cfg.QueueSize), shares: newShares(cfg.QueueSize),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	w.recSink, _ = cfg.Sink.(RecordSink)
 	if cfg.RateLimit.Rate > 0 || cfg.RateLimit.RefusalRate > 0 {
 		w.limit = NewLimiter(cfg.RateLimit)
 	}
@@ -410,6 +414,7 @@ func (w *Writer) writeBatch(recs []Record) {
 	for i := range recs {
 		r := &recs[i]
 		r.Seq = seq + 1
+		prev := w.sealer.prev
 		var err error
 		if w.buf, err = w.sealer.seal(w.buf, r); err != nil {
 			// an Extra value json cannot encode: record the fact instead
@@ -418,6 +423,10 @@ func (w *Writer) writeBatch(recs []Record) {
 				w.countLost(r.Source)
 				continue
 			}
+		}
+		if w.recSink != nil {
+			r.Prev, r.Hash = hex.EncodeToString(prev[:]), hex.EncodeToString(w.sealer.prev[:])
+			w.handoff = append(w.handoff, *r)
 		}
 		seq = r.Seq
 		if first.IsZero() {
@@ -455,6 +464,7 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 		for _, s := range w.sources {
 			w.countLost(s)
 		}
+		w.handoff = nil
 		return false
 	}
 	w.fileHash.Write(w.buf)
@@ -465,6 +475,10 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	w.written.Store(seq)
 	w.metrics.records.Add(float64(len(w.sources)))
 	w.metrics.bytes.Add(float64(len(w.buf)))
+	if w.recSink != nil && len(w.handoff) > 0 {
+		w.recSink.Records(w.name, w.handoff, w.size)
+		w.handoff = nil
+	}
 	if w.cfg.Sink != nil {
 		w.cfg.Sink.Written(w.name, seq)
 	}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,11 @@ type Config struct {
 	Quiet, MaxLag time.Duration
 	// SyncInterval is how often the current file is fsync'd; default 1s.
 	SyncInterval time.Duration
+	// MaxHeld is how many of the records the writer hands over (audit.RecordSink) the
+	// exporter keeps in memory until it exports them, so that it need not read them
+	// back from the chain; what does not fit is read from the chain. Default 8192;
+	// negative: none (every record is read from the chain).
+	MaxHeld int
 	// Logger receives errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -44,13 +50,16 @@ type Config struct {
 // Exporter is an audit.Sink that writes the OCSF events of every record (Mapper) as
 // JSON Lines beside the chain: ChainDir/ocsf/audit-<first seq>.ocsf.jsonl, one file
 // per chain file (rotated with it), removed once its chain file is gone (the chain's
-// retention). The writer only tells it how far the chain is written; the exporter,
-// on its own goroutine, reads the new lines of the chain files (from where it left
-// off) and converts them, yielding to the writer (Config.Quiet, MaxLag). Nothing is
-// held in memory for it, so nothing can be dropped: every record in the chain is
-// exported. On start it continues its file after the last event it finds there (a
-// torn line is cut off) and reads what it missed from the chain; a chain file without
-// OCSF file (the export just turned on) is exported from its first record.
+// retention). The writer tells it how far the chain is written and hands it the
+// written records (audit.RecordSink); the exporter, on its own goroutine, converts
+// them, yielding to the writer (Config.Quiet, MaxLag). It keeps at most MaxHeld
+// records: one it did not keep it reads back from the chain files (from where it left
+// off), so nothing can be dropped: every record in the chain is exported, and a kept
+// record is converted as it reads back from the chain (record.ReadBack), so the events
+// are the same either way. On start it continues its file after the last event it
+// finds there (a torn line is cut off) and reads what it missed from the chain; a
+// chain file without OCSF file (the export just turned on) is exported from its first
+// record.
 type Exporter struct {
 	cfg  Config
 	dir  string
@@ -64,6 +73,12 @@ type Exporter struct {
 	lastWrite atomic.Int64  // when the writer last wrote, unix ns
 	last      atomic.Uint64 // seq of the last exported record
 
+	heldMu sync.Mutex
+	held   []heldBatch // handed by the writer, not exported yet, in seq order
+	heldN  int         // records in held
+	// records exported as handed over and as read from the chain
+	fromHeld, fromChain atomic.Uint64
+
 	// owned by the run goroutine
 	f      *os.File // the OCSF file
 	name   string   // chain file of f
@@ -73,9 +88,19 @@ type Exporter struct {
 	src    *os.File // the chain file being read
 	srcOff int64
 	rbuf   []byte
+	// the chain file and offset where the last held batch exported ends
+	heldFile string
+	heldEnd  int64
 }
 
-var _ audit.Sink = (*Exporter)(nil)
+// heldBatch is one write's records as the writer handed them over.
+type heldBatch struct {
+	file string
+	recs []audit.Record
+	end  int64 // the chain file's size after them
+}
+
+var _ audit.RecordSink = (*Exporter)(nil)
 
 // New creates ChainDir/ocsf and starts the exporter; pass it as audit.Config.Sink
 // (the writer closes it).
@@ -94,6 +119,9 @@ func New(cfg Config) (*Exporter, error) {
 	}
 	if cfg.SyncInterval <= 0 {
 		cfg.SyncInterval = time.Second
+	}
+	if cfg.MaxHeld == 0 {
+		cfg.MaxHeld = 8192
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -118,6 +146,18 @@ func (e *Exporter) Written(_ string, lastSeq uint64) {
 	case e.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Records keeps a write's records for the export while fewer than MaxHeld are kept
+// (else the export reads them from the chain). Called by the audit writer right before
+// the Written of the same write.
+func (e *Exporter) Records(file string, recs []audit.Record, end int64) {
+	e.heldMu.Lock()
+	if e.heldN+len(recs) <= e.cfg.MaxHeld {
+		e.held = append(e.held, heldBatch{file: file, recs: recs, end: end})
+		e.heldN += len(recs)
+	}
+	e.heldMu.Unlock()
 }
 
 // Close exports what the chain holds beyond the last event, fsyncs and closes the
@@ -189,12 +229,64 @@ func (e *Exporter) run() {
 	}
 }
 
-// catchUp exports the chain's records up to the writer's last written seq.
+// catchUp exports the chain's records up to the writer's last written seq: the held
+// ones as they are, the others read from the chain.
 func (e *Exporter) catchUp() {
 	target := e.target.Load()
-	for e.next <= target && e.readSome(target) {
+	for e.next <= target && (e.fromMemory(target) || e.readSome(target)) {
 	}
 	e.flush()
+}
+
+// fromMemory exports the held records from next on, up to target; false when the
+// next record is not held (the chain is then read for it).
+func (e *Exporter) fromMemory(target uint64) bool {
+	progress := false
+	for e.next <= target {
+		e.heldMu.Lock()
+		for len(e.held) > 0 && e.held[0].recs[len(e.held[0].recs)-1].Seq < e.next {
+			e.popHeld() // read from the chain meanwhile
+		}
+		if len(e.held) == 0 {
+			e.heldMu.Unlock()
+			break
+		}
+		b := e.held[0]
+		e.heldMu.Unlock()
+		i := sort.Search(len(b.recs), func(i int) bool { return b.recs[i].Seq >= e.next })
+		if b.recs[i].Seq != e.next {
+			break // not held (more than MaxHeld were waiting)
+		}
+		j := i
+		for ; j < len(b.recs) && b.recs[j].Seq <= target; j++ {
+			r := record.ReadBack(&b.recs[j])
+			e.emit(b.file, &r)
+			e.next = r.Seq + 1
+		}
+		e.fromHeld.Add(uint64(j - i))
+		progress = true
+		if j < len(b.recs) {
+			break // the rest is beyond target
+		}
+		e.heldFile, e.heldEnd = b.file, b.end
+		e.heldMu.Lock()
+		e.popHeld()
+		e.heldMu.Unlock()
+	}
+	if progress && e.src != nil && filepath.Base(e.src.Name()) != e.heldFile {
+		e.src.Close() // a later read opens the chain file of next
+		e.src = nil
+	} else if progress && e.src != nil {
+		e.srcOff = max(e.srcOff, e.heldEnd)
+	}
+	return progress
+}
+
+// popHeld drops the oldest held batch; heldMu is held.
+func (e *Exporter) popHeld() {
+	e.heldN -= len(e.held[0].recs)
+	e.held[0] = heldBatch{}
+	e.held = e.held[1:]
 }
 
 // start finds where the export stands: after the last event of the newest OCSF file
@@ -237,6 +329,9 @@ func (e *Exporter) readSome(target uint64) bool {
 			return false
 		}
 		e.src, e.srcOff = f, 0
+		if name == e.heldFile {
+			e.srcOff = e.heldEnd // exported up to there from memory
+		}
 	}
 	srcName := filepath.Base(e.src.Name())
 	if cap(e.rbuf) < 1<<20 {
@@ -264,6 +359,7 @@ func (e *Exporter) readSome(target uint64) bool {
 				e.log.Warn("ocsf export: a chain line does not decode", "file", srcName, "seq", seq, "err", err)
 			} else {
 				e.emit(srcName, &r)
+				e.fromChain.Add(1)
 			}
 			e.next = seq + 1
 		}
