@@ -103,6 +103,11 @@ volatile const __u32 attribute_procs = 1;
 // the socket programs record which process opened a flow and decide nothing, every
 // call goes on and no event is emitted.
 volatile const __u32 record_only = 0;
+// The calling task is read through its BTF pointer (bpf_get_current_task_btf): plain
+// loads where bpf_probe_read_kernel is a helper call per field. The loader sets 0 on a
+// kernel that does not give these program types the helper; the code it gates is
+// then dead and not verified.
+volatile const __u32 task_btf = 1;
 
 struct sbx_cfg {
 	__u32 idx;
@@ -597,30 +602,57 @@ static __always_inline struct proc_info *fill_proc(void)
 	struct proc_info *pi = bpf_map_lookup_elem(&proc_scratch, &zero);
 	if (!pi)
 		return 0;
-	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	struct task_struct *leader = BPF_CORE_READ(t, group_leader);
-	pi->tgid = BPF_CORE_READ(t, tgid);
-	pi->tid = BPF_CORE_READ(t, pid);
-	pi->ppid = BPF_CORE_READ(t, real_parent, tgid);
-	pi->start_ns = BPF_CORE_READ(leader, start_boottime);
-	pi->ns_tgid = ns_nr(BPF_CORE_READ(leader, thread_pid));
-	struct signal_struct *sig = BPF_CORE_READ(t, signal);
-	struct pid *pg = 0;
-	if (sig)
-		bpf_core_read(&pg, sizeof(pg), &sig->pids[PIDTYPE_PGID_]);
-	pi->pgid = pg ? BPF_CORE_READ(pg, numbers[0].nr) : 0;
-	pi->ns_pgid = ns_nr(pg);
-	BPF_CORE_READ_STR_INTO(&pi->comm, t, comm);
+	struct mm_struct *mm;
+	if (task_btf) {
+		// Loads through a BTF pointer: the verifier makes them fault-safe (a bad
+		// pointer reads 0), no helper call.
+		struct task_struct *t = bpf_get_current_task_btf();
+		struct task_struct *leader = t->group_leader;
+		pi->tgid = t->tgid;
+		pi->tid = t->pid;
+		pi->ppid = t->real_parent->tgid;
+		pi->start_ns = leader->start_boottime;
+		pi->ns_tgid = ns_nr(leader->thread_pid);
+		struct pid *pg = t->signal->pids[PIDTYPE_PGID_];
+		pi->pgid = pg ? pg->numbers[0].nr : 0;
+		pi->ns_pgid = ns_nr(pg);
+		bpf_probe_read_kernel_str(&pi->comm, sizeof(pi->comm), t->comm);
+		mm = t->mm;
+	} else {
+		struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+		struct task_struct *leader = BPF_CORE_READ(t, group_leader);
+		pi->tgid = BPF_CORE_READ(t, tgid);
+		pi->tid = BPF_CORE_READ(t, pid);
+		pi->ppid = BPF_CORE_READ(t, real_parent, tgid);
+		pi->start_ns = BPF_CORE_READ(leader, start_boottime);
+		pi->ns_tgid = ns_nr(BPF_CORE_READ(leader, thread_pid));
+		struct signal_struct *sig = BPF_CORE_READ(t, signal);
+		struct pid *pg = 0;
+		if (sig)
+			bpf_core_read(&pg, sizeof(pg), &sig->pids[PIDTYPE_PGID_]);
+		pi->pgid = pg ? BPF_CORE_READ(pg, numbers[0].nr) : 0;
+		pi->ns_pgid = ns_nr(pg);
+		BPF_CORE_READ_STR_INTO(&pi->comm, t, comm);
+		mm = BPF_CORE_READ(t, mm);
+	}
 	pi->exe[0] = 0;
 	pi->args_len = 0;
 	pi->args_cut = 0;
-	struct mm_struct *mm = BPF_CORE_READ(t, mm);
 	if (!mm)
 		return pi;
-	const unsigned char *name = BPF_CORE_READ(mm, exe_file, f_path.dentry, d_name.name);
+	const unsigned char *name;
+	unsigned long a0, a1;
+	if (task_btf) {
+		name = mm->exe_file->f_path.dentry->d_name.name;
+		a0 = mm->arg_start;
+		a1 = mm->arg_end;
+	} else {
+		name = BPF_CORE_READ(mm, exe_file, f_path.dentry, d_name.name);
+		a0 = BPF_CORE_READ(mm, arg_start);
+		a1 = BPF_CORE_READ(mm, arg_end);
+	}
 	if (name)
 		bpf_probe_read_kernel_str(pi->exe, sizeof(pi->exe), name);
-	unsigned long a0 = BPF_CORE_READ(mm, arg_start), a1 = BPF_CORE_READ(mm, arg_end);
 	if (a1 > a0) {
 		unsigned long n = a1 - a0;
 		if (n > sizeof(pi->args)) {

@@ -191,6 +191,7 @@ const (
 	airlockVarL7MarkMask       = "l7_mark_mask"
 	airlockVarOtherIdleNs      = "other_idle_ns"
 	airlockVarRecordOnly       = "record_only"
+	airlockVarTaskBtf          = "task_btf"
 	airlockVarTcpIdleNs        = "tcp_idle_ns"
 	airlockVarUdpIdleNs        = "udp_idle_ns"
 	airlockVarUnusedAddr16     = "unused_addr16"
@@ -284,6 +285,7 @@ type airlockVariableSpecs struct {
 	L7MarkMask     *ebpf.VariableSpec `ebpf:"l7_mark_mask"`
 	OtherIdleNs    *ebpf.VariableSpec `ebpf:"other_idle_ns"`
 	RecordOnly     *ebpf.VariableSpec `ebpf:"record_only"`
+	TaskBtf        *ebpf.VariableSpec `ebpf:"task_btf"`
 	TcpIdleNs      *ebpf.VariableSpec `ebpf:"tcp_idle_ns"`
 	UdpIdleNs      *ebpf.VariableSpec `ebpf:"udp_idle_ns"`
 	UnusedAddr16   *ebpf.VariableSpec `ebpf:"unused_addr16"`
@@ -360,6 +362,7 @@ type airlockVariables struct {
 	L7MarkMask     *ebpf.Variable `ebpf:"l7_mark_mask"`
 	OtherIdleNs    *ebpf.Variable `ebpf:"other_idle_ns"`
 	RecordOnly     *ebpf.Variable `ebpf:"record_only"`
+	TaskBtf        *ebpf.Variable `ebpf:"task_btf"`
 	TcpIdleNs      *ebpf.Variable `ebpf:"tcp_idle_ns"`
 	UdpIdleNs      *ebpf.Variable `ebpf:"udp_idle_ns"`
 	UnusedAddr16   *ebpf.Variable `ebpf:"unused_addr16"`

@@ -84,7 +84,7 @@ func (c Config) OpenAttribution(log *slog.Logger) (datapath.Attributor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load spec: %w", err)
 	}
-	for name, v := range map[string]uint32{"attribute_procs": 1, "record_only": 1} {
+	for name, v := range map[string]uint32{"attribute_procs": 1, "record_only": 1, "task_btf": map[bool]uint32{false: 1, true: 0}[c.TaskReads]} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
@@ -100,7 +100,7 @@ func (c Config) OpenAttribution(log *slog.Logger) (datapath.Attributor, error) {
 		}
 	}
 	a := &Attribution{log: log, byID: map[string]*watched{}}
-	if err := spec.LoadAndAssign(&a.objs, nil); err != nil {
+	if err := loadAssign(spec, &a.objs, nil, log); err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, bpf.ErrNotSupported) {
 			return nil, fmt.Errorf("%w: %v", datapath.ErrUnavailable, err)
 		}

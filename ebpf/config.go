@@ -63,6 +63,11 @@ type Config struct {
 	// record which process opened a flow (no sock_ops program, no proc_by_flow
 	// entries) and events carry no Process. Default on.
 	NoAttribution bool
+	// TaskReads makes the socket programs read the calling task (attribution) field by
+	// field with bpf_probe_read_kernel instead of through its BTF pointer
+	// (bpf_get_current_task_btf): what they fall back to, logged, on a kernel that
+	// does not give cgroup socket programs that helper. Only for tests; it costs CPU.
+	TaskReads bool
 	// EventBuffer is the capacity of the Events channel; default 4096.
 	EventBuffer int
 	Logger      *slog.Logger

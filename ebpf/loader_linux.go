@@ -102,6 +102,7 @@ func New(cfg Config) (*Datapath, error) {
 		"l7_mark_mask":    cfg.L7MarkMask,
 		"flow_window_ns":  uint64(cfg.FlowWindow),
 		"attribute_procs": map[bool]uint32{false: 1, true: 0}[cfg.NoAttribution],
+		"task_btf":        map[bool]uint32{false: 1, true: 0}[cfg.TaskReads],
 	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
@@ -128,7 +129,7 @@ func New(cfg Config) (*Datapath, error) {
 	d.innerSpecs.rules6 = spec.Maps["rules6_of"].InnerMap
 	d.innerSpecs.learned = spec.Maps["learned_of"].InnerMap
 	opts := &bpf.CollectionOptions{Maps: bpf.MapOptions{PinPath: filepath.Join(cfg.PinRoot, "maps")}}
-	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+	if err := loadAssign(spec, &d.objs, opts, cfg.Logger); err != nil {
 		if errors.Is(err, bpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("pinned maps under %s are from an incompatible version (detach all sandboxes and remove the directory): %w", cfg.PinRoot, err)
 		}
@@ -309,3 +310,26 @@ func monoNow() time.Duration {
 }
 
 var _ datapath.Datapath = (*Datapath)(nil)
+
+// loadAssign is spec.LoadAndAssign, once more with the task read field by field
+// (task_btf 0, Config.TaskReads) when the verifier refuses the programs as they read it
+// through its BTF pointer: a kernel that does not give cgroup socket programs
+// bpf_get_current_task_btf. The refusal is logged; other errors are returned as they
+// are.
+func loadAssign(spec *bpf.CollectionSpec, to any, opts *bpf.CollectionOptions, log *slog.Logger) error {
+	err := spec.LoadAndAssign(to, opts)
+	var ve *bpf.VerifierError
+	v, ok := spec.Variables["task_btf"]
+	if err == nil || !errors.As(err, &ve) || !ok {
+		return err
+	}
+	var on uint32
+	if v.Get(&on) != nil || on == 0 {
+		return err
+	}
+	if serr := v.Set(uint32(0)); serr != nil {
+		return err
+	}
+	log.Info("the kernel refused the socket programs' reads through the task's BTF pointer: reading it field by field", "err", ve)
+	return spec.LoadAndAssign(to, opts)
+}

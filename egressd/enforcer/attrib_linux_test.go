@@ -293,3 +293,60 @@ func TestAutoFallbackAttribution(t *testing.T) {
 		t.Fatalf("%d programs on the cgroup after Close", n)
 	}
 }
+
+// EBPFBackendTaskReads is EBPFBackend with the socket programs reading the calling task
+// field by field (ebpf.Config.TaskReads); set by backend_linux_test.go.
+var EBPFBackendTaskReads func(pinRoot string) EBPF
+
+// TestAttributionTaskReads: the socket programs describe the process that connects
+// alike whether they read the task through its BTF pointer (the default) or field by
+// field (the fallback for kernels without bpf_get_current_task_btf in socket
+// programs), on both datapaths: the same executable, command line, name, parent, and
+// process group and ids as /proc shows them.
+func TestAttributionTaskReads(t *testing.T) {
+	for _, mode := range backends {
+		t.Run(string(mode), func(t *testing.T) {
+			var procs []*datapath.Process
+			for _, reads := range []bool{false, true} {
+				e := newEnv(t, mode)
+				if reads {
+					e.dp.Close()
+					cfg := e.config()
+					cfg.EBPF = EBPFBackendTaskReads(e.root)
+					dp, err := New(cfg)
+					if err != nil {
+						t.Fatalf("New with TaskReads: %v", err)
+					}
+					t.Cleanup(func() { dp.Close() })
+					e.dp = dp
+				}
+				cg := sandboxCgroup(t)
+				spec := e.spec("sbx-taskreads", basePolicy())
+				spec.Cgroup = cg
+				if err := e.dp.Attach(spec); err != nil {
+					t.Fatalf("Attach: %v", err)
+				}
+				denied := netip.AddrPortFrom(dt.Unknown4, 80)
+				attempt(t, e.tp, cg, "tcp", denied)
+				ev := waitEvent(t, e.dp, func(ev datapath.Event) bool { return ev.Dst == denied })
+				p := ev.Process
+				if p == nil {
+					t.Fatalf("TaskReads %v: the denial names no process", reads)
+				}
+				// The child is in this test's pid namespace: its ids there are its ids.
+				if p.PID == 0 || p.PPID != uint32(os.Getpid()) || p.PGID == 0 || p.NSPID != p.PID || p.NSPGID != p.PGID || p.Start == 0 {
+					t.Errorf("TaskReads %v: process %+v, want a child of %d with its ids", reads, p, os.Getpid())
+				}
+				procs = append(procs, p)
+				e.dp.Detach("sbx-taskreads")
+			}
+			a, b := *procs[0], *procs[1]
+			if a.Comm == "" || a.Exe == "" || len(a.Args) == 0 {
+				t.Fatalf("through the BTF pointer: process %+v lacks its name, executable or command line", a)
+			}
+			if a.Comm != b.Comm || a.Exe != b.Exe || !slices.Equal(a.Args, b.Args) || a.ArgsCut != b.ArgsCut || a.PPID != b.PPID {
+				t.Fatalf("the two reads differ:\nBTF pointer  %+v\nfield reads  %+v", a, b)
+			}
+		})
+	}
+}

@@ -10,4 +10,5 @@ import (
 func init() {
 	enforcer.EBPFBackend = ebpftest.Backend
 	enforcer.EBPFBackendNoAttribution = ebpftest.BackendNoAttribution
+	enforcer.EBPFBackendTaskReads = ebpftest.BackendTaskReads
 }

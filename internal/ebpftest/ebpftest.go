@@ -20,3 +20,10 @@ func Backend(pinRoot string) enforcer.EBPF { return ebpf.Config{PinRoot: pinRoot
 func BackendNoAttribution(pinRoot string) enforcer.EBPF {
 	return ebpf.Config{PinRoot: pinRoot, NoAttribution: true}
 }
+
+// BackendTaskReads is Backend with the socket programs reading the calling task field
+// by field (ebpf.Config.TaskReads), the fallback of kernels whose socket programs may
+// not call bpf_get_current_task_btf.
+func BackendTaskReads(pinRoot string) enforcer.EBPF {
+	return ebpf.Config{PinRoot: pinRoot, TaskReads: true}
+}
