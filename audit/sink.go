@@ -1,5 +1,7 @@
 package audit
 
+import "encoding/hex"
+
 // Sink is told of every write to the chain, for an export beside it (package
 // audit/ocsf) that reads the records back from the chain files: the writer's only
 // cost is a call per write(2), so an export never slows the chain.
@@ -19,11 +21,34 @@ type Sink interface {
 // not read them back from the chain (audit/ocsf keeps them while it can and reads the
 // chain for what it did not keep).
 //
-// The writer goroutine calls Records right before the Written of the same write, with
-// that write's records in seq order (Seq, Prev and Hash set, the rest as appended) and
-// end, the chain file's size in bytes after them. The slice is the sink's; the
-// records' Extra maps are shared and must not be modified. Records must return at once.
+// The writer goroutine calls Records right before the Written of the same write. The
+// batch is the sink's; its records' Extra maps are shared and must not be modified.
+// Records must return at once: it runs on the writer's goroutine, which hands the batch
+// over without encoding anything for it.
 type RecordSink interface {
 	Sink
-	Records(file string, recs []Record, end int64)
+	Records(b WrittenBatch)
+}
+
+// WrittenBatch is one write's records, in seq order, as a RecordSink gets them.
+type WrittenBatch struct {
+	// File is the chain file they are in (its base name, as in Checkpoint.File) and
+	// End its size in bytes after them.
+	File string
+	End  int64
+	// Recs are the records as appended, Seq set; Prev and Hash are not set (the
+	// writer does not hex-encode for the sink): Recs[i]'s hash is Hashes[i], and its
+	// prev is Hashes[i-1], or Prev for Recs[0].
+	Recs   []Record
+	Hashes [][32]byte
+	Prev   [32]byte
+}
+
+// Chain returns Recs[i]'s prev and hash in hex, as the chain line holds them.
+func (b *WrittenBatch) Chain(i int) (prev, hash string) {
+	p := b.Prev
+	if i > 0 {
+		p = b.Hashes[i-1]
+	}
+	return hex.EncodeToString(p[:]), hex.EncodeToString(b.Hashes[i][:])
 }

@@ -109,9 +109,9 @@ type Writer struct {
 	batch      []Record
 	sealer     sealer // chain position while a batch is sealed; prev once written
 	recSink    RecordSink
-	handoff    []Record // the sealed records of w.buf, for recSink
-	buf        []byte   // the sealed lines not yet written
-	sources    []Source // the source of each line in buf, for loss accounting
+	handoff    WrittenBatch // the sealed records of w.buf, for recSink
+	buf        []byte       // the sealed lines not yet written
+	sources    []Source     // the source of each line in buf, for loss accounting
 
 	// Off-host anchors (anchor.go).
 	shippers      []*shipper
@@ -425,8 +425,11 @@ func (w *Writer) writeBatch(recs []Record) {
 			}
 		}
 		if w.recSink != nil {
-			r.Prev, r.Hash = hex.EncodeToString(prev[:]), hex.EncodeToString(w.sealer.prev[:])
-			w.handoff = append(w.handoff, *r)
+			if w.handoff.Recs == nil { // the sink's: new slices per write
+				w.handoff = WrittenBatch{Recs: make([]Record, 0, len(recs)-i), Hashes: make([][32]byte, 0, len(recs)-i), Prev: prev}
+			}
+			w.handoff.Recs = append(w.handoff.Recs, *r)
+			w.handoff.Hashes = append(w.handoff.Hashes, w.sealer.prev)
 		}
 		seq = r.Seq
 		if first.IsZero() {
@@ -464,7 +467,7 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 		for _, s := range w.sources {
 			w.countLost(s)
 		}
-		w.handoff = nil
+		w.handoff = WrittenBatch{}
 		return false
 	}
 	w.fileHash.Write(w.buf)
@@ -475,9 +478,10 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	w.written.Store(seq)
 	w.metrics.records.Add(float64(len(w.sources)))
 	w.metrics.bytes.Add(float64(len(w.buf)))
-	if w.recSink != nil && len(w.handoff) > 0 {
-		w.recSink.Records(w.name, w.handoff, w.size)
-		w.handoff = nil
+	if w.recSink != nil && len(w.handoff.Recs) > 0 {
+		w.handoff.File, w.handoff.End = w.name, w.size
+		w.recSink.Records(w.handoff)
+		w.handoff = WrittenBatch{}
 	}
 	if w.cfg.Sink != nil {
 		w.cfg.Sink.Written(w.name, seq)

@@ -74,8 +74,8 @@ type Exporter struct {
 	last      atomic.Uint64 // seq of the last exported record
 
 	heldMu sync.Mutex
-	held   []heldBatch // handed by the writer, not exported yet, in seq order
-	heldN  int         // records in held
+	held   []audit.WrittenBatch // handed by the writer, not exported yet, in seq order
+	heldN  int                  // records in held
 	// records exported as handed over and as read from the chain
 	fromHeld, fromChain atomic.Uint64
 
@@ -91,13 +91,6 @@ type Exporter struct {
 	// the chain file and offset where the last held batch exported ends
 	heldFile string
 	heldEnd  int64
-}
-
-// heldBatch is one write's records as the writer handed them over.
-type heldBatch struct {
-	file string
-	recs []audit.Record
-	end  int64 // the chain file's size after them
 }
 
 var _ audit.RecordSink = (*Exporter)(nil)
@@ -151,11 +144,11 @@ func (e *Exporter) Written(_ string, lastSeq uint64) {
 // Records keeps a write's records for the export while fewer than MaxHeld are kept
 // (else the export reads them from the chain). Called by the audit writer right before
 // the Written of the same write.
-func (e *Exporter) Records(file string, recs []audit.Record, end int64) {
+func (e *Exporter) Records(b audit.WrittenBatch) {
 	e.heldMu.Lock()
-	if e.heldN+len(recs) <= e.cfg.MaxHeld {
-		e.held = append(e.held, heldBatch{file: file, recs: recs, end: end})
-		e.heldN += len(recs)
+	if e.heldN+len(b.Recs) <= e.cfg.MaxHeld {
+		e.held = append(e.held, b)
+		e.heldN += len(b.Recs)
 	}
 	e.heldMu.Unlock()
 }
@@ -244,7 +237,7 @@ func (e *Exporter) fromMemory(target uint64) bool {
 	progress := false
 	for e.next <= target {
 		e.heldMu.Lock()
-		for len(e.held) > 0 && e.held[0].recs[len(e.held[0].recs)-1].Seq < e.next {
+		for len(e.held) > 0 && e.held[0].Recs[len(e.held[0].Recs)-1].Seq < e.next {
 			e.popHeld() // read from the chain meanwhile
 		}
 		if len(e.held) == 0 {
@@ -253,22 +246,23 @@ func (e *Exporter) fromMemory(target uint64) bool {
 		}
 		b := e.held[0]
 		e.heldMu.Unlock()
-		i := sort.Search(len(b.recs), func(i int) bool { return b.recs[i].Seq >= e.next })
-		if b.recs[i].Seq != e.next {
+		i := sort.Search(len(b.Recs), func(i int) bool { return b.Recs[i].Seq >= e.next })
+		if b.Recs[i].Seq != e.next {
 			break // not held (more than MaxHeld were waiting)
 		}
 		j := i
-		for ; j < len(b.recs) && b.recs[j].Seq <= target; j++ {
-			r := record.ReadBack(&b.recs[j])
-			e.emit(b.file, &r)
+		for ; j < len(b.Recs) && b.Recs[j].Seq <= target; j++ {
+			r := record.ReadBack(&b.Recs[j])
+			r.Prev, r.Hash = b.Chain(j)
+			e.emit(b.File, &r)
 			e.next = r.Seq + 1
 		}
 		e.fromHeld.Add(uint64(j - i))
 		progress = true
-		if j < len(b.recs) {
+		if j < len(b.Recs) {
 			break // the rest is beyond target
 		}
-		e.heldFile, e.heldEnd = b.file, b.end
+		e.heldFile, e.heldEnd = b.File, b.End
 		e.heldMu.Lock()
 		e.popHeld()
 		e.heldMu.Unlock()
@@ -284,8 +278,8 @@ func (e *Exporter) fromMemory(target uint64) bool {
 
 // popHeld drops the oldest held batch; heldMu is held.
 func (e *Exporter) popHeld() {
-	e.heldN -= len(e.held[0].recs)
-	e.held[0] = heldBatch{}
+	e.heldN -= len(e.held[0].Recs)
+	e.held[0] = audit.WrittenBatch{}
 	e.held = e.held[1:]
 }
 
