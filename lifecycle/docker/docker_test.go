@@ -332,3 +332,45 @@ func TestExecdTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStaleTemplatesKeepSnapshots: a runtime's start removes the execd templates of
+// other execd builds that no container uses, and never a snapshot image, though the
+// engine's commit leaves the template's label on it (an upgrade's start removed every
+// snapshot no sandbox ran; concurrent test processes removed each other's).
+func TestStaleTemplatesKeepSnapshots(t *testing.T) {
+	img := testenv.NeedSandboxImage(t)
+	cli := lctest.Docker(t)
+	ctx := t.Context()
+	n := time.Now().UnixNano()
+	other := fmt.Sprintf("altest-other-%d", n) // the template label of another execd build
+	stale := fmt.Sprintf("%s:altest-stale-%d", docker.TemplateRepository, n)
+	snap := fmt.Sprintf("%s:altest-%d", docker.SnapshotRepository, n)
+	cres, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: img}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.ContainerRemove(context.Background(), cres.ID, client.ContainerRemoveOptions{Force: true})
+	for ref, labels := range map[string][]string{
+		stale: {docker.LabelTemplate + "=" + other},
+		snap:  {docker.LabelTemplate + "=" + other, docker.LabelSnapshot + "=" + fmt.Sprint(n)},
+	} {
+		var changes []string
+		for _, l := range labels {
+			changes = append(changes, "LABEL "+l)
+		}
+		if _, err := cli.ContainerCommit(ctx, cres.ID, client.ContainerCommitOptions{Reference: ref, Changes: changes}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{Force: true}) })
+	}
+	newRuntime(t, nil) // its start removes stale templates
+	if _, err := cli.ImageInspect(ctx, stale); err == nil {
+		t.Errorf("the stale template %s is still there", stale)
+	}
+	if _, err := cli.ImageInspect(ctx, snap); err != nil {
+		t.Fatalf("the snapshot image %s is gone: %v", snap, err)
+	}
+	if got := docker.TemplateTags(map[string]string{docker.LabelTemplate: other}, []string{stale, snap, "other:tag"}); !slices.Equal(got, []string{stale}) {
+		t.Errorf("TemplateTags = %v, want only %s", got, stale)
+	}
+}

@@ -145,10 +145,28 @@ func (r *Runtime) removeStaleTemplates(ctx context.Context) {
 		if img.Labels[LabelTemplate] == r.templates.execd {
 			continue
 		}
-		for _, tag := range img.RepoTags {
+		for _, tag := range TemplateTags(img.Labels, img.RepoTags) {
 			if _, err := r.cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{}); err == nil {
 				r.log.Info("stale execd template removed", "image", tag)
 			}
 		}
 	}
+}
+
+// TemplateTags are the tags of an image carrying LabelTemplate that name an execd
+// template: those in TemplateRepository, none of a snapshot image's. A snapshot is
+// committed from a sandbox's container, and the engine's commit keeps the container's
+// labels beside the ones given, the template's among them: by the label alone, a
+// snapshot image looks like a template of the execd build it was taken under.
+func TemplateTags(labels map[string]string, tags []string) []string {
+	if labels[LabelSnapshot] != "" {
+		return nil
+	}
+	var out []string
+	for _, tag := range tags {
+		if strings.HasPrefix(tag, TemplateRepository+":") {
+			out = append(out, tag)
+		}
+	}
+	return out
 }

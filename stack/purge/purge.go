@@ -228,7 +228,7 @@ func removeTemplates(ctx context.Context, cfg Config, cli *client.Client) (int, 
 	}
 	n := 0
 	for _, img := range res.Items {
-		for _, tag := range img.RepoTags {
+		for _, tag := range docker.TemplateTags(img.Labels, img.RepoTags) { // never a snapshot
 			if _, err := cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{}); err == nil {
 				n++
 				fmt.Fprintf(cfg.Out, "removed image %s\n", tag)
