@@ -143,12 +143,14 @@ DISPLAY=:0 wmctrl -l`
 	pctx, pcancel := context.WithTimeout(ctx, 60*time.Second)
 	var n int
 	// The frame may still be navigating from its first empty document to noVNC's page
-	// when the poll starts: that context goes away under the poll, which then starts
-	// again in the new one.
+	// when the poll starts: that context goes away under the poll ("destroyed"), or is
+	// gone before the poll reaches it ("Cannot find context", a flake seen in CI); the
+	// poll then starts again in the new one.
 	for try := 0; ; try++ {
 		n, err = chromedp.Run(pctx, chromedp.Poll[int](canvasMagenta, chromedp.WithPollingInFrame(frames[0]),
 			chromedp.WithPollingInterval(200*time.Millisecond)))
-		if err == nil || try == 4 || !strings.Contains(err.Error(), "Execution context was destroyed") {
+		if err == nil || try == 4 || !strings.Contains(err.Error(), "Execution context was destroyed") &&
+			!strings.Contains(err.Error(), "Cannot find context with specified id") {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)

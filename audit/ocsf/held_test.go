@@ -15,7 +15,11 @@ import (
 func exportWith(t *testing.T, recs []audit.Record, maxHeld int, quiet time.Duration) (string, *Exporter) {
 	t.Helper()
 	dir := t.TempDir()
-	ex, err := New(Config{ChainDir: dir, Host: "airlock-host", MaxHeld: maxHeld, Quiet: quiet, MaxLag: quiet})
+	export := quiet
+	if quiet == 0 {
+		export = time.Hour // only at Close: what is held there does not depend on timing
+	}
+	ex, err := New(Config{ChainDir: dir, Host: "airlock-host", MaxHeld: maxHeld, Quiet: export, MaxLag: export})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +94,9 @@ func TestExportHeldEqualsChain(t *testing.T) {
 			dir, ex := exportWith(t, recs, tc.maxHeld, tc.quiet)
 			held, read := ex.fromHeld.Load(), ex.fromChain.Load()
 			t.Logf("%d held, %d read from the chain", held, read)
-			if held+read != uint64(len(recs)) || held == 0 || tc.maxHeld == 0 && read != 0 || tc.maxHeld > 0 && read == 0 {
+			// Exported while written, every batch may be exported before 40 wait: then
+			// nothing is read from the chain, which the other cases cover.
+			if held+read != uint64(len(recs)) || held == 0 || tc.maxHeld == 0 && read != 0 || tc.maxHeld > 0 && tc.quiet == 0 && read == 0 {
 				t.Fatalf("%d held and %d read from the chain of %d records", held, read, len(recs))
 			}
 			got := ocsfFiles(t, dir)
