@@ -1,7 +1,5 @@
 package audit
 
-import "encoding/hex"
-
 // Sink is told of every write to the chain, for an export beside it (package
 // audit/ocsf) that reads the records back from the chain files: the writer's only
 // cost is a call per write(2), so an export never slows the chain.
@@ -42,13 +40,4 @@ type WrittenBatch struct {
 	Recs   []Record
 	Hashes [][32]byte
 	Prev   [32]byte
-}
-
-// Chain returns Recs[i]'s prev and hash in hex, as the chain line holds them.
-func (b *WrittenBatch) Chain(i int) (prev, hash string) {
-	p := b.Prev
-	if i > 0 {
-		p = b.Hashes[i-1]
-	}
-	return hex.EncodeToString(p[:]), hex.EncodeToString(b.Hashes[i][:])
 }

@@ -63,20 +63,13 @@ func TestReplicaAudit(t *testing.T) {
 	if code, body := get(t, admin, base+"/console/api/audit"); code != 501 {
 		t.Fatalf("audit search as the admin on Kubernetes: %d %s, want 501", code, body)
 	}
-	req, _ := http.NewRequest("POST", base+"/v1/keys", strings.NewReader(`{"name":"carol","role":"operator"}`))
-	req.Header.Set("OPEN-SANDBOX-API-KEY", apiKey)
-	req.Header.Set("Content-Type", "application/json")
+	if code, _, _ := postKey(t, base, apiKey, "carol", "operator"); code != http.StatusCreated {
+		t.Fatalf("POST /v1/keys: %d", code)
+	}
+	req, _ := http.NewRequest("DELETE", base+"/v1/sandboxes/nope", nil)
+	req.Header.Set("OPEN-SANDBOX-API-KEY", "wrong")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /v1/keys: %d", resp.StatusCode)
-	}
-	req, _ = http.NewRequest("DELETE", base+"/v1/sandboxes/nope", nil)
-	req.Header.Set("OPEN-SANDBOX-API-KEY", "wrong")
-	if resp, err = http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()

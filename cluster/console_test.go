@@ -53,18 +53,9 @@ func TestReplicaServesConsole(t *testing.T) {
 		t.Fatalf("audit search as the admin on Kubernetes: %d %s, want 501", code, body)
 	}
 
-	req, _ := http.NewRequest("POST", base+"/v1/keys", strings.NewReader(`{"name":"bob","role":"user"}`))
-	req.Header.Set("OPEN-SANDBOX-API-KEY", apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bob struct{ ID, Key string }
-	err = json.NewDecoder(resp.Body).Decode(&bob)
-	resp.Body.Close()
-	if resp.StatusCode != 201 && resp.StatusCode != 200 || err != nil || bob.Key == "" {
-		t.Fatalf("POST /v1/keys: %d %v", resp.StatusCode, err)
+	code, bob, err := postKey(t, base, apiKey, "bob", "user")
+	if code != 201 && code != 200 || err != nil || bob.Key == "" {
+		t.Fatalf("POST /v1/keys: %d %v", code, err)
 	}
 	user := signIn(t, base, bob.Key)
 	if code, body := get(t, user, base+"/console/api/session"); code != 200 || !strings.Contains(body, `"role":"user"`) {
@@ -121,6 +112,23 @@ func signIn(t *testing.T, base, key string) *http.Client {
 		t.Fatalf("POST /console/login: %d, want 303", resp.StatusCode)
 	}
 	return c
+}
+
+// postKey makes a key through the API with the configured key: the status, the
+// created key's id and value, and the error decoding them.
+func postKey(t *testing.T, base, apiKey, name, role string) (int, struct{ ID, Key string }, error) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+"/v1/keys", strings.NewReader(`{"name":"`+name+`","role":"`+role+`"}`))
+	req.Header.Set("OPEN-SANDBOX-API-KEY", apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var created struct{ ID, Key string }
+	err = json.NewDecoder(resp.Body).Decode(&created)
+	return resp.StatusCode, created, err
 }
 
 // get returns the status and body of GET u.

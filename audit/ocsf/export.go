@@ -2,6 +2,7 @@ package ocsf
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -250,10 +251,17 @@ func (e *Exporter) fromMemory(target uint64) bool {
 		if b.Recs[i].Seq != e.next {
 			break // not held (more than MaxHeld were waiting)
 		}
+		// Each hash is hex-encoded once: a record's is the next one's prev.
+		prev := b.Prev
+		if i > 0 {
+			prev = b.Hashes[i-1]
+		}
+		prevHex := hex.EncodeToString(prev[:])
 		j := i
 		for ; j < len(b.Recs) && b.Recs[j].Seq <= target; j++ {
 			r := record.ReadBack(&b.Recs[j])
-			r.Prev, r.Hash = b.Chain(j)
+			r.Prev, r.Hash = prevHex, hex.EncodeToString(b.Hashes[j][:])
+			prevHex = r.Hash
 			e.emit(b.File, &r)
 			e.next = r.Seq + 1
 		}

@@ -431,33 +431,8 @@ func checkGateway(t *testing.T, m *manifest, l layout) {
 		"--watch-fallback-url=http://"+lc+"/internal/v1/watch", "--egress-api="+lc,
 		// The egressd of a sandbox's node names each execd command's process group.
 		"--node-egressd-port=9102")
-	// The audit log and its key are on a volume of the pod's own (the root filesystem
-	// is read-only; replicas never share a log), or in a folder of the pod's own on the
-	// node (the pod's name in the path; the last --audit-dir wins).
-	auditDir := ""
-	for _, a := range args {
-		if d, ok := strings.CutPrefix(a, "--audit-dir="); ok {
-			auditDir = d
-		}
-	}
-	auditVolume := ""
-	for _, m := range p.Containers[0].VolumeMounts {
-		if m.MountPath == "/var/lib/airlock" {
-			auditVolume = m.Name
-		}
-	}
-	i := slices.IndexFunc(p.Volumes, func(v corev1.Volume) bool { return v.Name == auditVolume })
-	switch {
-	case auditVolume == "" || i < 0:
-		t.Errorf("gateway: no volume mounted at /var/lib/airlock for the audit log (%v)", p.Containers[0].VolumeMounts)
-	case l.gatewayAudit == "" && (p.Volumes[i].EmptyDir == nil || auditDir != "/var/lib/airlock/audit"):
-		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/audit on an emptyDir", auditDir, p.Volumes[i].VolumeSource)
-	case l.gatewayAudit != "" && (p.Volumes[i].HostPath == nil || p.Volumes[i].HostPath.Path != l.gatewayAudit ||
-		auditDir != "/var/lib/airlock/pod-1/audit" || !slices.ContainsFunc(p.Containers[0].Env, func(e corev1.EnvVar) bool {
-		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
-	})):
-		t.Errorf("gateway: audit in %s on %+v, want /var/lib/airlock/$(POD_NAME)/audit on hostPath %s", auditDir, p.Volumes[i].VolumeSource, l.gatewayAudit)
-	}
+	// The audit log and its key: as lifecycle's.
+	checkReplicaAudit(t, "gateway", p, args, l.gatewayAudit)
 	svc := typed[corev1.Service](t, m.find("Service", l.system, "airlock-gateway"))
 	wantType := cmp.Or(l.gatewayService, corev1.ServiceTypeLoadBalancer)
 	if svc.Spec.Type != wantType || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" {
