@@ -73,7 +73,15 @@ func proxyFrontInfo(t *testing.T, cfg Config, info func(*Info)) (string, *sink, 
 	t.Cleanup(func() { srv.Close() })
 	up := httptest.NewServer(srv.Handler())
 	t.Cleanup(up.Close)
-	u, _ := url.Parse(up.URL)
+	base, s := proxyTo(t, up.URL, cfg, info)
+	return base, s, work
+}
+
+// proxyTo is the recording reverse proxy of proxyFrontInfo in front of the execd at
+// upstream (a URL).
+func proxyTo(t *testing.T, upstream string, cfg Config, info func(*Info)) (string, *sink) {
+	t.Helper()
+	u, _ := url.Parse(upstream)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
 	s := &sink{}
@@ -94,7 +102,7 @@ func proxyFrontInfo(t *testing.T, cfg Config, info func(*Info)) (string, *sink, 
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	return front.URL, s, work
+	return front.URL, s
 }
 
 func post(t *testing.T, u, ctype string, body []byte) string {

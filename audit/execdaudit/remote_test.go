@@ -1,26 +1,101 @@
 package execdaudit
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/airlockdev/airlock/execd"
 	"github.com/airlockdev/airlock/opensandbox"
 )
 
+// execdChildEnv makes the test binary an execd serving on a loopback port it prints,
+// in the working directory the variable names, until its stdin closes.
+const execdChildEnv = "AIRLOCK_EXECDAUDIT_EXECD"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(execdChildEnv); dir != "" {
+		execdChildMain(dir)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func execdChildMain(dir string) {
+	srv, err := execd.New(execd.Config{Addr: "127.0.0.1:0", Workdir: dir})
+	if err != nil {
+		fmt.Println("setup", err)
+		os.Exit(1)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println("setup", err)
+		os.Exit(1)
+	}
+	fmt.Println(ln.Addr().String())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	_ = srv.Serve(ctx, ln)
+}
+
+// execdProcess starts an execd in a process of its own (the sandbox's init as far as
+// a group watch goes: its commands are its children and nothing else's): its URL and
+// pid.
+func execdProcess(t *testing.T) (string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), execdChildEnv+"="+t.TempDir())
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || strings.HasPrefix(line, "setup") {
+		t.Fatalf("execd process: %q %v", line, err)
+	}
+	return "http://" + strings.TrimSpace(line), cmd.Process.Pid
+}
+
 // fakeNode serves GroupsPath as a node's egressd does (egressd.GroupsHandler, which
-// cannot be imported here), with this test process as the sandbox's init: the
-// in-process execd's commands are its children. It counts the starts.
-func fakeNode(t *testing.T, key string) (*httptest.Server, *int) {
+// cannot be imported here), with init (a pid) as the sandbox's init. It counts the
+// starts.
+func fakeNode(t *testing.T, key string, init int) (*httptest.Server, *int) {
 	t.Helper()
 	var mu sync.Mutex
 	watches := map[string]GroupWatch{}
@@ -34,7 +109,7 @@ func fakeNode(t *testing.T, key string) (*httptest.Server, *int) {
 		mu.Lock()
 		starts++
 		id := strings.Repeat("a", 31) + string(rune('a'+starts%26))
-		watches[id] = WatchGroups(os.Getpid(), BootNow()-GroupsSlack)
+		watches[id] = WatchGroups(init, BootNow()-GroupsSlack)
 		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(GroupsStarted{ID: id})
@@ -72,13 +147,15 @@ func remoteInfo(rg *RemoteGroups, node string) func(*Info) {
 
 // TestRemoteGroups: a command through a proxy whose group source is a node's egressd
 // (RemoteGroups) names, in extra.process_group, the process group the command itself
-// reports (its /proc/self/stat pgrp).
+// reports (its /proc/self/stat pgrp). execd runs in a process of its own, the watched
+// init: the test process's other children cannot make the command's group ambiguous.
 func TestRemoteGroups(t *testing.T) {
-	srv, starts := fakeNode(t, "k")
+	execdURL, execdPID := execdProcess(t)
+	srv, starts := fakeNode(t, "k", execdPID)
 	u, _ := url.Parse(srv.URL)
 	host, port, _ := net.SplitHostPort(u.Host)
 	rg := NewRemoteGroups(atoi(port), "k", nil)
-	base, s, _ := proxyFrontInfo(t, Config{}, remoteInfo(rg, host))
+	base, s := proxyTo(t, execdURL, Config{}, remoteInfo(rg, host))
 
 	out := post(t, base+"/command", "application/json", []byte(`{"command":"cut -d' ' -f5 /proc/self/stat"}`))
 	var pgid int
