@@ -226,6 +226,12 @@ func TestAirlockOnNode(t *testing.T) {
 		t.Logf("tests/sdk/kube.test.mjs on the node:\n%s", strings.Join(summary, "\n"))
 	})
 
+	// What the failure needs to be read (an internal error's text is only in the
+	// server's log), while the node still runs: the cleanup's dump comes after Down.
+	if t.Failed() {
+		t.Logf("Airlock's pods before the node goes down:\n%s", podLogs(n, kubedeploy.SystemNamespace, 200))
+		t.Logf("the node's components before it goes down:\n%s", n.LogTails(60))
+	}
 	// down.sh also removes what egressd left on the host (its interface, tables, pins).
 	if err := n.Down(); err != nil {
 		t.Fatal(err)
