@@ -76,8 +76,5 @@ func apiHandler(cfg Config, api http.Handler, authenticate func(string) (princip
 	if err != nil {
 		return nil, nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle(console.Prefix, con)
-	mux.Handle("/", api)
-	return mux, con.Close, nil
+	return con.Front(api), con.Close, nil
 }

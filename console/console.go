@@ -200,6 +200,15 @@ func (c *Console) Close() {
 	c.closeOnce.Do(func() { close(c.closed) })
 }
 
+// Front is the API listener's handler with the console on it: c under Prefix, api
+// (lifecycle's handler) for every other path.
+func (c *Console) Front(api http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(Prefix, c)
+	mux.Handle("/", api)
+	return mux
+}
+
 // ServeHTTP serves everything under Prefix.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()

@@ -58,10 +58,7 @@ func (s *Stack) apiHandler() (h http.Handler, closeFn func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle(console.Prefix, con)
-	mux.Handle("/", api)
-	return mux, con.Close, nil
+	return con.Front(api), con.Close, nil
 }
 
 // consoleGatewayDomain is the domain the console embeds a desktop sandbox's noVNC page
