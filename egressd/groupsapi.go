@@ -33,7 +33,7 @@ import (
 //
 // Answers are execdaudit.GroupsPath's: 201, 200, 400, 404, 429, 503 (JSON errors).
 func (d *Daemon) GroupsHandler(apiKey string) http.Handler {
-	g := &groupWatches{d: d, m: map[string]*groupEntry{}, per: map[string]int{}}
+	g := &groupWatches{d: d, m: map[string]*groupEntry{}, per: map[string]int{}, inits: map[string]podInitEntry{}}
 	mux := http.NewServeMux()
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return requireAPIKey(apiKey, h) }
 	mux.HandleFunc("POST "+execdaudit.GroupsPath+"{id}", auth(g.start))
@@ -41,12 +41,49 @@ func (d *Daemon) GroupsHandler(apiKey string) http.Handler {
 	return mux
 }
 
-// groupWatches are the open watches: by watch id, and their count per sandbox.
+// groupWatches are the open watches: by watch id, and their count per sandbox; and
+// the pods' inits found so far, by pod UID.
 type groupWatches struct {
-	d   *Daemon
-	mu  sync.Mutex
-	m   map[string]*groupEntry
-	per map[string]int
+	d     *Daemon
+	mu    sync.Mutex
+	m     map[string]*groupEntry
+	per   map[string]int
+	inits map[string]podInitEntry
+}
+
+// podInitEntry is a pod's init as podInit found it: its pid and start time (clock
+// ticks since boot), which tell whether the pid is still that process.
+type podInitEntry struct {
+	pid   int
+	start time.Duration
+}
+
+// maxPodInits bounds groupWatches.inits: past it the cache starts again (a node runs
+// far fewer pods).
+const maxPodInits = 4096
+
+// podInit is podInit for pod uid under the node's cgroup root, remembered: a pod's
+// init is found once (a walk of the pod's cgroups and a few /proc reads per process)
+// and then only checked to be the same process (one /proc read) for each command.
+func (g *groupWatches) podInit(uid string) (int, error) {
+	g.mu.Lock()
+	c, ok := g.inits[uid]
+	g.mu.Unlock()
+	if ok && c.start >= 0 && procStart(procRoot+"/"+strconv.Itoa(c.pid)) == c.start {
+		return c.pid, nil
+	}
+	pid, err := podInit(g.d.cfg.CgroupRoot, uid)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err != nil {
+		delete(g.inits, uid)
+		return 0, err
+	}
+	if len(g.inits) >= maxPodInits {
+		clear(g.inits)
+	}
+	g.inits[uid] = podInitEntry{pid: pid, start: procStart(procRoot + "/" + strconv.Itoa(pid))}
+	return pid, nil
 }
 
 type groupEntry struct {
@@ -73,7 +110,7 @@ func (g *groupWatches) start(w http.ResponseWriter, r *http.Request) {
 	init := rtPid
 	if init <= 0 && kind == RuntimeKubernetes && podUID != "" {
 		var err error
-		if init, err = podInit(g.d.cfg.CgroupRoot, podUID); err != nil {
+		if init, err = g.podInit(podUID); err != nil {
 			opensandbox.WriteError(w, http.StatusServiceUnavailable, opensandbox.ErrorBody{Code: "UNAVAILABLE", Message: err.Error()})
 			return
 		}

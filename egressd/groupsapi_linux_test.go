@@ -168,3 +168,47 @@ func TestPodInit(t *testing.T) {
 		t.Errorf("podInit without execd as 1: %d, want an error", got)
 	}
 }
+
+// TestPodInitCached: a pod's init is found once and then checked by its start time: the
+// cache answers while the process is the same (even with its cgroup's list changed),
+// and looks again once the pid is another process's.
+func TestPodInitCached(t *testing.T) {
+	cg, proc := t.TempDir(), t.TempDir()
+	old := procRoot
+	procRoot = proc
+	t.Cleanup(func() { procRoot = old })
+	const uid = "5678-cafe"
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stat := func(start int) string {
+		return "900 (execd) S 1 900 900 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 " + strconv.Itoa(start) + " 0 0\n"
+	}
+	write(filepath.Join(cg, "cgroup.controllers"), "")
+	ctr := filepath.Join(cg, "kubepods", "pod"+uid, "mainctr", "cgroup.procs")
+	write(ctr, "900\n")
+	write(filepath.Join(proc, "900", "comm"), "execd\n")
+	write(filepath.Join(proc, "900", "status"), "Name:\texecd\nNSpid:\t900\t1\n")
+	write(filepath.Join(proc, "900", "stat"), stat(4242))
+	g := &groupWatches{d: &Daemon{cfg: Config{CgroupRoot: cg}}, inits: map[string]podInitEntry{}}
+	if pid, err := g.podInit(uid); err != nil || pid != 900 {
+		t.Fatalf("first look: %d, %v; want 900", pid, err)
+	}
+	write(ctr, "") // a walk would find nothing now
+	if pid, err := g.podInit(uid); err != nil || pid != 900 {
+		t.Fatalf("the same process again: %d, %v; want 900 from the cache", pid, err)
+	}
+	write(filepath.Join(proc, "900", "stat"), stat(5000)) // pid 900 is another process
+	if pid, err := g.podInit(uid); err == nil {
+		t.Fatalf("after the init's pid was reused: %d, want the walk's error", pid)
+	}
+	if _, ok := g.inits[uid]; ok {
+		t.Error("a failed look leaves its pod in the cache")
+	}
+}
