@@ -22,6 +22,7 @@ type recreator struct {
 	paused    bool
 	resumed   int
 	resumeErr error
+	starting  bool // the workload is made and not started yet (a resumed pod being scheduled)
 }
 
 func (*recreator) Kind() string { return "kubernetes" }
@@ -56,6 +57,9 @@ func (r *recreator) Inspect(_ context.Context, cid string) (Instance, error) {
 	in := Instance{SandboxID: cid[len("pod-"):], ContainerID: cid, Phase: PhaseRunning, Address: netip.MustParseAddr("127.0.0.1")}
 	if r.paused {
 		in.Phase, in.Address = PhasePaused, netip.Addr{}
+	}
+	if r.starting {
+		in.Phase, in.Address = PhaseCreated, netip.Addr{}
 	}
 	return in, nil
 }
@@ -150,5 +154,48 @@ func TestPauseRecreating(t *testing.T) {
 	}
 	if st := state(); st.State != opensandbox.Failed || st.Reason != "resume_failed" || st.Message != "the pause image is gone" {
 		t.Fatalf("after a failed resume: %+v; want Failed, resume_failed, the runtime's message", st)
+	}
+}
+
+// TestResyncLeavesAnotherReplicasResume: a sandbox Resuming in the record without this
+// replica's operation lock (another replica resumes it) whose new workload is made and
+// not started yet is left Resuming by this replica's resync, not taken for an exited
+// container (Failed), which made the other replica's resume answer 500; once Resuming
+// has lasted longer than any resume can, resync decides again.
+func TestResyncLeavesAnotherReplicasResume(t *testing.T) {
+	rt := &recreator{}
+	s, err := New(Config{Runtime: rt, Store: memStore{}, ExecdPort: 1, ReadyTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	timeout := int64(600)
+	sb, err := s.Create(context.Background(), &CreateRequest{Image: &ImageSpec{URI: "img"}, Entrypoint: []string{"tail"},
+		Timeout: &timeout, ResourceLimits: map[string]string{"cpu": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recreated = sb.ID
+	rt.mu.Lock()
+	rt.starting = true
+	rt.mu.Unlock()
+	var e *entry
+	s.mu.Lock()
+	e = s.sbx[sb.ID]
+	s.mu.Unlock()
+	// What following another replica's resume leaves here: the record Resuming, this
+	// replica's operation lock free.
+	s.setStatus(e.rec, opensandbox.Resuming, "resuming", "")
+	s.resync()
+	got, _ := s.Get(sb.ID)
+	if got.Status.State != opensandbox.Resuming {
+		t.Fatalf("after a resync during another replica's resume: %+v; want still Resuming", got.Status)
+	}
+	s.mu.Lock()
+	e.rec.Status.LastTransitionAt = time.Now().Add(-createTimeout - 2*time.Second)
+	s.mu.Unlock()
+	s.resync()
+	if got, _ = s.Get(sb.ID); got.Status.State != opensandbox.Failed {
+		t.Fatalf("after a resync of a resume older than any can last: %+v; want Failed", got.Status)
 	}
 }

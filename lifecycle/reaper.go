@@ -407,6 +407,19 @@ func (s *Server) reapLoop(ctx context.Context) {
 	}
 }
 
+// opElsewhere reports whether rec is in the middle of a pause or resume that may be
+// another replica's: Pausing or Resuming for less than such an operation can last
+// (createTimeout, then the readiness). The operation lock only guards this replica's
+// own; meanwhile the workload is between states (a resumed pod not started yet, a
+// paused one going), which resync must not take for an exited or vanished container.
+// A replica that died mid-operation leaves the state to resync once that time is past.
+// s.mu is held.
+func (s *Server) opElsewhere(rec *record) bool {
+	st := rec.Status.State
+	return (st == opensandbox.Pausing || st == opensandbox.Resuming) &&
+		time.Since(rec.Status.LastTransitionAt) < createTimeout+s.cfg.ReadyTimeout
+}
+
 // resync marks sandboxes whose container vanished Terminated and those whose container
 // exited Failed, and follows pauses done outside Airlock. Sandboxes busy with an
 // operation are skipped this round.
@@ -450,6 +463,7 @@ func (s *Server) resync() {
 		switch {
 		case st.Terminal() || st == opensandbox.Stopping:
 		case s.sbx[id] != e:
+		case s.opElsewhere(rec):
 		case !ok:
 			_ = s.setStatusLocked(rec, opensandbox.Terminated, "container_vanished", "the container no longer exists")
 			s.log.Warn("sandbox container vanished", "sandbox_id", id)
