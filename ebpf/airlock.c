@@ -414,7 +414,10 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	// An entry is needed from connect() to the flow's first event (and a counted
-	// flow's next records): 16 384 × ~300 bytes.
+	// flow's next records): 16 384 × ~300 bytes. On this datapath a TCP socket's
+	// entry goes when the socket closes (airlock_sockops); with record_only (the
+	// nftables datapath reads entries from user space after the fact) and for UDP,
+	// the LRU ages entries out.
 	__uint(max_entries, 16384);
 	__type(key, struct proc_key);
 	__type(value, struct proc_info);
@@ -1269,11 +1272,19 @@ int airlock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_verdict(ctx, 1); }
 //
 // A TCP connect's local port is picked after cgroup/connect runs; sock_ops'
 // TCP_CONNECT_CB comes once it is (in tcp_connect, still in the connecting task), so
-// the flow's full 5-tuple names the process for the TC program's first event.
+// the flow's full 5-tuple names the process for the TC program's first event. Unless
+// record_only, the socket then asks for its state changes, and its entry is deleted
+// when it reaches TCP_CLOSE (the TC program has named the process in every event of
+// the flow by then): proc_by_flow holds the open connections, not the last 16 384
+// connects, so a busy sandbox's short connections no longer evict the entry of a
+// long-lived one, whose later records (count_flow) need it.
 SEC("sockops")
 int airlock_sockops(struct bpf_sock_ops *ctx)
 {
-	if (!attribute_procs || ctx->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+	if (!attribute_procs)
+		return 1;
+	if (ctx->op != BPF_SOCK_OPS_TCP_CONNECT_CB &&
+	    (ctx->op != BPF_SOCK_OPS_STATE_CB || ctx->args[1] != BPF_TCP_CLOSE))
 		return 1;
 	// local_port is in host order; remote_port holds the network-order port in its
 	// upper 16 bits (the kernel loads skc_dport and shifts it).
@@ -1296,8 +1307,14 @@ int airlock_sockops(struct bpf_sock_ops *ctx)
 		// An IPv4-mapped peer leaves as IPv4.
 		k.family = (r[0] == 0 && r[1] == 0 && r[2] == bpf_htonl(0xffff)) ? 4 : 6;
 	}
+	if (ctx->op == BPF_SOCK_OPS_STATE_CB) {
+		bpf_map_delete_elem(&proc_by_flow, &k);
+		return 1;
+	}
 	struct proc_info *pi = fill_proc();
 	if (pi)
 		bpf_map_update_elem(&proc_by_flow, &k, pi, BPF_ANY);
+	if (!record_only)
+		bpf_sock_ops_cb_flags_set(ctx, ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	return 1;
 }

@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	bpf "github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -348,5 +350,57 @@ func TestAttributionTaskReads(t *testing.T) {
 				t.Fatalf("the two reads differ:\nBTF pointer  %+v\nfield reads  %+v", a, b)
 			}
 		})
+	}
+}
+
+// TestAttributionEntryEndsWithSocket: on the eBPF datapath, whose TC program names the
+// process in the flow's events as the packets pass, a TCP flow's entry in proc_by_flow
+// is removed when its socket closes (sock_ops' state callback), so the map holds the
+// open connections only; the flow's event still names the process.
+func TestAttributionEntryEndsWithSocket(t *testing.T) {
+	e := newEnv(t, ModeEBPF)
+	cg := sandboxCgroup(t)
+	spec := e.spec("sbx-procend", basePolicy())
+	spec.Cgroup = cg
+	if err := e.dp.Attach(spec); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	dst := netip.AddrPortFrom(dt.Static4, 80)
+	if got := attempt(t, e.tp, cg, "tcp", dst); got != "ok" {
+		t.Fatalf("connect to %s: %s", dst, got)
+	}
+	ev := waitEvent(t, e.dp, func(ev datapath.Event) bool { return ev.Dst == dst })
+	if ev.Process == nil || ev.Process.PID == 0 {
+		t.Fatalf("the flow's event names no process: %+v", ev)
+	}
+	m, err := bpf.LoadPinnedMap(filepath.Join(e.root, "maps", "proc_by_flow"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// proc_key: proto, family, lport and rport (host order), pad, laddr, raddr (16
+	// bytes each, IPv4-mapped).
+	flow := func() int {
+		n := 0
+		var k, v []byte
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			raddr := netip.AddrFrom16([16]byte(k[24:40])).Unmap()
+			if k[0] == 6 && binary.NativeEndian.Uint16(k[2:]) == ev.Src.Port() &&
+				binary.NativeEndian.Uint16(k[4:]) == dst.Port() && raddr == dst.Addr() {
+				n++
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(long)
+	for flow() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("proc_by_flow still holds %s -> %s after its socket closed", ev.Src, dst)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -28,6 +28,7 @@ import (
 const connectChildEnv = "AIRLOCK_CONNECT_CHILD"
 
 func connectChildMain() {
+	pinChild()
 	a := strings.Split(os.Getenv(connectChildEnv), ",") // cgroup,netns,network,addr[,n]
 	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
 		fmt.Println("setup", err)

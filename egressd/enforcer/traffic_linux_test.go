@@ -43,6 +43,10 @@ func TestMain(m *testing.M) {
 		connectChildMain()
 		return
 	}
+	if os.Getenv(connectLoopEnv) != "" {
+		connectLoopMain()
+		return
+	}
 	if os.Getenv(streamChildEnv) != "" {
 		streamChildMain()
 		return
