@@ -138,23 +138,14 @@ func TestPodInit(t *testing.T) {
 	procRoot = proc
 	t.Cleanup(func() { procRoot = old })
 	const uid = "1234-abcd"
-	write := func(p, s string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(cg, "cgroup.controllers"), "")
+	writeFile(t, filepath.Join(cg, "cgroup.controllers"), "")
 	pod := filepath.Join(cg, "kubepods", "besteffort", "pod"+uid)
-	write(filepath.Join(pod, "cgroup.procs"), "")
-	write(filepath.Join(pod, "pausectr", "cgroup.procs"), "700\n")
-	write(filepath.Join(pod, "mainctr", "cgroup.procs"), "801\n800\n")
+	writeFile(t, filepath.Join(pod, "cgroup.procs"), "")
+	writeFile(t, filepath.Join(pod, "pausectr", "cgroup.procs"), "700\n")
+	writeFile(t, filepath.Join(pod, "mainctr", "cgroup.procs"), "801\n800\n")
 	for pid, v := range map[int][2]string{700: {"pause", "700\t1"}, 800: {"execd", "800\t1"}, 801: {"execd", "801\t7"}} {
-		write(filepath.Join(proc, strconv.Itoa(pid), "comm"), v[0]+"\n")
-		write(filepath.Join(proc, strconv.Itoa(pid), "status"), "Name:\t"+v[0]+"\nNSpid:\t"+v[1]+"\n")
+		writeFile(t, filepath.Join(proc, strconv.Itoa(pid), "comm"), v[0]+"\n")
+		writeFile(t, filepath.Join(proc, strconv.Itoa(pid), "status"), "Name:\t"+v[0]+"\nNSpid:\t"+v[1]+"\n")
 	}
 	got, err := podInit(cg, uid)
 	if err != nil || got != 800 {
@@ -163,7 +154,7 @@ func TestPodInit(t *testing.T) {
 	if _, err := podInit(cg, "other-uid"); err == nil {
 		t.Error("podInit of a pod without a cgroup: no error")
 	}
-	write(filepath.Join(pod, "mainctr", "cgroup.procs"), "801\n")
+	writeFile(t, filepath.Join(pod, "mainctr", "cgroup.procs"), "801\n")
 	if got, err := podInit(cg, uid); err == nil {
 		t.Errorf("podInit without execd as 1: %d, want an error", got)
 	}
@@ -178,37 +169,39 @@ func TestPodInitCached(t *testing.T) {
 	procRoot = proc
 	t.Cleanup(func() { procRoot = old })
 	const uid = "5678-cafe"
-	write := func(p, s string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	stat := func(start int) string {
 		return "900 (execd) S 1 900 900 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 " + strconv.Itoa(start) + " 0 0\n"
 	}
-	write(filepath.Join(cg, "cgroup.controllers"), "")
+	writeFile(t, filepath.Join(cg, "cgroup.controllers"), "")
 	ctr := filepath.Join(cg, "kubepods", "pod"+uid, "mainctr", "cgroup.procs")
-	write(ctr, "900\n")
-	write(filepath.Join(proc, "900", "comm"), "execd\n")
-	write(filepath.Join(proc, "900", "status"), "Name:\texecd\nNSpid:\t900\t1\n")
-	write(filepath.Join(proc, "900", "stat"), stat(4242))
+	writeFile(t, ctr, "900\n")
+	writeFile(t, filepath.Join(proc, "900", "comm"), "execd\n")
+	writeFile(t, filepath.Join(proc, "900", "status"), "Name:\texecd\nNSpid:\t900\t1\n")
+	writeFile(t, filepath.Join(proc, "900", "stat"), stat(4242))
 	g := &groupWatches{d: &Daemon{cfg: Config{CgroupRoot: cg}}, inits: map[string]podInitEntry{}}
 	if pid, err := g.podInit(uid); err != nil || pid != 900 {
 		t.Fatalf("first look: %d, %v; want 900", pid, err)
 	}
-	write(ctr, "") // a walk would find nothing now
+	writeFile(t, ctr, "") // a walk would find nothing now
 	if pid, err := g.podInit(uid); err != nil || pid != 900 {
 		t.Fatalf("the same process again: %d, %v; want 900 from the cache", pid, err)
 	}
-	write(filepath.Join(proc, "900", "stat"), stat(5000)) // pid 900 is another process
+	writeFile(t, filepath.Join(proc, "900", "stat"), stat(5000)) // pid 900 is another process
 	if pid, err := g.podInit(uid); err == nil {
 		t.Fatalf("after the init's pid was reused: %d, want the walk's error", pid)
 	}
 	if _, ok := g.inits[uid]; ok {
 		t.Error("a failed look leaves its pod in the cache")
+	}
+}
+
+// writeFile writes s to p, making its directories.
+func writeFile(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
