@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -157,45 +158,97 @@ func TestPauseRecreating(t *testing.T) {
 	}
 }
 
-// TestResyncLeavesAnotherReplicasResume: a sandbox Resuming in the record without this
-// replica's operation lock (another replica resumes it) whose new workload is made and
-// not started yet is left Resuming by this replica's resync, not taken for an exited
-// container (Failed), which made the other replica's resume answer 500; once Resuming
-// has lasted longer than any resume can, resync decides again.
+// replicasMem is a SharedStore in memory that keeps the sandbox documents, for
+// replicas that never write: Follow and Lead do nothing.
+type replicasMem struct {
+	memStore
+	mu   sync.Mutex
+	docs map[string][]byte
+}
+
+func (m *replicasMem) PutSandbox(id string, doc []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.docs[id] = doc
+	return nil
+}
+
+func (m *replicasMem) DeleteSandbox(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.docs, id)
+	return nil
+}
+
+func (m *replicasMem) Sandboxes() (map[string][]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.docs), nil
+}
+
+func (*replicasMem) Follow(context.Context, func(string, []byte)) error { return nil }
+func (*replicasMem) Lead(context.Context, func(context.Context))        {}
+
+// TestResyncLeavesAnotherReplicasResume: with replicas (a SharedStore), a sandbox
+// Resuming in the record without this replica's operation lock (another replica
+// resumes it) whose new workload is made and not started yet is left Resuming by this
+// replica's resync and by a reconcile (a replica taking the lead), not taken for an
+// exited container (Failed), which made the other replica's resume answer 500; once
+// Resuming has lasted longer than any resume can, resync decides again. A single
+// server (its own operations are under its lock) decides at once, as before.
 func TestResyncLeavesAnotherReplicasResume(t *testing.T) {
-	rt := &recreator{}
-	s, err := New(Config{Runtime: rt, Store: memStore{}, ExecdPort: 1, ReadyTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	timeout := int64(600)
-	sb, err := s.Create(context.Background(), &CreateRequest{Image: &ImageSpec{URI: "img"}, Entrypoint: []string{"tail"},
-		Timeout: &timeout, ResourceLimits: map[string]string{"cpu": "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	recreated = sb.ID
-	rt.mu.Lock()
-	rt.starting = true
-	rt.mu.Unlock()
-	var e *entry
-	s.mu.Lock()
-	e = s.sbx[sb.ID]
-	s.mu.Unlock()
-	// What following another replica's resume leaves here: the record Resuming, this
-	// replica's operation lock free.
-	s.setStatus(e.rec, opensandbox.Resuming, "resuming", "")
-	s.resync()
-	got, _ := s.Get(sb.ID)
-	if got.Status.State != opensandbox.Resuming {
-		t.Fatalf("after a resync during another replica's resume: %+v; want still Resuming", got.Status)
-	}
-	s.mu.Lock()
-	e.rec.Status.LastTransitionAt = time.Now().Add(-createTimeout - 2*time.Second)
-	s.mu.Unlock()
-	s.resync()
-	if got, _ = s.Get(sb.ID); got.Status.State != opensandbox.Failed {
-		t.Fatalf("after a resync of a resume older than any can last: %+v; want Failed", got.Status)
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "replicas", false: "single"}[shared], func(t *testing.T) {
+			rt := &recreator{}
+			var store StateStore = memStore{}
+			if shared {
+				store = &replicasMem{docs: map[string][]byte{}}
+			}
+			s, err := New(Config{Runtime: rt, Store: store, ExecdPort: 1, ReadyTimeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			timeout := int64(600)
+			sb, err := s.Create(context.Background(), &CreateRequest{Image: &ImageSpec{URI: "img"}, Entrypoint: []string{"tail"},
+				Timeout: &timeout, ResourceLimits: map[string]string{"cpu": "1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recreated = sb.ID
+			rt.mu.Lock()
+			rt.starting = true
+			rt.mu.Unlock()
+			s.mu.Lock()
+			e := s.sbx[sb.ID]
+			s.mu.Unlock()
+			// What following another replica's resume leaves here: the record Resuming,
+			// this replica's operation lock free.
+			s.setStatus(e.rec, opensandbox.Resuming, "resuming", "")
+			s.resync()
+			got, _ := s.Get(sb.ID)
+			if !shared {
+				if got.Status.State != opensandbox.Failed {
+					t.Fatalf("a single server's resync of a Resuming sandbox whose workload is not running: %+v; want Failed", got.Status)
+				}
+				return
+			}
+			if got.Status.State != opensandbox.Resuming {
+				t.Fatalf("after a resync during another replica's resume: %+v; want still Resuming", got.Status)
+			}
+			if err := s.reconcile(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ = s.Get(sb.ID); got.Status.State != opensandbox.Resuming {
+				t.Fatalf("after a reconcile during another replica's resume: %+v; want still Resuming", got.Status)
+			}
+			s.mu.Lock()
+			e.rec.Status.LastTransitionAt = time.Now().Add(-createTimeout - 2*time.Second)
+			s.mu.Unlock()
+			s.resync()
+			if got, _ = s.Get(sb.ID); got.Status.State != opensandbox.Failed {
+				t.Fatalf("after a resync of a resume older than any can last: %+v; want Failed", got.Status)
+			}
+		})
 	}
 }

@@ -270,6 +270,14 @@ func (s *Server) reconcile(ctx context.Context) error {
 			delete(byCID, rec.ContainerID)
 		}
 		st := rec.Status.State
+		if s.opElsewhere(rec) {
+			if migrated {
+				if err := s.commitLocked(rec); err != nil {
+					s.log.Error("persisting reconciled sandbox failed", "sandbox_id", rec.ID, "err", err)
+				}
+			}
+			continue
+		}
 		switch {
 		case !ok:
 			if !st.Terminal() {
@@ -407,14 +415,17 @@ func (s *Server) reapLoop(ctx context.Context) {
 	}
 }
 
-// opElsewhere reports whether rec is in the middle of a pause or resume that may be
-// another replica's: Pausing or Resuming for less than such an operation can last
-// (createTimeout, then the readiness). The operation lock only guards this replica's
-// own; meanwhile the workload is between states (a resumed pod not started yet, a
-// paused one going), which resync must not take for an exited or vanished container.
-// A replica that died mid-operation leaves the state to resync once that time is past.
-// s.mu is held.
+// opElsewhere reports whether rec may be in the middle of another replica's pause or
+// resume: with a SharedStore, Pausing or Resuming for less than such an operation can
+// last (createTimeout, then the readiness). The operation lock only guards this
+// replica's own; meanwhile the workload is between states (a resumed pod not started
+// yet, a paused one going), which reconcile and resync must not take for an exited or
+// vanished container. A replica that died mid-operation leaves the state to them once
+// that time is past. A single server makes every change itself: never. s.mu is held.
 func (s *Server) opElsewhere(rec *record) bool {
+	if _, shared := s.store.(SharedStore); !shared {
+		return false
+	}
 	st := rec.Status.State
 	return (st == opensandbox.Pausing || st == opensandbox.Resuming) &&
 		time.Since(rec.Status.LastTransitionAt) < createTimeout+s.cfg.ReadyTimeout

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,14 +56,20 @@ func execdChildMain(dir string) {
 	_ = srv.Serve(ctx, ln)
 }
 
-// execdProcess starts an execd in a process of its own (the sandbox's init as far as
-// a group watch goes: its commands are its children and nothing else's): its URL and
-// pid.
+// execdProcess starts an execd in a process and process group of its own (the
+// sandbox's init as far as a group watch goes: its commands are its children and
+// nothing else's): its URL and pid.
 func execdProcess(t *testing.T) (string, int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), execdChildEnv+"="+t.TempDir())
 	cmd.Stderr = os.Stderr
+	// A group of its own, as a sandbox's init (pid 1) has: a command's process, between
+	// its fork and its setpgid, is in its parent's group, which a watch passes over when
+	// it is the init's own. In the test process's group it was a second candidate
+	// whenever a scan fell in that window (CI failures, in this test and before it ran
+	// execd in a process of its own).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +154,8 @@ func remoteInfo(rg *RemoteGroups, node string) func(*Info) {
 
 // TestRemoteGroups: a command through a proxy whose group source is a node's egressd
 // (RemoteGroups) names, in extra.process_group, the process group the command itself
-// reports (its /proc/self/stat pgrp). execd runs in a process of its own, the watched
-// init: the test process's other children cannot make the command's group ambiguous.
+// reports (its /proc/self/stat pgrp). execd runs in a process and group of its own, the
+// watched init, as in a sandbox.
 func TestRemoteGroups(t *testing.T) {
 	execdURL, execdPID := execdProcess(t)
 	srv, starts := fakeNode(t, "k", execdPID)
