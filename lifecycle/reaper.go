@@ -270,7 +270,10 @@ func (s *Server) reconcile(ctx context.Context) error {
 			delete(byCID, rec.ContainerID)
 		}
 		st := rec.Status.State
-		if s.opElsewhere(rec) {
+		// Another replica's pause or resume may be in flight (opElsewhere): its workload
+		// between states is neither vanished nor exited. Only a resumed pod already
+		// running is taken up below, as an interrupted resume is (the readiness).
+		if s.opElsewhere(rec) && !(ok && in.Phase == PhaseRunning && st == opensandbox.Resuming) {
 			if migrated {
 				if err := s.commitLocked(rec); err != nil {
 					s.log.Error("persisting reconciled sandbox failed", "sandbox_id", rec.ID, "err", err)
