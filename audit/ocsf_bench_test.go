@@ -71,30 +71,18 @@ func TestBenchAuditOCSF(t *testing.T) {
 		}
 		return d.Rate(), time.Since(start)
 	}
-	var off, on, paired []float64
 	var catchUp []time.Duration
-	for k := range runs {
-		// each pair back to back, the order alternating, so that load that comes and
-		// goes on the machine falls on both sides alike
-		var rOn, rOff float64
-		if k%2 == 1 {
-			var c time.Duration
-			rOn, c = run(true)
-			catchUp = append(catchUp, c)
-			rOff, _ = run(false)
-		} else {
-			rOff, _ = run(false)
-			var c time.Duration
-			rOn, c = run(true)
+	off, on, paired := benchreport.Paired(runs, func(export bool) float64 {
+		r, c := run(export)
+		if export {
 			catchUp = append(catchUp, c)
 		}
-		off, on, paired = append(off, rOff), append(on, rOn), append(paired, rOn/rOff)
-	}
-	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+		return r
+	})
 	sort.Slice(catchUp, func(i, j int) bool { return catchUp[i] < catchUp[j] })
 	benchreport.Value("audit", "OCSF export complete", "%d records exported in %s (median, from the first Append until Close returned)",
 		n, catchUp[len(catchUp)/2].Round(time.Millisecond))
 	benchreport.Value("audit", "OCSF export on / off pairs", "%s", benchreport.List(paired, 3))
-	benchreport.Ratio("audit", "durable records/s with OCSF export on / off (median of paired runs)", median(paired), "≥", 0.9)
+	benchreport.Ratio("audit", "durable records/s with OCSF export on / off (median of paired runs)", benchreport.Median(paired), "≥", 0.9)
 	benchreport.Ratio("audit", "durable records/s with OCSF export on / off (best runs)", slices.Max(on)/slices.Max(off), "", 0)
 }

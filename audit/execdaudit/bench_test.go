@@ -75,32 +75,23 @@ func TestBenchCommandAudit(t *testing.T) {
 	// proxy on both sides read 0.96–1.00.
 	const rounds, n = 60, 50
 	var son, soff []benchreport.Sample
-	for r := range rounds {
-		sides := []struct {
-			name string
-			base string
-			into *[]benchreport.Sample
-		}{{"command_echo_audit_on", on, &son}, {"command_echo_audit_off", off, &soff}}
-		if r%2 == 1 {
-			sides[0], sides[1] = sides[1], sides[0]
+	_, _, ratios := benchreport.Paired(rounds, func(audited bool) float64 {
+		name, base, into := "command_echo_audit_off", off, &soff
+		if audited {
+			name, base, into = "command_echo_audit_on", on, &son
 		}
-		for _, sd := range sides {
-			smp, err := benchreport.Measure(sd.name, n, echo(sd.base))
-			if err != nil {
-				t.Fatal(err)
-			}
-			*sd.into = append(*sd.into, smp)
+		smp, err := benchreport.Measure(name, n, echo(base))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		*into = append(*into, smp)
+		return smp.Rate()
+	})
 	mon, moff := mergeSamples("command_echo_audit_on", son), mergeSamples("command_echo_audit_off", soff)
 	benchreport.Print("execd_audit", mon)
 	benchreport.Print("execd_audit", moff)
 	// The ratio is the median of the rounds' own ratios: each round measures on and off
 	// back to back, so load that comes and goes on the machine cancels out.
-	ratios := make([]float64, rounds)
-	for i := range rounds {
-		ratios[i] = son[i].Rate() / soff[i].Rate()
-	}
 	slices.Sort(ratios)
 	benchreport.Ratio("execd_audit", "command_rate_audit_on_over_off (median of paired rounds)", (ratios[rounds/2-1]+ratios[rounds/2])/2, "≥", 0.95)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sort"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,30 +96,18 @@ func TestBenchAuditExport(t *testing.T) {
 		}
 		return d.Rate(), delivered
 	}
-	var off, on, paired []float64
 	var delivered []time.Duration
-	for k := range runs {
-		// each pair back to back, the order alternating, so that load that comes and
-		// goes on the machine falls on both sides alike
-		var rOn, rOff float64
-		if k%2 == 1 {
-			var c time.Duration
-			rOn, c = run(true)
-			delivered = append(delivered, c)
-			rOff, _ = run(false)
-		} else {
-			rOff, _ = run(false)
-			var c time.Duration
-			rOn, c = run(true)
+	off, on, paired := benchreport.Paired(runs, func(export bool) float64 {
+		r, c := run(export)
+		if export {
 			delivered = append(delivered, c)
 		}
-		off, on, paired = append(off, rOff), append(on, rOn), append(paired, rOn/rOff)
-	}
-	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
+		return r
+	})
 	slices.Sort(delivered)
 	benchreport.Value("audit", "OTLP export complete", "%d records delivered to the collector in %s (median, from the first Append)",
 		n, delivered[len(delivered)/2].Round(time.Millisecond))
 	benchreport.Value("audit", "OCSF + OTLP export on / off pairs", "%s", benchreport.List(paired, 3))
-	benchreport.Ratio("audit", "durable records/s with OCSF + OTLP export on / off (median of paired runs)", median(paired), "≥", 0.9)
+	benchreport.Ratio("audit", "durable records/s with OCSF + OTLP export on / off (median of paired runs)", benchreport.Median(paired), "≥", 0.9)
 	benchreport.Ratio("audit", "durable records/s with OCSF + OTLP export on / off (best runs)", slices.Max(on)/slices.Max(off), "", 0)
 }

@@ -35,12 +35,7 @@ var EBPFBackendNoAttribution func(pinRoot string) EBPF
 const streamChildEnv = "AIRLOCK_STREAM_CHILD"
 
 func streamChildMain() {
-	pinChild()
-	a := strings.Split(os.Getenv(streamChildEnv), ",")
-	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
-	}
+	a := childArgs(streamChildEnv)
 	ms, _ := strconv.Atoi(a[3])
 	var gbps float64
 	var cpu time.Duration
@@ -67,8 +62,7 @@ func streamChildMain() {
 		return nil
 	})
 	if err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
+		childFail(err)
 	}
 	fmt.Println(strconv.FormatFloat(gbps, 'f', 4, 64), int64(cpu))
 }
@@ -104,12 +98,7 @@ func streamFrom(t *testing.T, tp *dt.Topology, cg string, d time.Duration) (gbps
 const connectLoopEnv = "AIRLOCK_CONNECT_LOOP"
 
 func connectLoopMain() {
-	pinChild()
-	a := strings.Split(os.Getenv(connectLoopEnv), ",")
-	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
-	}
+	a := childArgs(connectLoopEnv)
 	err := dt.Netns{Name: filepath.Base(a[1])}.Do(func() error {
 		in := bufio.NewScanner(os.Stdin)
 		for in.Scan() {
@@ -130,8 +119,7 @@ func connectLoopMain() {
 		return nil
 	})
 	if err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
+		childFail(err)
 	}
 }
 
@@ -347,18 +335,18 @@ func benchAttribution(t *testing.T, mode Mode) {
 		name, f := map[bool]string{false: "off", true: "on"}[on], got[on]
 		benchreport.Value(suite, prefix+name+"_tcp_connects", "%.0f per CPU-second, wall %.0f/s (%d connects); rounds=%v",
 			float64(f.connects)/f.cpu.Seconds(), float64(f.connects)/f.wall.Seconds(), f.connects, benchreport.List(f.roundCPU, 0))
-		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit per CPU-second of the sender, wall %.2f Gbit/s (%d streams)", median(f.gbpsCPU), median(f.gbps), len(f.gbps))
+		benchreport.Value(suite, prefix+name+"_tcp_stream", "median=%.2f Gbit per CPU-second of the sender, wall %.2f Gbit/s (%d streams)", benchreport.Median(f.gbpsCPU), benchreport.Median(f.gbps), len(f.gbps))
 	}
 	if len(sockops) > 0 {
-		benchreport.Value(suite, "attribution_sockops_run_time", "median=%.0f ns per connect (the kernel's BPF run-time stats) rounds=%v", median(sockops), benchreport.List(sockops, 0))
+		benchreport.Value(suite, "attribution_sockops_run_time", "median=%.0f ns per connect (the kernel's BPF run-time stats) rounds=%v", benchreport.Median(sockops), benchreport.List(sockops, 0))
 	}
 	benchreport.Value(suite, prefix+"ratio_spread", "quartiles of the connect turns %s, of the stream pairs %s", quartiles(cpuRatio), quartiles(streamRatio))
-	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (per CPU-second)", median(cpuRatio), "≥", 0.95)
-	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (per CPU-second)", median(streamRatio), "≥", 0.98)
+	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (per CPU-second)", benchreport.Median(cpuRatio), "≥", 0.95)
+	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (per CPU-second)", benchreport.Median(streamRatio), "≥", 0.98)
 	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (all turns' connects per CPU-second)",
 		float64(got[true].connects)/got[true].cpu.Seconds()/(float64(got[false].connects)/got[false].cpu.Seconds()), "", 0)
-	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (wall clock)", median(wallRatio), "", 0)
-	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (wall clock)", median(gbpsRatio), "", 0)
+	benchreport.Ratio(suite, "tcp connect rate attribution on/off"+label+" (wall clock)", benchreport.Median(wallRatio), "", 0)
+	benchreport.Ratio(suite, "tcp stream attribution on/off"+label+" (wall clock)", benchreport.Median(gbpsRatio), "", 0)
 }
 
 // quartiles formats v's first quartile, median and third quartile.
@@ -393,10 +381,4 @@ func progRuntime(name string) (time.Duration, bool) {
 		p.Close()
 	}
 	return sum, found
-}
-
-func median(v []float64) float64 {
-	v = slices.Clone(v)
-	slices.Sort(v)
-	return v[len(v)/2]
 }

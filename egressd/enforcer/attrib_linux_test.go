@@ -322,12 +322,7 @@ func TestAttributionTaskReads(t *testing.T) {
 					t.Cleanup(func() { dp.Close() })
 					e.dp = dp
 				}
-				cg := sandboxCgroup(t)
-				spec := e.spec("sbx-taskreads", basePolicy())
-				spec.Cgroup = cg
-				if err := e.dp.Attach(spec); err != nil {
-					t.Fatalf("Attach: %v", err)
-				}
+				cg := e.attachInCgroup(t, "sbx-taskreads", basePolicy())
 				denied := netip.AddrPortFrom(dt.Unknown4, 80)
 				attempt(t, e.tp, cg, "tcp", denied)
 				ev := waitEvent(t, e.dp, func(ev datapath.Event) bool { return ev.Dst == denied })
@@ -359,12 +354,7 @@ func TestAttributionTaskReads(t *testing.T) {
 // open connections only; the flow's event still names the process.
 func TestAttributionEntryEndsWithSocket(t *testing.T) {
 	e := newEnv(t, ModeEBPF)
-	cg := sandboxCgroup(t)
-	spec := e.spec("sbx-procend", basePolicy())
-	spec.Cgroup = cg
-	if err := e.dp.Attach(spec); err != nil {
-		t.Fatalf("Attach: %v", err)
-	}
+	cg := e.attachInCgroup(t, "sbx-procend", basePolicy())
 	dst := netip.AddrPortFrom(dt.Static4, 80)
 	if got := attempt(t, e.tp, cg, "tcp", dst); got != "ok" {
 		t.Fatalf("connect to %s: %s", dst, got)

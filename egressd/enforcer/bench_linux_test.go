@@ -202,13 +202,8 @@ func TestBenchDeniedConnect(t *testing.T) {
 	testenv.NeedBench(t)
 	for _, mode := range backends {
 		e := newEnv(t, mode)
-		cg := sandboxCgroup(t)
 		const id = "sbx-bench-refuse"
-		spec := e.spec(id, basePolicy())
-		spec.Cgroup = cg
-		if err := e.dp.Attach(spec); err != nil {
-			t.Fatal(err)
-		}
+		cg := e.attachInCgroup(t, id, basePolicy())
 		const n = 2000
 		denied, dTook := attempts(t, e.tp, cg, "tcp", netip.AddrPortFrom(dt.Unknown4, 80), n)
 		allowed, aTook := attempts(t, e.tp, cg, "tcp", netip.AddrPortFrom(dt.Static4, 80), n)

@@ -3,8 +3,10 @@ package enforcer
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,11 +46,30 @@ func pinChild() {
 	if s := os.Getenv(benchCPUEnv); s != "" {
 		if c, err := strconv.Atoi(s); err == nil {
 			if err := pinThreads([]int{c}); err != nil {
-				fmt.Println("setup", err)
-				os.Exit(1)
+				childFail(err)
 			}
 		}
 	}
+}
+
+// childArgs sets up a child of this package's tests (the test binary run as a sandbox
+// process): it pins it (pinChild) and moves it into the cgroup that the first field
+// of the environment variable env names, and returns the variable's comma-separated
+// fields.
+func childArgs(env string) []string {
+	pinChild()
+	a := strings.Split(os.Getenv(env), ",")
+	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
+		childFail(err)
+	}
+	return a
+}
+
+// childFail ends a child whose set-up failed: "setup <err>" on stdout, which the
+// parent reports, and exit status 1.
+func childFail(err error) {
+	fmt.Println("setup", err)
+	os.Exit(1)
 }
 
 // pinBench pins the test process to every CPU but the first and its children (through

@@ -28,12 +28,7 @@ import (
 const connectChildEnv = "AIRLOCK_CONNECT_CHILD"
 
 func connectChildMain() {
-	pinChild()
-	a := strings.Split(os.Getenv(connectChildEnv), ",") // cgroup,netns,network,addr[,n]
-	if err := os.WriteFile(filepath.Join(a[0], "cgroup.procs"), []byte("0"), 0); err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
-	}
+	a := childArgs(connectChildEnv) // cgroup,netns,network,addr[,n]
 	n := 1
 	if len(a) > 4 {
 		n, _ = strconv.Atoi(a[4])
@@ -53,8 +48,7 @@ func connectChildMain() {
 		return nil
 	})
 	if err != nil {
-		fmt.Println("setup", err)
-		os.Exit(1)
+		childFail(err)
 	}
 	fmt.Println(outcome + "|" + strings.Join(took, ",") + "|" + strconv.FormatInt(int64(cpu), 10))
 }
@@ -166,13 +160,8 @@ func TestImmediateRefusal(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			e := newEnv(t, mode)
 			tp := e.tp
-			cg := sandboxCgroup(t)
 			const id = "sbx-refuse"
-			spec := e.spec(id, basePolicy())
-			spec.Cgroup = cg
-			if err := e.dp.Attach(spec); err != nil {
-				t.Fatalf("Attach: %v", err)
-			}
+			cg := e.attachInCgroup(t, id, basePolicy())
 			wantTCP, wantUDP := "errno ECONNREFUSED", "errno EHOSTUNREACH"
 			if mode == ModeEBPF {
 				wantTCP, wantUDP = "errno EPERM", "errno EPERM"

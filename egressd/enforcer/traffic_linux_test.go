@@ -119,6 +119,19 @@ func (e *env) spec(id string, p datapath.Policy) datapath.Spec {
 	}
 }
 
+// attachInCgroup attaches sandbox id with policy p to e's datapath, with a cgroup of
+// its own (sandboxCgroup), whose directory it returns.
+func (e *env) attachInCgroup(t *testing.T, id string, p datapath.Policy) string {
+	t.Helper()
+	cg := sandboxCgroup(t)
+	spec := e.spec(id, p)
+	spec.Cgroup = cg
+	if err := e.dp.Attach(spec); err != nil {
+		t.Fatalf("Attach %s: %v", id, err)
+	}
+	return cg
+}
+
 func basePolicy() datapath.Policy {
 	return datapath.Policy{
 		Rules: []datapath.Rule{
