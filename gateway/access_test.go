@@ -96,7 +96,7 @@ func (e *env) wantIngressDenial(t *testing.T, eb opensandbox.ErrorBody, id strin
 	t.Helper()
 	rec, ok := e.audit.byRequestID(eb.RequestID)
 	if !ok || rec.Source != audit.SourceIngress || rec.Action != "deny" || rec.SandboxID != id || rec.DstPort != port ||
-		rec.Extra[auditStatus] != http.StatusUnauthorized || rec.Rule != "access:token" {
+		rec.Extra[auditStatus] != float64(http.StatusUnauthorized) || rec.Rule != "access:token" {
 		t.Fatalf("audit record of the denial: %+v", rec)
 	}
 	b, _ := json.Marshal(rec)

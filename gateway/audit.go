@@ -48,8 +48,8 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 		Reason:    dec.access,
 		Extra: map[string]any{
 			auditRoute:      formValue(dec.cand.Form),
-			auditStatus:     status,
-			auditBytes:      bytes,
+			auditStatus:     statusValue(status),
+			auditBytes:      float64(bytes),
 			auditDurationMS: float64(time.Since(start).Microseconds()) / 1000,
 			auditRequestID:  reqID,
 			auditMethod:     methodValue(r.Method),
@@ -87,8 +87,16 @@ func record(start time.Time, r *http.Request, dec *decision, res result, status 
 }
 
 // The values of a record that come from small fixed sets are boxed once here: putting
-// a string into Extra (map[string]any) otherwise allocates per request.
+// a string into Extra (map[string]any) otherwise allocates per request. Numbers are
+// float64, as the record reads back from its JSON (record.ReadBack): the export then
+// reads the record as it is, without converting a copy of its Extra per request.
 var (
+	statusValues = func() (v [600]any) {
+		for i := range v {
+			v[i] = float64(i)
+		}
+		return v
+	}()
 	resultValues = func() (v [numResults]any) {
 		for i := range v {
 			v[i] = result(i).String()
@@ -102,6 +110,14 @@ var (
 		return v
 	}()
 )
+
+// statusValue is an HTTP status as an Extra value (float64).
+func statusValue(code int) any {
+	if code >= 0 && code < len(statusValues) {
+		return statusValues[code]
+	}
+	return float64(code)
+}
 
 // formValue is f's name as an Extra value.
 func formValue(f route.Form) any {

@@ -75,7 +75,7 @@ func TestRoutingForms(t *testing.T) {
 					t.Errorf("request id %q not passed upstream (%q)", rid, echo.Headers.Get("X-Request-Id"))
 				}
 				rec, ok := e.audit.byRequestID(rid)
-				if !ok || rec.SandboxID != "box-1" || rec.Action != "allow" || rec.DstPort != port || rec.Extra[auditStatus] != 200 {
+				if !ok || rec.SandboxID != "box-1" || rec.Action != "allow" || rec.DstPort != port || rec.Extra[auditStatus] != float64(200) {
 					t.Errorf("audit record %+v", rec)
 				}
 			})
@@ -129,7 +129,7 @@ func TestErrors(t *testing.T) {
 					t.Error("503 without Retry-After")
 				}
 				rec, ok := e.audit.byRequestID(eb.RequestID)
-				if !ok || rec.Extra[auditStatus] != c.status {
+				if !ok || rec.Extra[auditStatus] != float64(c.status) {
 					t.Fatalf("audit record %+v", rec)
 				}
 				if c.status != 502 && rec.Action != "deny" {

@@ -234,8 +234,20 @@ func (m Mapper) http(w *jw, r *record.Record) {
 	footer(w, r, "method", "path", "status", "request_id")
 }
 
+// httpActivityCaptions are the captions of httpActivity's methods, made once.
+var httpActivityCaptions = func() map[string]string {
+	c := make(map[string]string, len(httpActivity))
+	for m := range httpActivity {
+		c[m] = m[:1] + strings.ToLower(m[1:])
+	}
+	return c
+}()
+
 // activityCaption is the schema's caption of a method's HTTP activity ("Get").
 func activityCaption(method string) string {
+	if c, ok := httpActivityCaptions[method]; ok {
+		return c
+	}
 	if method == "" {
 		return ""
 	}

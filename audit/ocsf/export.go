@@ -37,6 +37,10 @@ type Config struct {
 	// (default 2s), so a burst is written to the chain at full speed and exported
 	// right after it, and a sustained stream is exported at most MaxLag late.
 	Quiet, MaxLag time.Duration
+	// ExportHeld records held start the export too, quiet or not: so a stream faster
+	// than MaxHeld per MaxLag is exported from memory, not read back from the chain.
+	// Default MaxHeld/2; negative: only Quiet and MaxLag start it.
+	ExportHeld int
 	// SyncInterval is how often the current file is fsync'd; default 1s.
 	SyncInterval time.Duration
 	// MaxHeld is how many of the records the writer hands over (audit.RecordSink) the
@@ -89,6 +93,7 @@ type Exporter struct {
 	src    *os.File // the chain file being read
 	srcOff int64
 	rbuf   []byte
+	hexBuf []byte // fromMemory's hex of a batch's hashes
 	// the chain file and offset where the last held batch exported ends
 	heldFile string
 	heldEnd  int64
@@ -116,6 +121,9 @@ func New(cfg Config) (*Exporter, error) {
 	}
 	if cfg.MaxHeld == 0 {
 		cfg.MaxHeld = 8192
+	}
+	if cfg.ExportHeld == 0 {
+		cfg.ExportHeld = max(cfg.MaxHeld/2, 1)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -187,10 +195,14 @@ func (e *Exporter) run() {
 			if behind.IsZero() {
 				behind = now
 			}
-			schedule(now)
+			if e.heldEnough() {
+				due.Reset(0)
+			} else {
+				schedule(now)
+			}
 		case <-due.C:
 			now := time.Now()
-			if now.UnixNano()-e.lastWrite.Load() < int64(e.cfg.Quiet) && now.Sub(behind) < e.cfg.MaxLag {
+			if now.UnixNano()-e.lastWrite.Load() < int64(e.cfg.Quiet) && now.Sub(behind) < e.cfg.MaxLag && !e.heldEnough() {
 				schedule(now)
 				continue
 			}
@@ -223,6 +235,16 @@ func (e *Exporter) run() {
 	}
 }
 
+// heldEnough reports whether Config.ExportHeld records are held.
+func (e *Exporter) heldEnough() bool {
+	if e.cfg.ExportHeld < 0 || e.cfg.MaxHeld < 0 {
+		return false
+	}
+	e.heldMu.Lock()
+	defer e.heldMu.Unlock()
+	return e.heldN >= e.cfg.ExportHeld
+}
+
 // catchUp exports the chain's records up to the writer's last written seq: the held
 // ones as they are, the others read from the chain.
 func (e *Exporter) catchUp() {
@@ -251,17 +273,25 @@ func (e *Exporter) fromMemory(target uint64) bool {
 		if b.Recs[i].Seq != e.next {
 			break // not held (more than MaxHeld were waiting)
 		}
-		// Each hash is hex-encoded once: a record's is the next one's prev.
+		// The hashes are hex-encoded once, into one string: a record's is the next
+		// one's prev.
 		prev := b.Prev
 		if i > 0 {
 			prev = b.Hashes[i-1]
 		}
-		prevHex := hex.EncodeToString(prev[:])
+		hexes := e.hexBuf[:0]
+		hexes = hex.AppendEncode(hexes, prev[:])
+		for _, h := range b.Hashes[i:] {
+			hexes = hex.AppendEncode(hexes, h[:])
+		}
+		e.hexBuf = hexes
+		all := string(hexes)
+		const n = 2 * len(prev)
 		j := i
 		for ; j < len(b.Recs) && b.Recs[j].Seq <= target; j++ {
 			r := record.ReadBack(&b.Recs[j])
-			r.Prev, r.Hash = prevHex, hex.EncodeToString(b.Hashes[j][:])
-			prevHex = r.Hash
+			k := j - i
+			r.Prev, r.Hash = all[k*n:(k+1)*n], all[(k+1)*n:(k+2)*n]
 			e.emit(b.File, &r)
 			e.next = r.Seq + 1
 		}

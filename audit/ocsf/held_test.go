@@ -15,11 +15,12 @@ import (
 func exportWith(t *testing.T, recs []audit.Record, maxHeld int, quiet time.Duration) (string, *Exporter) {
 	t.Helper()
 	dir := t.TempDir()
-	export := quiet
+	export, held := quiet, 0
 	if quiet == 0 {
-		export = time.Hour // only at Close: what is held there does not depend on timing
+		// only at Close: what is held there does not depend on timing
+		export, held = time.Hour, -1
 	}
-	ex, err := New(Config{ChainDir: dir, Host: "airlock-host", MaxHeld: maxHeld, Quiet: export, MaxLag: export})
+	ex, err := New(Config{ChainDir: dir, Host: "airlock-host", MaxHeld: maxHeld, Quiet: export, MaxLag: export, ExportHeld: held})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,4 +128,45 @@ func firstDiff(a, b string) string {
 		end++
 	}
 	return a[start:end]
+}
+
+// TestExportHeldStartsExport: a stream that is never quiet and never MaxLag late is
+// exported once ExportHeld (MaxHeld/2 by default) records are held, from memory:
+// nothing overflows MaxHeld and is read back from the chain.
+func TestExportHeldStartsExport(t *testing.T) {
+	dir := t.TempDir()
+	ex, err := New(Config{ChainDir: dir, Host: "airlock-host", MaxHeld: 200, Quiet: time.Hour, MaxLag: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := audit.New(audit.Config{Dir: dir, Sink: ex, Linger: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []audit.Record
+	for len(recs) < 1000 {
+		recs = append(recs, records()...)
+	}
+	recs = recs[:1000]
+	for i, r := range recs {
+		for !w.TryAppend(r) {
+		}
+		if i%5 == 4 {
+			time.Sleep(time.Millisecond) // a stream, in small batches: 100 take 20 ms or more
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ex.Exported() < 901 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	exported := ex.Exported()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exported < 901 {
+		t.Errorf("exported up to seq %d before Close, want all but the last ExportHeld", exported)
+	}
+	if held, read := ex.fromHeld.Load(), ex.fromChain.Load(); held != 1000 || read != 0 {
+		t.Errorf("%d held and %d read from the chain of 1000 records, want all held", held, read)
+	}
 }

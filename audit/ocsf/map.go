@@ -64,6 +64,12 @@ const (
 	dispAllowed, dispBlocked, dispDetected, dispUnauthorized = 1, 2, 15, 26
 )
 
+// Captions of the severity and disposition ids the events use.
+var (
+	severityNames    = map[int]string{sevInfo: "Informational", sevLow: "Low", sevHigh: "High"}
+	dispositionNames = map[int]string{dispBlocked: "Blocked", dispUnauthorized: "Unauthorized"}
+)
+
 var classNames = map[int]string{
 	ClassBase: "Base Event", ClassEventLog: "Event Log Activity", ClassNetworkActivity: "Network Activity",
 	ClassHTTPActivity: "HTTP Activity", ClassDNSActivity: "DNS Activity", ClassDeviceConfigState: "Device Config State Change",
@@ -134,7 +140,7 @@ func header(w *jw, r *record.Record, class, activity int, activityName string, p
 		sev = sevHigh
 	}
 	w.int("severity_id", int64(sev))
-	w.str("severity", map[int]string{sevInfo: "Informational", sevLow: "Low", sevHigh: "High"}[sev])
+	w.str("severity", severityNames[sev])
 	if r.Action == "deny" || r.Action == record.ActionLoss || (r.Source == record.SourceExecd || r.Source == record.SourceControl) && extraString(r, "outcome") == "failure" {
 		w.int("status_id", statusFail)
 		w.str("status", "Failure")
@@ -207,7 +213,7 @@ func control(w *jw, r *record.Record, denied int) {
 		w.int("action_id", actionDenied)
 		w.str("action", "Denied")
 		w.int("disposition_id", int64(denied))
-		w.str("disposition", map[int]string{dispBlocked: "Blocked", dispUnauthorized: "Unauthorized"}[denied])
+		w.str("disposition", dispositionNames[denied])
 	case r.WouldDeny:
 		w.int("action_id", actionAllowed)
 		w.str("action", "Allowed")
@@ -275,8 +281,14 @@ func splitAddr(s string) (ip string, port int) {
 	if s == "" {
 		return "", 0
 	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return strings.TrimSuffix(strings.TrimPrefix(s[:strings.LastIndexByte(s, ':')], "["), "]"), int(ap.Port())
+	// "ip:port" has one colon or a bracket; a bare IPv6 address has two or more colons
+	// and no bracket. Asking the parser that fits first keeps the export from making
+	// a parse error per record.
+	if s[0] == '[' || strings.Count(s, ":") == 1 {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			return strings.TrimSuffix(strings.TrimPrefix(s[:strings.LastIndexByte(s, ':')], "["), "]"), int(ap.Port())
+		}
+		return "", 0
 	}
 	if _, err := netip.ParseAddr(s); err == nil {
 		return s, 0
