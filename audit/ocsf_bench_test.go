@@ -2,7 +2,6 @@ package audit_test
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -34,7 +33,7 @@ func TestBenchAuditOCSF(t *testing.T) {
 			Extra: map[string]any{"backend": "ebpf", "packets": uint64(3), "bytes": uint64(180)}},
 	}
 	run := func(export bool) (durable float64, complete time.Duration) {
-		runtime.GC() // each run from a collected heap: none pays for the one before it
+		benchreport.Settle() // none pays for the one before it
 		dir := t.TempDir()
 		cfg := audit.Config{Dir: dir, QueueSize: 1 << 16}
 		if export {

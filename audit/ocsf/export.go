@@ -37,9 +37,12 @@ type Config struct {
 	// (default 2s), so a burst is written to the chain at full speed and exported
 	// right after it, and a sustained stream is exported at most MaxLag late.
 	Quiet, MaxLag time.Duration
-	// ExportHeld records held start the export too, quiet or not: so a stream faster
-	// than MaxHeld per MaxLag is exported from memory, not read back from the chain.
-	// Default MaxHeld/2; negative: only Quiet and MaxLag start it.
+	// ExportHeld records held start the export of a stream too, quiet or not, so that
+	// a stream faster than MaxHeld per MaxLag is exported from memory, not read back
+	// from the chain. A stream is what the writer writes in batches smaller than
+	// streamBatch (it waits for records); a burst, written in larger batches, still
+	// waits for Quiet or MaxLag. Default MaxHeld/2; negative: only Quiet and MaxLag
+	// start the export.
 	ExportHeld int
 	// SyncInterval is how often the current file is fsync'd; default 1s.
 	SyncInterval time.Duration
@@ -81,6 +84,9 @@ type Exporter struct {
 	heldMu sync.Mutex
 	held   []audit.WrittenBatch // handed by the writer, not exported yet, in seq order
 	heldN  int                  // records in held
+	// heldStream: held records are due (Config.ExportHeld) and the last batch was a
+	// stream's
+	heldStream bool
 	// records exported as handed over and as read from the chain
 	fromHeld, fromChain atomic.Uint64
 
@@ -125,6 +131,9 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.ExportHeld == 0 {
 		cfg.ExportHeld = max(cfg.MaxHeld/2, 1)
 	}
+	if cfg.MaxHeld < 0 {
+		cfg.ExportHeld = -1
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -159,8 +168,14 @@ func (e *Exporter) Records(b audit.WrittenBatch) {
 		e.held = append(e.held, b)
 		e.heldN += len(b.Recs)
 	}
+	e.heldStream = e.cfg.ExportHeld > 0 && e.heldN >= e.cfg.ExportHeld && len(b.Recs) < streamBatch
 	e.heldMu.Unlock()
 }
+
+// streamBatch: a write of fewer records is a stream's, of more a burst's (the audit
+// writer lingers for up to 256 records before it writes, and takes up to 4096 when
+// they wait for it).
+const streamBatch = 256
 
 // Close exports what the chain holds beyond the last event, fsyncs and closes the
 // files. Called once by the audit writer after its last Written.
@@ -235,14 +250,11 @@ func (e *Exporter) run() {
 	}
 }
 
-// heldEnough reports whether Config.ExportHeld records are held.
+// heldEnough reports whether a stream's held records are due (Config.ExportHeld).
 func (e *Exporter) heldEnough() bool {
-	if e.cfg.ExportHeld < 0 || e.cfg.MaxHeld < 0 {
-		return false
-	}
 	e.heldMu.Lock()
 	defer e.heldMu.Unlock()
-	return e.heldN >= e.cfg.ExportHeld
+	return e.heldStream
 }
 
 // catchUp exports the chain's records up to the writer's last written seq: the held
@@ -317,6 +329,7 @@ func (e *Exporter) fromMemory(target uint64) bool {
 // popHeld drops the oldest held batch; heldMu is held.
 func (e *Exporter) popHeld() {
 	e.heldN -= len(e.held[0].Recs)
+	e.heldStream = e.heldStream && e.heldN >= e.cfg.ExportHeld
 	e.held[0] = audit.WrittenBatch{}
 	e.held = e.held[1:]
 }

@@ -3,7 +3,6 @@ package otlp_test
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -34,11 +33,11 @@ func TestBenchAuditExport(t *testing.T) {
 	col := otlptest.Start(t)
 	run := func(export bool) (durable float64, delivered time.Duration) {
 		// The in-process collector keeps what it receives: drop the last run's, and start
-		// each run from a collected heap, so that no run pays for the one before it (the
-		// kept logs made the export's runs slower the more of them had gone before).
+		// each run settled, so that no run pays for the one before it (the kept logs made
+		// the export's runs slower the more of them had gone before).
 		col.Logs.Reset()
 		col.Metrics.Reset()
-		runtime.GC()
+		benchreport.Settle()
 		dir := t.TempDir()
 		cfg := audit.Config{Dir: dir, QueueSize: 1 << 16}
 		var ex *otlp.Exporter

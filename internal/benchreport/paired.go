@@ -1,6 +1,10 @@
 package benchreport
 
-import "slices"
+import (
+	"runtime"
+	"slices"
+	"syscall"
+)
 
 // Paired measures two sides n times in pairs, back to back, the order alternating
 // (off first in the even pairs, on first in the odd), so that load that comes and goes
@@ -31,4 +35,13 @@ func Median(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// Settle starts a run of a bench on a machine the run before it left alone: a
+// collected heap (none pays the garbage collector for the one before) and no dirty
+// pages (a run that writes files leaves hundreds of MB for the kernel to write back,
+// which a later run's fsync would wait for and its CPU would share with).
+func Settle() {
+	runtime.GC()
+	syscall.Sync()
 }
