@@ -26,6 +26,10 @@ type Sink interface {
 type RecordSink interface {
 	Sink
 	Records(b WrittenBatch)
+	// Room is how many more records Records would keep now. The writer hands over no
+	// batch larger than that (it copies no record the sink would drop); a sink's room
+	// only grows between Room and the Records after it, as only Records fills it.
+	Room() int
 }
 
 // WrittenBatch is one write's records, in seq order, as a RecordSink gets them.

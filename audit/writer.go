@@ -113,8 +113,12 @@ type Writer struct {
 	sealer     sealer // chain position while a batch is sealed; prev once written
 	recSink    RecordSink
 	handoff    WrittenBatch // the sealed records of w.buf, for recSink
-	buf        []byte       // the sealed lines not yet written
-	sources    []Source     // the source of each line in buf, for loss accounting
+	// room is how many more records recSink keeps (RecordSink.Room, asked once per
+	// batch); handFull: this write's records do not fit, none is copied for it
+	room     int
+	handFull bool
+	buf      []byte   // the sealed lines not yet written
+	sources  []Source // the source of each line in buf, for loss accounting
 
 	// Off-host anchors (anchor.go).
 	shippers      []*shipper
@@ -414,6 +418,9 @@ func (w *Writer) writeBatch(recs []Record) {
 	w.buf, w.sources = w.buf[:0], w.sources[:0]
 	seq, first, last := w.seq, w.firstTime, w.lastTime
 	w.sealer.prev = w.prev
+	if w.recSink != nil {
+		w.room, w.handFull = w.recSink.Room(), false
+	}
 	for i := range recs {
 		r := &recs[i]
 		r.Seq = seq + 1
@@ -427,9 +434,14 @@ func (w *Writer) writeBatch(recs []Record) {
 				continue
 			}
 		}
-		if w.recSink != nil {
+		switch {
+		case w.recSink == nil || w.handFull:
+		case len(w.handoff.Recs) >= w.room: // the sink would drop this write's records
+			w.handoff, w.handFull = WrittenBatch{}, true
+		default:
 			if w.handoff.Recs == nil { // the sink's: new slices per write
-				w.handoff = WrittenBatch{Recs: make([]Record, 0, len(recs)-i), Hashes: make([][32]byte, 0, len(recs)-i), Prev: prev}
+				n := min(len(recs)-i, w.room)
+				w.handoff = WrittenBatch{Recs: make([]Record, 0, n), Hashes: make([][32]byte, 0, n), Prev: prev}
 			}
 			w.handoff.Recs = append(w.handoff.Recs, *r)
 			w.handoff.Hashes = append(w.handoff.Hashes, w.sealer.prev)
@@ -484,8 +496,10 @@ func (w *Writer) commit(seq uint64, first, last time.Time) bool {
 	if w.recSink != nil && len(w.handoff.Recs) > 0 {
 		w.handoff.File, w.handoff.End = w.name, w.size
 		w.recSink.Records(w.handoff)
+		w.room -= len(w.handoff.Recs)
 		w.handoff = WrittenBatch{}
 	}
+	w.handFull = false // the next write (after a rotation) is handed over if it fits
 	if w.cfg.Sink != nil {
 		w.cfg.Sink.Written(w.name, seq)
 	}

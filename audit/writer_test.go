@@ -388,3 +388,50 @@ func lastSeq(t *testing.T, dir string) uint64 {
 	}
 	return rep.LastSeq
 }
+
+// roomSink is a RecordSink with a fixed room that keeps what it is handed.
+type roomSink struct {
+	room int
+	mu   sync.Mutex
+	got  []WrittenBatch
+}
+
+func (s *roomSink) Written(string, uint64) {}
+func (s *roomSink) Close() error           { return nil }
+func (s *roomSink) Room() int              { return s.room }
+func (s *roomSink) Records(b WrittenBatch) {
+	s.mu.Lock()
+	s.got = append(s.got, b)
+	s.mu.Unlock()
+}
+
+// TestWriterHandsOverWhatFits: a write whose records do not fit the sink's room is
+// not handed over (no record of it is copied for the sink); one that fits is, whole,
+// with its hashes.
+func TestWriterHandsOverWhatFits(t *testing.T) {
+	for _, tc := range []struct {
+		room, want int
+	}{{5, 0}, {100, 20}} {
+		sink := &roomSink{room: tc.room}
+		w, err := New(Config{Dir: t.TempDir(), Sink: sink, Linger: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 { // one write: the first record's linger takes the others
+			w.Append(rec("sb", i))
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, b := range sink.got {
+			if len(b.Hashes) != len(b.Recs) {
+				t.Fatalf("room %d: a batch of %d records with %d hashes", tc.room, len(b.Recs), len(b.Hashes))
+			}
+			n += len(b.Recs)
+		}
+		if n != tc.want {
+			t.Errorf("room %d: %d records handed over in %d batches, want %d", tc.room, n, len(sink.got), tc.want)
+		}
+	}
+}

@@ -172,6 +172,13 @@ func (e *Exporter) Records(b audit.WrittenBatch) {
 	e.heldMu.Unlock()
 }
 
+// Room is how many more records Records would keep (audit.RecordSink).
+func (e *Exporter) Room() int {
+	e.heldMu.Lock()
+	defer e.heldMu.Unlock()
+	return max(e.cfg.MaxHeld-e.heldN, 0)
+}
+
 // streamBatch: a write of fewer records is a stream's, of more a burst's (the audit
 // writer lingers for up to 256 records before it writes, and takes up to 4096 when
 // they wait for it).
