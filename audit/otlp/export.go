@@ -71,8 +71,9 @@ type Config struct {
 	// Progress is the writer's count of written records (audit.Writer.Written). With
 	// it the exporter yields to the writer, as the OCSF export does: it reads once the
 	// writer has written nothing for Quiet (default 250ms) or, under a sustained
-	// stream, every MaxLag (default 2s), so a burst is written at full speed and
-	// exported right after. nil: it reads every Poll.
+	// stream, once the oldest record not read has waited MaxLag (default 2s), so a
+	// burst is written at full speed and exported right after. nil: it reads every
+	// Poll.
 	Progress func() uint64
 	// Quiet and MaxLag: see Progress.
 	Quiet, MaxLag time.Duration
@@ -189,9 +190,11 @@ func (e *Exporter) run(ctx context.Context, from uint64) {
 	}
 	tick := time.NewTicker(e.cfg.Poll)
 	defer tick.Stop()
-	var last uint64 // seq of the newest record taken
+	last := from // seq of the newest record taken
 	var progress uint64
-	var changed, read time.Time
+	// changed: when progress last moved; behind: since when the writer has written
+	// records not read yet (zero: none), what MaxLag counts from
+	var changed, behind time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -205,12 +208,14 @@ func (e *Exporter) run(ctx context.Context, from uint64) {
 		if p := e.cfg.Progress; p != nil {
 			if v := p(); v != progress {
 				progress, changed = v, now
+				if behind.IsZero() && v > last {
+					behind = now
+				}
 			}
-			if now.Sub(changed) < e.cfg.Quiet && now.Sub(read) < e.cfg.MaxLag {
+			if now.Sub(changed) < e.cfg.Quiet && now.Sub(behind) < e.cfg.MaxLag {
 				continue // the writer is busy: yield to it
 			}
 		}
-		read = now
 		err := fl.Read(func(r audit.Record) error {
 			e.take(ctx, &r)
 			last = r.Seq
@@ -224,6 +229,10 @@ func (e *Exporter) run(ctx context.Context, from uint64) {
 		}
 		if last > e.exported.Load() && ctx.Err() == nil {
 			e.export(ctx, last, false)
+		}
+		behind = time.Time{}
+		if last < progress {
+			behind = now // written meanwhile: the next read is at most MaxLag away
 		}
 	}
 }

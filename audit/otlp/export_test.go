@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,6 +135,34 @@ func TestLogsEqualTheChain(t *testing.T) {
 		}
 	}
 	waitFor(t, "the position", func() bool { return ex.Exported() == 6 })
+}
+
+// TestExportYieldsToABusyWriter: while the writer keeps writing (Progress moves at
+// every poll), the export waits MaxLag from when it fell behind before it reads the
+// chain, not from its start (it read at its first poll, in the middle of a burst).
+func TestExportYieldsToABusyWriter(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, sample(time.Now()))
+	col := otlptest.Start(t)
+	var progress atomic.Uint64
+	progress.Store(6)
+	const maxLag = 600 * time.Millisecond
+	start := time.Now()
+	ex, err := otlp.New(otlp.Config{ChainDir: dir, Logs: logsExporter(t, col.Endpoint), Host: "h",
+		Poll: 20 * time.Millisecond, Quiet: time.Hour, MaxLag: maxLag,
+		Progress: func() uint64 { return progress.Add(1) }}) // a writer that never stops
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	time.Sleep(maxLag / 2)
+	if n := ex.Exported(); n != 0 {
+		t.Fatalf("exported up to seq %d after %s, with the writer busy and MaxLag %s", n, time.Since(start).Round(time.Millisecond), maxLag)
+	}
+	waitFor(t, "the export after MaxLag", func() bool { return ex.Exported() == 6 })
+	if d := time.Since(start); d < maxLag {
+		t.Fatalf("exported after %s, before MaxLag %s", d, maxLag)
+	}
 }
 
 // TestNothingLostWhileTheReceiverIsDown: exports to a receiver that is not there fail
