@@ -34,8 +34,11 @@ type PTYFrame struct {
 type PTYClient struct {
 	WS     *websocket.Conn
 	Frames chan PTYFrame
-	// Out is every output byte seen by Expect and Collect (stdout, stderr, replay).
+	// Out is every output byte seen by Expect and WaitFor (stdout, stderr, replay).
 	Out bytes.Buffer
+	// pending is output Expect read past its match: the next Expect starts with it
+	// (one frame may carry the output of several lines).
+	pending []byte
 }
 
 // DialPTY opens url (ws://…/pty/{id}/ws?…) with the headers hdr through hc (nil: the
@@ -136,13 +139,21 @@ func (c *PTYClient) WaitFor(t testing.TB, typ string, d time.Duration) PTYFrame 
 	}
 }
 
-// Expect reads output frames until the output received since the call contains want and
-// returns that output; it fails the test after d.
+// Expect reads output frames until the output not yet consumed (what came after the
+// last Expect's match, then what arrives) contains want, consumes it through the end of
+// want's first occurrence and returns the consumed output; it fails the test after d.
+// Output read by WaitFor is consumed.
 func (c *PTYClient) Expect(t testing.TB, want string, d time.Duration) string {
 	t.Helper()
-	var got bytes.Buffer
+	got := bytes.NewBuffer(c.pending)
+	c.pending = nil
 	deadline := time.Now().Add(d)
-	for !strings.Contains(got.String(), want) {
+	for {
+		if i := strings.Index(got.String(), want); i >= 0 {
+			end := i + len(want)
+			c.pending = append([]byte(nil), got.Bytes()[end:]...)
+			return got.String()[:end]
+		}
 		f := c.Next(time.Until(deadline))
 		switch f.Type {
 		case "stdout", "stderr", "replay":
@@ -152,7 +163,6 @@ func (c *PTYClient) Expect(t testing.TB, want string, d time.Duration) string {
 			t.Fatalf("waiting for %q: got %s (%v); output %q", want, f.Type, f.Err, got.String())
 		}
 	}
-	return got.String()
 }
 
 // Stdin sends s as a binary stdin frame.
