@@ -1,6 +1,7 @@
 package egressd
 
 import (
+	"bufio"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/airlockdev/airlock/audit/execdaudit"
 	"github.com/airlockdev/airlock/lifecycle/watch"
@@ -21,8 +23,8 @@ import (
 // TestGroupsAPI: the process group node API answers only the API key (401); a start
 // for a sandbox this node does not run is 404, an end with a body that is not
 // GroupsEnd 400 and of an unknown watch 404 (JSON errors); a real command started by
-// the sandbox's init (here this test process, as Runtime.Pid) after the start is found
-// and taken by the end, once; GroupsPerSandbox watches of one sandbox are open at most.
+// the sandbox's init (a shell in a group of its own, as Runtime.Pid) after the start is
+// found and taken by the end, once; GroupsPerSandbox watches of one sandbox are open at most.
 func TestGroupsAPI(t *testing.T) {
 	const key = "node-key"
 	d := &Daemon{log: slog.New(slog.DiscardHandler), byID: map[string]*sandbox{
@@ -77,15 +79,40 @@ func TestGroupsAPI(t *testing.T) {
 	}
 
 	t.Run("RealGroup", func(t *testing.T) {
-		wid := start("sbx1")
-		// A command as execd starts one: a process group of its own, led by a child of
-		// the init; it has ended by the end (the watch saw it while it ran).
-		cmd := exec.Command("sh", "-c", "sleep 0.3")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Run(); err != nil {
+		// The sandbox's init is a process and group of its own (not this test process,
+		// whose other children would be groups of the init too). Once the watch has
+		// started, it starts a command as execd does: a child of the init in a group of
+		// its own (setsid), which has ended by the end (the watch saw it while it ran).
+		init := exec.Command("sh", "-c", "read go; setsid sleep 0.3 & echo $!; wait; exec sleep 60")
+		init.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		stdin, _ := init.StdinPipe()
+		stdout, _ := init.StdoutPipe()
+		if err := init.Start(); err != nil {
 			t.Fatal(err)
 		}
-		pgid := cmd.Process.Pid
+		d.byID["sbx1"].view.Runtime.Pid = init.Process.Pid
+		t.Cleanup(func() {
+			init.Process.Kill()
+			init.Wait()
+			d.byID["sbx1"].view.Runtime.Pid = os.Getpid()
+		})
+		wid := start("sbx1")
+		if _, err := stdin.Write([]byte("go\n")); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		pgid, _ := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || pgid <= 0 {
+			t.Fatalf("the init's command: %q %v", line, err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pgid)); os.IsNotExist(err) {
+				break // ended and reaped by the init
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the command %d has not ended", pgid)
+			}
+		}
 		// Another sandbox's watch of the same end: the watch is sbx1's.
 		if rec := call(execdaudit.GroupsPath+"sbx2/"+wid+"/end", key, `{"take":true}`); rec.Code != http.StatusNotFound {
 			t.Errorf("ending sbx1's watch as sbx2's: %d %s, want 404", rec.Code, rec.Body)
