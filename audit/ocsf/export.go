@@ -81,12 +81,10 @@ type Exporter struct {
 	lastWrite atomic.Int64  // when the writer last wrote, unix ns
 	last      atomic.Uint64 // seq of the last exported record
 
-	heldMu sync.Mutex
-	held   []audit.WrittenBatch // handed by the writer, not exported yet, in seq order
-	heldN  int                  // records in held
-	// heldStream: held records are due (Config.ExportHeld) and the last batch was a
-	// stream's
-	heldStream bool
+	heldMu    sync.Mutex
+	held      []audit.WrittenBatch // handed by the writer, not exported yet, in seq order
+	heldN     int                  // records in held
+	streaming bool                 // the last batch handed over was a stream's (streamBatch)
 	// records exported as handed over and as read from the chain
 	fromHeld, fromChain atomic.Uint64
 
@@ -131,9 +129,6 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.ExportHeld == 0 {
 		cfg.ExportHeld = max(cfg.MaxHeld/2, 1)
 	}
-	if cfg.MaxHeld < 0 {
-		cfg.ExportHeld = -1
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -168,7 +163,7 @@ func (e *Exporter) Records(b audit.WrittenBatch) {
 		e.held = append(e.held, b)
 		e.heldN += len(b.Recs)
 	}
-	e.heldStream = e.cfg.ExportHeld > 0 && e.heldN >= e.cfg.ExportHeld && len(b.Recs) < streamBatch
+	e.streaming = len(b.Recs) < streamBatch
 	e.heldMu.Unlock()
 }
 
@@ -261,7 +256,7 @@ func (e *Exporter) run() {
 func (e *Exporter) heldEnough() bool {
 	e.heldMu.Lock()
 	defer e.heldMu.Unlock()
-	return e.heldStream
+	return e.streaming && e.cfg.ExportHeld > 0 && e.heldN >= e.cfg.ExportHeld
 }
 
 // catchUp exports the chain's records up to the writer's last written seq: the held
@@ -298,16 +293,19 @@ func (e *Exporter) fromMemory(target uint64) bool {
 		if i > 0 {
 			prev = b.Hashes[i-1]
 		}
-		hexes := e.hexBuf[:0]
-		hexes = hex.AppendEncode(hexes, prev[:])
-		for _, h := range b.Hashes[i:] {
+		end := i // the held records up to target
+		for end < len(b.Recs) && b.Recs[end].Seq <= target {
+			end++
+		}
+		hexes := hex.AppendEncode(e.hexBuf[:0], prev[:])
+		for _, h := range b.Hashes[i:end] {
 			hexes = hex.AppendEncode(hexes, h[:])
 		}
 		e.hexBuf = hexes
 		all := string(hexes)
 		const n = 2 * len(prev)
 		j := i
-		for ; j < len(b.Recs) && b.Recs[j].Seq <= target; j++ {
+		for ; j < end; j++ {
 			r := record.ReadBack(&b.Recs[j])
 			k := j - i
 			r.Prev, r.Hash = all[k*n:(k+1)*n], all[(k+1)*n:(k+2)*n]
@@ -336,7 +334,6 @@ func (e *Exporter) fromMemory(target uint64) bool {
 // popHeld drops the oldest held batch; heldMu is held.
 func (e *Exporter) popHeld() {
 	e.heldN -= len(e.held[0].Recs)
-	e.heldStream = e.heldStream && e.heldN >= e.cfg.ExportHeld
 	e.held[0] = audit.WrittenBatch{}
 	e.held = e.held[1:]
 }
